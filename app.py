@@ -1,0 +1,33 @@
+"""Decode Lab: navigation over pages/ and the sidebar (language, model, device)."""
+
+import shutil
+
+import streamlit as st
+
+from ui.i18n import init_language, labels, lang, t
+from ui.state import init_state, on_model_change
+
+st.set_page_config(page_title="Decode Lab", page_icon=":material/neurology:", layout="wide")
+init_language()
+init_state()
+
+LANG_NAMES = {"vi": "Tiếng Việt", "en": "English"}
+MODELS = ("small", "micro")
+# a CUDA option only where an NVIDIA driver exists; asking torch would slow the map page's first paint
+DEVICES = ("auto", "cpu", "cuda") if shutil.which("nvidia-smi") else ("auto", "cpu")
+
+with st.sidebar:
+    st.radio(t("sidebar.language"), list(LANG_NAMES), format_func=LANG_NAMES.get, key="lang", horizontal=True)
+    st.selectbox(t("sidebar.model"), MODELS, key="model_name", format_func=labels("model.", MODELS).get,
+                 on_change=on_model_change)
+    st.selectbox(t("sidebar.device"), DEVICES, key="device", format_func=labels("device.", DEVICES).get)
+st.query_params["lang"] = lang()
+
+pages = [
+    st.Page("pages/map.py", title=t("nav.map"), icon=":material/map:", url_path="map", default=True),
+    st.Page("pages/prefill.py", title=t("nav.prefill"), icon=":material/input:", url_path="prefill"),
+    st.Page("pages/decode.py", title=t("nav.decode"), icon=":material/replay:", url_path="decode"),
+    st.Page("pages/cache.py", title=t("nav.cache"), icon=":material/balance:", url_path="cache"),
+    st.Page("pages/flash.py", title=t("nav.flash"), icon=":material/bolt:", url_path="flash"),
+]
+st.navigation(pages).run()

@@ -1,0 +1,393 @@
+"""Any Hugging Face causal LM, step by step, behind the same interface as the native Llama.
+
+`runtime.load_model` asks this module which models may load (`settings`, `list_models`), where a name points
+(`locate`) and whether the native model can run it (`is_native`: a Llama checkpoint with the project's
+word-level tokenizer). Every other causal LM runs here on transformers with eager attention, so that the
+attention weights exist. transformers is imported only on that path: native models never pay for it.
+Every difference between the transformers versions of pyproject's range is in the section "transformers API".
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.errors import InputError
+from model.runtime import BUNDLED, LoadedModel, ModelInfo, pick_device, resolve_path, synchronize
+from model.steps import decode, prefill
+from model.tokenizer import Encoded
+
+BUNDLED_ORDER = ("small", "micro")  # the classroom default first
+SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
+HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")  # "gpt2", "Qwen/Qwen2-0.5B"
+DEFAULT_CONTEXT = 2048  # for models without a position limit (ALiBi, e.g. BLOOM)
+
+
+# -- which models may load ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    models_dir: str | None  # DECODE_LAB_MODELS_DIR: a folder of model folders, offered beside the bundled ones
+    allow_paths: bool       # DECODE_LAB_ALLOW_PATHS=0: only names from list_models() load (classroom mode)
+
+
+def settings() -> Settings:
+    allow = os.environ.get("DECODE_LAB_ALLOW_PATHS", "1").strip().lower()
+    return Settings(os.environ.get("DECODE_LAB_MODELS_DIR") or None, allow not in ("0", "false", "no", "off"))
+
+
+def _models_dir_entries(models_dir: str | None) -> list[str]:
+    folder = Path(models_dir).expanduser() if models_dir else None
+    if folder is None or not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
+
+
+def list_models(models_dir: str | None) -> list[str]:
+    """The bundled names, then the subfolders of `models_dir` that hold a config.json."""
+    return list(BUNDLED_ORDER) + [n for n in _models_dir_entries(models_dir) if n not in BUNDLED_ORDER]
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str       # as the user gave it
+    location: str   # a local folder, or a Hugging Face Hub id
+    local: bool
+    config: dict    # its config.json
+    offline: bool   # every transformers call runs with local_files_only=offline
+
+
+def _local_folder(name: str, models_dir: str | None) -> Path:
+    if name in _models_dir_entries(models_dir) and name not in BUNDLED:
+        return Path(models_dir).expanduser() / name
+    return resolve_path(name)
+
+
+def _read_config(path: Path, name: str) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise InputError("model_not_found", path=name) from None
+
+
+def locate(name: str, allow_download: bool = False) -> Source:
+    """Where `name` points: a bundled model, a folder of the models dir, a path, or a Hub id; refused early
+    when classroom mode forbids it or it is missing."""
+    s = settings()
+    if not s.allow_paths and name not in list_models(s.models_dir):
+        raise InputError("path_not_allowed", path=name, models=", ".join(list_models(s.models_dir)))
+    folder = _local_folder(name, s.models_dir)
+    if name in BUNDLED or folder.exists() or not HUB_ID.fullmatch(name) or ".." in name:
+        if not (folder / "config.json").is_file():
+            raise InputError("model_not_found", path=name)
+        return Source(name, str(folder), True, _read_config(folder / "config.json", name), not allow_download)
+    return Source(name, name, False, _read_config(hub_file(name, "config.json", allow_download), name),
+                  not allow_download)
+
+
+def is_native(source: Source) -> bool:
+    """A local Llama checkpoint whose tokenizer.json is the project's word-level one runs on the native model."""
+    if not source.local or source.config.get("model_type") != "llama":
+        return False
+    try:
+        tokenizer = json.loads((Path(source.location) / "tokenizer.json").read_text(encoding="utf-8"))
+        return tokenizer["model"]["type"] == "WordLevel"
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+# -- transformers API: every difference inside pyproject's range (>=4.56, <5.25) is here ----------------------
+
+def hub_file(repo_id: str, filename: str, allow_download: bool) -> Path:
+    """A file of a Hub repository, from the local cache, or downloaded when allowed."""
+    from transformers.utils import cached_file
+
+    try:
+        return Path(cached_file(repo_id, filename, local_files_only=not allow_download))
+    except (OSError, ValueError):  # not cached / no such repo / an invalid id
+        raise InputError("model_not_found" if allow_download else "download_disabled", path=repo_id) from None
+
+
+def cache_argument(module) -> str:
+    """5.24 renamed the forward argument `past_key_values` to `cache` (the old name still works, with a warning)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def layer_kv(dynamic, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """K and V (1, n_kv_heads, positions, d_head) of one layer of a DynamicCache, None while it holds none.
+    In the whole range a DynamicCache is a list `.layers` of DynamicLayer with `.keys` and `.values`
+    (the `key_cache` / `value_cache` lists are from before 4.54); layers appear at their first update."""
+    if layer >= len(dynamic.layers):
+        return None
+    keys = getattr(dynamic.layers[layer], "keys", None)
+    return None if keys is None or keys.numel() == 0 else (keys, dynamic.layers[layer].values)
+
+
+def crop_layer(dynamic, layer: int, n: int) -> None:
+    """Keep the first n positions of one layer.
+    DynamicLayer.crop(x) changed meaning: up to 5.23 x is the length to keep (`max_length`), in 5.24 it is the
+    number of tokens to remove, given as x ≤ 0 (`tokens_to_remove`; a positive x raises). A negative x removes
+    -x positions in both, so that is the one call made; x = 0 is never passed (4.x would empty the layer)."""
+    kv = layer_kv(dynamic, layer)
+    extra = 0 if kv is None else kv[0].shape[2] - n
+    if extra > 0:
+        dynamic.layers[layer].crop(-extra)
+
+
+def load_module(source: Source, device: torch.device):
+    """The model with eager attention (so that attention weights exist), float32, never running remote code."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the app's log
+    module = AutoModelForCausalLM.from_pretrained(
+        source.location, attn_implementation="eager", dtype=torch.float32, use_safetensors=True,
+        trust_remote_code=False, local_files_only=source.offline)  # `dtype`: the name since 4.56
+    try:
+        return module.to(device).eval().requires_grad_(False)
+    except torch.OutOfMemoryError:
+        raise InputError("out_of_memory", device=str(device)) from None
+
+
+def load_tokenizer(source: Source):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source.location, trust_remote_code=False,
+                                             local_files_only=source.offline)
+    except (OSError, ValueError):
+        raise InputError("no_tokenizer", path=source.name) from None
+
+
+def check_causal_lm(source: Source) -> None:
+    """Refuse what transformers' own classes cannot run as a decoder-only language model."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    config = source.config
+    kind = config.get("model_type")
+    # BERT-like encoders have a causal-LM class too, but it only means something with is_decoder set
+    causal = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(config.get("is_decoder")))
+    if not causal:
+        code = "remote_code_refused" if "auto_map" in config else "not_causal_lm"
+        raise InputError(code, path=source.name, model_type=kind or "?")
+
+
+def check_safetensors(source: Source) -> None:
+    """Only safetensors weights load: a pickled .bin file can run code while it is read."""
+    from transformers.utils.hub import has_file
+
+    try:
+        found = any(has_file(source.location, f, local_files_only=source.offline) for f in SAFETENSORS)
+    except OSError:
+        raise InputError("model_not_found", path=source.name) from None
+    if not found:
+        raise InputError("no_safetensors", path=source.name)
+
+
+def new_dynamic_cache():
+    """A DynamicCache of full layers: built without the config, so that sliding-window models also keep every
+    position (the views show the whole cache growing, and crop works at any length)."""
+    from transformers import DynamicCache
+
+    return DynamicCache()
+
+
+# -- the session's cache, the tokenizer and the model --------------------------------------------------------
+
+class HFCache:
+    """A transformers DynamicCache with the KVCache interface that the steps and the pages use."""
+
+    def __init__(self, n_layers: int):
+        self.dynamic = new_dynamic_cache()  # handed to the model's forward, which appends to it
+        self.n_layers = n_layers
+
+    @property
+    def length(self) -> int:
+        kv = layer_kv(self.dynamic, 0)
+        return 0 if kv is None else kv[0].shape[2]
+
+    def crop(self, n: int) -> None:
+        """Keep the first n positions. Each layer is cropped on its own, so this also undoes a forward pass
+        that stopped half-way (out of memory) after some layers had appended."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} positions to {n}")
+        for layer in range(self.n_layers):
+            crop_layer(self.dynamic, layer, n)
+
+    def layer_shape(self, layer: int) -> tuple[int, ...]:
+        kv = layer_kv(self.dynamic, layer)
+        return () if kv is None else tuple(kv[0].shape)
+
+    def layer_bytes(self, layer: int) -> int:
+        """Bytes of this layer's K and V tensors as they are stored."""
+        kv = layer_kv(self.dynamic, layer)
+        return 0 if kv is None else sum(t.numel() * t.element_size() for t in kv)
+
+    def nbytes(self) -> int:
+        return sum(self.layer_bytes(layer) for layer in range(self.n_layers))
+
+
+class HFTokenizer:
+    """The WordTokenizer interface over a transformers tokenizer, whose tokens are usually subword pieces."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.bos_id, self.eos_id, self.unk_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id
+
+    def encode(self, text: str) -> Encoded:
+        """Ids as the tokenizer makes them (with <bos> when it adds one)."""
+        enc = self._tok(text, return_offsets_mapping=self._tok.is_fast)
+        ids = list(enc["input_ids"])
+        return Encoded(ids, [self.token(i) for i in ids], self._unknown(text, ids, enc.get("offset_mapping")))
+
+    def _unknown(self, text: str, ids: list[int], offsets) -> list[str]:
+        """The pieces of the text that became the unknown token; byte-level tokenizers never have any."""
+        if self.unk_id is None or self.unk_id not in ids:
+            return []
+        if offsets is None:
+            return [self.token(i) for i in ids if i == self.unk_id]
+        return [text[a:b] for i, (a, b) in zip(ids, offsets, strict=True) if i == self.unk_id]
+
+    def token(self, token_id: int) -> str:
+        """A readable form: the text the token stands for (" the"), or its raw name when that is only part of
+        a character (byte-level pieces of a Vietnamese letter)."""
+        if not 0 <= token_id < len(self._tok):
+            return f"<{token_id}>"
+        text = self._tok.decode([token_id])
+        return text if text and "\ufffd" not in text else self._tok.convert_ids_to_tokens(token_id)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def _context_length(text_config) -> int:
+    for attr in ("max_position_embeddings", "n_positions"):
+        if getattr(text_config, attr, None):
+            return int(getattr(text_config, attr))
+    return DEFAULT_CONTEXT
+
+
+def _eos_id(text_config, tokenizer: HFTokenizer | None) -> int | None:
+    """The config's end-of-sequence id; of several (chat models), the tokenizer's own if listed."""
+    eos = text_config.eos_token_id
+    tok_eos = tokenizer.eos_id if tokenizer is not None else None
+    if isinstance(eos, list):
+        eos = tok_eos if tok_eos in eos else (eos[0] if eos else None)
+    return eos if eos is not None else tok_eos
+
+
+def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.device) -> ModelInfo:
+    cfg = module.config.get_text_config()
+    n_heads = getattr(cfg, "num_attention_heads", None)
+    if not n_heads:  # state-space and RNN models (Mamba, RWKV) have no attention to show
+        raise InputError("no_attention", path=name, model_type=cfg.model_type)
+    dtype = next(module.parameters()).dtype
+    return ModelInfo(
+        name=name, backend="transformers", n_layers=cfg.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
+        d_head=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads, vocab_size=cfg.vocab_size,
+        context_length=_context_length(cfg), dtype=str(dtype).removeprefix("torch."), device=str(device),
+        bytes_per_element=dtype.itemsize, eos_id=_eos_id(cfg, tokenizer),
+    )
+
+
+class HFModel(LoadedModel):
+    """A transformers causal LM; its traces carry the same fields as the native model's."""
+
+    def __init__(self, name: str, module, tokenizer: HFTokenizer | None, device: torch.device):
+        self.module, self.tokenizer, self.device = module, tokenizer, device  # tokenizer None: ids only (bench)
+        self.info = model_info(name, module, tokenizer, device)
+        self._cache_arg = cache_argument(module)
+
+    def new_cache(self) -> HFCache:
+        return HFCache(self.info.n_layers)
+
+    @torch.inference_mode()
+    def forward(self, ids, cache, output_attentions):
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
+        past = {self._cache_arg: cache.dynamic, "use_cache": True} if cache is not None else {"use_cache": False}
+        out = self.module(input_ids=x, output_attentions=output_attentions, **past)
+        # float16, converted on the device: half the bytes of every step a session keeps
+        attentions = torch.cat([a.to(torch.float16) for a in out.attentions]) if output_attentions else None
+        return out.logits[0], attentions  # (T, vocab), (layers, heads, T, S)
+
+
+def load_transformers(source: Source, device: str = "auto") -> HFModel:
+    check_causal_lm(source)
+    check_safetensors(source)
+    dev = pick_device(device)
+    tokenizer = HFTokenizer(load_tokenizer(source))
+    return HFModel(source.name, load_module(source, dev), tokenizer, dev)
+
+
+# -- benchmark: this backend's decode step vs model.generate ------------------------------------------------
+
+def _ours_ms_per_token(model: HFModel, prompt: list[int], new_tokens: int) -> float:
+    """Greedy decode steps with attention capture, as a session runs them (prefill not counted)."""
+    cache = model.new_cache()
+    token = int(np.argmax(prefill(model, cache, prompt).logits))
+    synchronize(model.device)
+    t0 = time.perf_counter()
+    for _ in range(new_tokens):
+        token = int(np.argmax(decode(model, cache, token).logits))
+    synchronize(model.device)
+    return (time.perf_counter() - t0) * 1000 / new_tokens
+
+
+def _generate_ms(module, x: torch.Tensor, new_tokens: int) -> float:
+    synchronize(x.device)
+    t0 = time.perf_counter()
+    module.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    do_sample=False, pad_token_id=0)
+    synchronize(x.device)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _generate_ms_per_token(module, prompt: list[int], new_tokens: int, device: torch.device) -> float:
+    """generate's decode steps only: (new_tokens + 1 tokens) − (1 token, the prefill), per decode step."""
+    x = torch.tensor([prompt], device=device)
+    return (_generate_ms(module, x, new_tokens + 1) - _generate_ms(module, x, 1)) / new_tokens
+
+
+def bench_hf(device: str = "auto", quick: bool = False) -> dict:
+    """A GPT-2-small-shaped random model (12 layers, 12 heads, 768 wide, vocab 50257): ms per output token of
+    this backend's decode step with attention capture vs `model.generate`, same weights, greedy, one run."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    dev = pick_device(device)
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    module = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dev).eval()
+    model = HFModel("gpt2-small (random)", module, None, dev)
+    prompt = torch.randint(config.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    new_tokens, repeats = (16, 1) if quick else (64, 3)
+    _ours_ms_per_token(model, prompt, 2)  # warm-up, dropped
+    _generate_ms_per_token(module, prompt, 2, dev)
+    ours, theirs = [], []
+    for _ in range(repeats):  # interleaved, so that both see the same machine load
+        ours.append(_ours_ms_per_token(model, prompt, new_tokens))
+        theirs.append(_generate_ms_per_token(module, prompt, new_tokens, dev))
+    result = {"device": str(dev), "dtype": model.info.dtype, "prompt_len": len(prompt), "new_tokens": new_tokens,
+              "repeats": repeats, "threads": torch.get_num_threads(),
+              "decode_step_ms": statistics.median(ours), "generate_ms": statistics.median(theirs)}
+    result["ratio"] = result["decode_step_ms"] / result["generate_ms"]
+    print(f"GPT-2-small shape, random weights, {result['device']} {result['dtype']}, {result['threads']} threads, "
+          f"prompt {len(prompt)}, {new_tokens} new tokens, greedy, median of {repeats}")
+    print(f"{'path':<40} {'ms/token':>9}")
+    print(f"{'decode step + attention capture':<40} {result['decode_step_ms']:>9.2f}")
+    print(f"{'model.generate':<40} {result['generate_ms']:>9.2f}")
+    print(f"{'ratio':<40} {result['ratio']:>9.2f}")
+    return result

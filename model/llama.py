@@ -1,0 +1,216 @@
+"""A readable decoder-only Transformer in the Llama architecture, top to bottom in the order data flows.
+
+RMSNorm -> grouped-query attention with RoPE -> RMSNorm -> SwiGLU MLP, no biases. Attention is written
+out as softmax(Q·Kᵀ/√d_head + mask)·V so that the weights can be returned for the views.
+Parameter names follow Hugging Face's LlamaForCausalLM, so the same config.json + model.safetensors
+load in transformers and give the same logits. The model never holds a KV cache: the caller passes one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from model.cache import KVCache
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+
+    def to_hf_dict(self) -> dict:
+        hf = asdict(self)
+        hf["rope_parameters"] = {"rope_type": "default", "rope_theta": hf.pop("rope_theta")}
+        hf.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+                  attention_bias=False, mlp_bias=False, dtype="float32")
+        return hf
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict) -> LlamaConfig:
+        rope = hf.get("rope_parameters") or {}
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in hf.items() if k in known}
+        values["rope_theta"] = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+        values.setdefault("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
+        values.setdefault("num_key_value_heads", hf["num_attention_heads"])
+        return cls(**values)
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor                    # (B, T, vocab)
+    attentions: list[torch.Tensor] | None   # per layer (B, n_heads, T, S), S = cached + new positions
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # one layer's q (B, n_heads, T, d_head), k, v (B, n_kv, S, d_head)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotation angles for each position, (T, d_head) each, computed in float32 like transformers."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, d_head/2)
+    angles = torch.cat((angles, angles), dim=-1)            # (T, d_head)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)                     # (B, n_kv, S, d_head), S = past + T
+        # GQA: each group of n_heads / n_kv query heads reads the same K and V head
+        groups = self.n_heads // self.n_kv_heads
+        k_per_q = k.repeat_interleave(groups, dim=1)             # (B, n_heads, S, d_head)
+        v_per_q = v.repeat_interleave(groups, dim=1)
+        scores = q @ k_per_q.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, n_heads, T, S)
+        if mask is not None:
+            scores = scores + mask
+        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, n_heads, T, S)
+        out = (weights @ v_per_q).transpose(1, 2).reshape(B, T, -1)  # (B, T, n_heads * d_head)
+        return self.o_proj(out), weights, (q, k, v)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, cache, layer):
+        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+        x = x + attn_out
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, weights, qkv
+
+
+def causal_mask(n_new: int, n_past: int, device, dtype) -> torch.Tensor | None:
+    """(n_new, n_past + n_new) additive mask: new position i sees every cached position and new ones ≤ i."""
+    if n_new == 1:
+        return None  # one new query may see the whole cache
+    total = n_past + n_new
+    allowed = torch.ones(n_new, total, dtype=torch.bool, device=device).tril(diagonal=n_past)
+    return torch.zeros(n_new, total, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        assert cfg.num_attention_heads % cfg.num_key_value_heads == 0, "n_heads must be a multiple of n_kv_heads"
+        self.config = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
+            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        ))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
+                output_qkv_layer: int | None = None) -> ForwardOutput:
+        """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None."""
+        B, T = ids.shape
+        n_past = cache.length if cache is not None else 0
+        positions = torch.arange(n_past, n_past + T, device=ids.device)
+        x = self.model.embed_tokens(ids)                         # (B, T, hidden)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        mask = causal_mask(T, n_past, ids.device, x.dtype)
+        attentions, qkv = [] if output_attentions else None, None
+        for i, block in enumerate(self.model.layers):
+            x, weights, layer_qkv = block(x, cos, sin, mask, cache, i)
+            if output_attentions:
+                attentions.append(weights)
+            if i == output_qkv_layer:
+                qkv = layer_qkv
+        logits = self.lm_head(self.model.norm(x))                # (B, T, vocab)
+        return ForwardOutput(logits, attentions, qkv)
+
+    # -- Hugging Face checkpoint layout: config.json + model.safetensors --------------------------------
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
+        tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight")
+        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+    @classmethod
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Llama:
+        folder = Path(folder)
+        cfg = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+        model = cls(cfg)
+        tensors = load_file(folder / "model.safetensors")
+        model.load_state_dict(tensors, strict=not cfg.tie_word_embeddings)
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

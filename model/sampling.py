@@ -1,0 +1,89 @@
+"""Logits -> probabilities -> filters -> one token. Pure numpy functions, no model involved.
+
+The filters run in the order transformers applies them: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.0   # 0 = greedy (argmax)
+    top_k: int | None = None   # None = off
+    top_p: float = 1.0         # 1.0 = off
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def check_settings(settings: SamplingSettings) -> None:
+    """Raise ValueError with the setting's name when a value cannot be used."""
+    if not settings.temperature >= 0:
+        raise ValueError("temperature")
+    if settings.top_k is not None and settings.top_k < 1:
+        raise ValueError("top_k")
+    if not 0 < settings.top_p <= 1:
+        raise ValueError("top_p")
+
+
+@dataclass
+class SampleResult:
+    probs: np.ndarray        # (vocab,) softmax(logits / temperature), before any filter
+    kept_by_top_k: np.ndarray  # ids that survive top-k (all ids when off), ascending
+    kept_by_top_p: np.ndarray  # ids that survive top-k then top-p, ascending
+    final_probs: np.ndarray  # (vocab,) renormalised over kept_by_top_p, 0 elsewhere
+    chosen_id: int
+    greedy: bool
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max())
+    return z / z.sum()
+
+
+def top_k_ids(scores: np.ndarray, k: int | None) -> np.ndarray:
+    """Ids whose score is at least the k-th largest (ties at the boundary stay, as in transformers)."""
+    if k is None or k >= scores.size:
+        return np.arange(scores.size)
+    kth = np.sort(scores)[-k]
+    return np.flatnonzero(scores >= kth)
+
+
+def top_p_ids(probs: np.ndarray, candidates: np.ndarray, p: float) -> np.ndarray:
+    """Smallest set of the most probable candidates whose probability adds up to at least p."""
+    if p >= 1.0:
+        return candidates
+    renormalised = probs[candidates] / probs[candidates].sum()
+    order = np.argsort(-renormalised, kind="stable")
+    mass_before = np.cumsum(renormalised[order]) - renormalised[order]
+    return np.sort(candidates[order[mass_before < p]])
+
+
+def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> SampleResult:
+    """Choose the next id from one position's logits (vocab,). Same settings and step -> same draw."""
+    check_settings(settings)
+    logits = logits.astype(np.float64)
+    if settings.greedy:
+        probs = softmax(logits)
+        chosen = int(np.argmax(logits))
+        kept = np.array([chosen])
+        final = np.zeros_like(probs)
+        final[chosen] = 1.0
+        return SampleResult(probs, kept, kept, final, chosen, greedy=True)
+    scaled = logits / settings.temperature
+    probs = softmax(scaled)
+    kept_k = top_k_ids(scaled, settings.top_k)
+    kept_p = top_p_ids(probs, kept_k, settings.top_p)
+    final = np.zeros_like(probs)
+    final[kept_p] = probs[kept_p] / probs[kept_p].sum()
+    # one uniform number per (seed, step): the draw does not depend on what was sampled before
+    u = np.random.default_rng([settings.seed, step]).random()
+    # the first id whose cumulative probability passes u; rounding can leave u past the end
+    chosen = int(min(np.searchsorted(np.cumsum(final), u, side="right"), kept_p[-1]))
+    return SampleResult(probs, kept_k, kept_p, final, chosen, greedy=False)

@@ -1,0 +1,72 @@
+"""Prefill, decode one token, recompute: each step returns a StepTrace of numpy arrays and numbers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from model.counting import cache_bytes_formula
+from model.errors import InputError
+from model.runtime import LoadedModel, synchronize
+
+
+@dataclass
+class StepTrace:
+    phase: str                 # "prefill" | "decode"
+    input_ids: list[int]       # the ids fed in this step: the prompt, or the one token chosen before
+    positions: list[int]       # their positions in the sequence
+    attention: np.ndarray      # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len
+    cache_len: int             # positions in the cache after the step
+    cache_bytes: int           # measured from the cache tensors
+    layer_shapes: list[tuple[int, ...]]  # per layer, the shape of K (and of V): (batch, n_kv, positions, d_head)
+    layer_bytes: list[int]     # per layer, measured bytes of K plus V
+    cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes
+    logits: np.ndarray         # (vocab,) at the last position, float32
+    ms: float                  # wall time of the forward pass, device synchronised
+
+
+def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
+    start = cache.length
+    synchronize(model.device)
+    t0 = time.perf_counter()
+    try:
+        logits, attention = model.forward(ids, cache, output_attentions=True)
+        synchronize(model.device)
+    except torch.OutOfMemoryError:
+        cache.crop(start)  # layers that already appended give their positions back: the session is unchanged
+        raise InputError("out_of_memory", device=str(model.device)) from None
+    ms = (time.perf_counter() - t0) * 1000
+    info = model.info
+    return StepTrace(
+        phase=phase, input_ids=list(ids), positions=list(range(start, start + len(ids))),
+        attention=attention.float().cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
+        layer_shapes=[cache.layer_shape(i) for i in range(info.n_layers)],
+        layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
+        cache_bytes_formula=cache_bytes_formula(info.n_layers, info.n_kv_heads, cache.length, info.d_head,
+                                                info.bytes_per_element),
+        logits=logits[-1].float().cpu().numpy(), ms=ms,
+    )
+
+
+def prefill(model: LoadedModel, cache, ids: list[int]) -> StepTrace:
+    """All prompt positions in one pass; fills an empty cache."""
+    assert cache.length == 0, "prefill starts from an empty cache"
+    return _run(model, cache, "prefill", ids)
+
+
+def decode(model: LoadedModel, cache, token_id: int) -> StepTrace:
+    """One new position attends over everything cached; its K, V are appended."""
+    return _run(model, cache, "decode", [token_id])
+
+
+def recompute(model: LoadedModel, ids: list[int]) -> np.ndarray:
+    """Logits (vocab,) at the last position of `ids`, computed from scratch with no cache."""
+    logits, _ = model.forward(ids, None, output_attentions=False)
+    return logits[-1].float().cpu().numpy()
+
+
+def max_abs_logit_diff(trace: StepTrace, recomputed: np.ndarray) -> float:
+    return float(np.max(np.abs(trace.logits - recomputed)))

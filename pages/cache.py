@@ -1,0 +1,83 @@
+"""Cache vs recompute: positions processed by the formula and by the real run, and measured time per token."""
+
+import streamlit as st
+
+from model.bench import contexts_for, time_per_token
+from model.counting import cumulative_positions, positions_with_cache, positions_without_cache
+from ui import charts
+from ui.i18n import t
+from ui.session import current_model, generation, guarded
+
+PRESETS = {"13/5": (13, 5), "2/4": (2, 4)}
+
+
+def apply_preset(n: int, new_tokens: int) -> None:
+    st.session_state.count_n, st.session_state.count_t = n, new_tokens
+
+
+st.title(t("cache.title"))
+st.caption(t("cache.intro"))
+
+st.subheader(t("cache.formula"))
+c1, c2 = st.columns(2)
+c1.slider(t("cache.n"), 1, 200, key="count_n")
+c2.slider(t("cache.t"), 1, 200, key="count_t")
+p1, p2, _ = st.columns([1, 1, 3])
+for col, (name, (n, new)) in zip((p1, p2), PRESETS.items()):
+    col.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new),
+               use_container_width=True)
+n, new = st.session_state.count_n, st.session_state.count_t
+with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
+m1, m2, m3 = st.columns(3)
+m1.metric(t("cache.with"), with_cache, help=t("cache.with_formula", n=n, t=new))
+m2.metric(t("cache.without"), without_cache, help=t("cache.without_formula", n=n, t=new))
+m3.metric(t("cache.ratio"), f"{without_cache / with_cache:.2f}×")
+st.markdown(t("cache.explain", n=n, t=new, with_cache=with_cache, without_cache=without_cache,
+              last=n + new - 1))
+running_with, running_without = cumulative_positions(n, new)
+st.plotly_chart(charts.lines(list(range(1, new + 1)), {t("cache.with"): running_with,
+                                                       t("cache.without"): running_without},
+                             t("cache.axis_token"), t("cache.axis_positions")), key="cache_counts")
+
+st.subheader(t("cache.your_run"))
+model = current_model()
+if model is None:
+    st.stop()
+gen = generation(model)
+if gen is None:
+    st.info(t("cache.no_run"))
+else:
+    r1, r2, r3, r4 = st.columns(4)
+    r1.metric(t("cache.prompt_len"), len(gen.prompt_ids))
+    r2.metric(t("cache.new_tokens"), len(gen.new_ids))
+    r3.metric(t("cache.with"), gen.positions_with_cache)
+    r4.metric(t("cache.without"), gen.positions_without_cache)
+    st.caption(t("cache.your_run_note", cache=gen.cache.length, fed=sum(len(s.input_ids) for s in gen.steps)))
+
+st.subheader(t("cache.measured"))
+info = model.info
+contexts = contexts_for(model)
+conditions = t("cache.conditions", model=info.name, device=info.device, dtype=info.dtype,
+               contexts=", ".join(map(str, contexts)))
+st.caption(conditions)
+if st.button(t("cache.measure"), key="measure", type="primary"):
+    bar = st.progress(0.0, text=t("cache.measuring"))
+    rows = guarded(lambda: time_per_token(model, contexts, progress=lambda f: bar.progress(f, t("cache.measuring"))))
+    bar.empty()
+    if rows is not None:
+        st.session_state.bench_result = (conditions, rows)
+if st.session_state.bench_result is not None:
+    measured_conditions, rows = st.session_state.bench_result
+    table = [{t("cache.context"): r.context,
+              t("cache.cached_p50"): round(r.p(r.cached_ms, 50), 3), t("cache.cached_p95"): round(r.p(r.cached_ms, 95), 3),
+              t("cache.recompute_p50"): round(r.p(r.recompute_ms, 50), 3),
+              t("cache.recompute_p95"): round(r.p(r.recompute_ms, 95), 3),
+              t("cache.speedup"): f"{r.p(r.recompute_ms, 50) / r.p(r.cached_ms, 50):.1f}×"} for r in rows]
+    left, right = st.columns([3, 2])
+    left.plotly_chart(charts.lines([r.context for r in rows], {
+        t("cache.cached_p50"): [r.p(r.cached_ms, 50) for r in rows],
+        t("cache.recompute_p50"): [r.p(r.recompute_ms, 50) for r in rows]},
+        t("cache.context"), "ms"), key="cache_timing")
+    right.dataframe(table, hide_index=True)
+    right.caption(measured_conditions)
+    right.caption(t("cache.timing_note"))

@@ -1,0 +1,25 @@
+"""Home: the 22-cell map from training data to inference. No torch here: the first paint must not wait."""
+
+import streamlit as st
+
+from ui.i18n import lang, t
+from ui.map_view import BAND_CHOICES, band_choice_label, load_cells, map_html, map_labels
+
+st.header(t("map.map_title"))
+
+band = st.segmented_control(
+    t("map.filter"),
+    BAND_CHOICES,
+    key="map_band",
+    default="all",
+    required=True,
+    format_func=band_choice_label(t),
+    label_visibility="collapsed",
+)
+toggle_col, hint_col = st.columns([1, 3], vertical_alignment="center")
+hide_overlay = toggle_col.toggle(t("map.hide_overlay"), key="map_hide_overlay")
+hint_col.caption(f"{t('map.hint')} · {t('map.live_legend')}")
+
+st.html(map_html(load_cells(), lang(), band or "all", hide_overlay, map_labels(t)), unsafe_allow_javascript=True)
+
+st.markdown(t("map.reading_order"))

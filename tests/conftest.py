@@ -1,0 +1,107 @@
+"""Shared fixtures for the browser tests: the real app on a free port, and a fresh Chromium page.
+
+app_server (session): starts `streamlit run app.py` headless on a free port, waits for /_stcore/health
+and yields the base URL ("http://127.0.0.1:PORT"); the server is stopped at the end of the session.
+browser_page (function): a Playwright page in a fresh browser context (no cookies, no storage) of the
+system Chromium, viewport 1440×900. Both skip the test when Chromium or Playwright is missing
+(`./dev test` installs Chromium first). artifacts: test-artifacts/, created on demand, for screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SERVER_START_TIMEOUT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def app_server():
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="streamlit-", suffix=".log", delete=False)
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", "app.py",
+        "--server.headless", "true",
+        "--server.port", str(port),
+        "--server.address", "127.0.0.1",
+        "--browser.gatherUsageStats", "false",
+        "--server.fileWatcherType", "none",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not _healthy(base):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = Path(log.name).read_text(errors="replace")[-3000:]
+                pytest.fail(f"the app server did not start (exit code {proc.poll()}):\n{tail}")
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        os.unlink(log.name)
+
+
+@pytest.fixture(scope="session")
+def _chromium():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        pytest.skip("no system Chromium: install it with `apt-get install -y chromium` (./dev test does)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def browser_page(_chromium):
+    context = _chromium.new_context(viewport={"width": 1440, "height": 900}, locale="vi-VN")
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    path = ROOT / "test-artifacts"
+    path.mkdir(exist_ok=True)
+    return path

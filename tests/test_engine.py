@@ -1,0 +1,275 @@
+"""The native engine: cached logits equal a full recompute, the course's numbers, sampling, stops, crop."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from model.counting import cache_bytes_formula, cumulative_positions, positions_with_cache, positions_without_cache
+from model.errors import InputError
+from model.generate import back, encode_prompt, resample, run_to_end, start, step
+from model.llama import Llama, LlamaConfig
+from model.runtime import NativeModel, load_model
+from model.sampling import SamplingSettings
+from model.steps import max_abs_logit_diff, recompute
+from model.tokenizer import WordTokenizer, build_word_tokenizer
+
+TOL = 1e-5
+GREEDY = SamplingSettings()
+
+
+@pytest.fixture(scope="module")
+def micro():
+    return load_model("micro", "cpu")
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_model("small", "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_random():
+    """A random GQA config unlike either bundled model: 3 layers, 6 query heads over 2 KV heads."""
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=12, hidden_size=24, intermediate_size=40, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=4, max_position_embeddings=32)
+    vocab = ["<pad>", "<bos>", "<eos>", "<unk>"] + [f"w{i}" for i in range(8)]
+    tok = WordTokenizer(build_word_tokenizer(vocab))
+    return NativeModel("tiny", Llama(cfg).eval().requires_grad_(False), tok, torch.device("cpu"))
+
+
+def assert_every_step_matches_recompute(model, prompt_ids, settings, n_steps):
+    gen = start(model, prompt_ids, settings, max_new_tokens=n_steps)
+    for _ in range(n_steps):
+        trace = gen.steps[-1]
+        assert max_abs_logit_diff(trace, recompute(model, gen.ids[: trace.cache_len])) <= TOL
+        if step(model, gen) is None:
+            break
+    return gen
+
+
+@pytest.mark.parametrize("name", ["micro", "small", "tiny_random"])
+def test_cached_logits_equal_recompute_at_every_step(name, request):
+    model = request.getfixturevalue(name)
+    prompt = [1, 3] if name == "micro" else [1, 5, 6, 7]
+    sampled = SamplingSettings(temperature=1.0, seed=3)
+    gen = assert_every_step_matches_recompute(model, prompt, sampled, n_steps=8)
+    assert len(gen.steps) >= 2
+
+
+def test_micro_is_the_course_example(micro):
+    info = micro.info
+    assert (info.vocab_size, info.n_layers, info.n_kv_heads, info.d_head, info.dtype) == (8, 2, 1, 4, "float32")
+    tok = micro.tokenizer
+    assert (tok.vocab["<pad>"], tok.vocab["<bos>"], tok.vocab["cá"], tok.vocab["<eos>"]) == (0, 1, 4, 6)
+    gen = start(micro, [1, 3], GREEDY, max_new_tokens=10)
+    assert (gen.steps[0].cache_len, gen.steps[0].cache_bytes) == (2, 128)
+    run_to_end(micro, gen)
+    assert gen.new_ids == [4, 6]
+    assert gen.stop_reason == "eos"
+    decode_step = gen.steps[1]
+    assert decode_step.input_ids == [4] and decode_step.positions == [2]
+    assert (decode_step.cache_len, decode_step.cache_bytes, decode_step.cache_bytes_formula) == (3, 192, 192)
+    assert decode_step.attention.shape == (2, 2, 1, 3)
+    assert gen.steps[0].attention.shape == (2, 2, 2, 2)
+
+
+def test_prefill_attention_is_causal_and_rows_sum_to_one(small):
+    gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, 1)
+    att = gen.steps[0].attention  # (layers, heads, N, N)
+    n = att.shape[-1]
+    assert np.all(att[..., np.triu_indices(n, k=1)[0], np.triu_indices(n, k=1)[1]] == 0)
+    np.testing.assert_allclose(att.sum(-1), 1.0, atol=1e-6)
+
+
+def test_small_uses_gqa_and_writes_sentences(small):
+    info = small.info
+    assert info.n_kv_heads < info.n_heads
+    for prompt in ("con mèo", "hôm nay trời", "the dog"):
+        gen = start(small, encode_prompt(small, prompt).ids, GREEDY, max_new_tokens=20)
+        run_to_end(small, gen)
+        assert gen.stop_reason == "eos", (prompt, small.tokenizer.decode(gen.new_ids))
+        answer = small.tokenizer.decode(gen.new_ids)
+        assert answer.endswith((".", "?", "!")) and len(answer.split()) >= 2
+
+
+def test_unknown_words_are_reported(small, micro):
+    encoded = encode_prompt(small, "con mèo xyzzy")
+    assert encoded.unknown == ["xyzzy"]
+    assert encoded.ids[-1] == small.tokenizer.unk_id
+    with pytest.raises(InputError) as bad:
+        encode_prompt(micro, "chó ăn")  # micro has no <unk>: its 8 words are all it can read
+    assert bad.value.code == "unknown_words"
+
+
+@pytest.mark.parametrize(("n", "t", "with_cache", "without_cache"), [(13, 5, 17, 75), (2, 4, 5, 14), (2, 2, 3, 5)])
+def test_course_counts(n, t, with_cache, without_cache):
+    assert positions_with_cache(n, t) == with_cache
+    assert positions_without_cache(n, t) == without_cache
+    assert cumulative_positions(n, t) == ([n + k - 1 for k in range(1, t + 1)],
+                                          [sum(n + j - 1 for j in range(1, k + 1)) for k in range(1, t + 1)])
+
+
+def test_cache_bytes_formula():
+    assert cache_bytes_formula(2, 1, 3, 4, 4) == 192
+    assert cache_bytes_formula(12, 12, 1024, 64, 2) == 37_748_736
+
+
+def test_counts_of_a_real_run(micro):
+    gen = start(micro, [1, 3], GREEDY, 10)
+    run_to_end(micro, gen)
+    assert (gen.positions_with_cache, gen.positions_without_cache) == (3, 5)
+    assert gen.positions_with_cache == gen.cache.length
+
+
+def test_crop_then_decode_equals_a_fresh_run(small):
+    ids = encode_prompt(small, "the dog").ids
+    gen = start(small, ids, GREEDY, 10)
+    for _ in range(4):
+        step(small, gen)
+    fresh = start(small, ids, GREEDY, 10)
+    for _ in range(2):
+        step(small, fresh)
+    assert back(small, gen) and back(small, gen)
+    assert gen.cache.length == fresh.cache.length == fresh.steps[-1].cache_len
+    step(small, gen)
+    step(small, fresh)
+    np.testing.assert_allclose(gen.steps[-1].logits, fresh.steps[-1].logits, atol=TOL)
+    np.testing.assert_allclose(gen.steps[-1].attention, fresh.steps[-1].attention, atol=TOL)
+    assert gen.new_ids == fresh.new_ids
+
+
+def test_back_stops_at_prefill(micro):
+    gen = start(micro, [1, 3], GREEDY, 10)
+    assert not back(micro, gen)
+    assert gen.cache.length == 2
+
+
+def test_resample_reuses_stored_logits(small, monkeypatch):
+    gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, 10)
+    monkeypatch.setattr(small, "forward", lambda *a, **k: pytest.fail("resampling must not run the model"))
+    resample(small, gen, SamplingSettings(temperature=1.5, top_k=5, seed=7))
+    first = gen.samples[-1].chosen_id
+    resample(small, gen, SamplingSettings(temperature=1.5, top_k=5, seed=7))
+    assert gen.samples[-1].chosen_id == first
+    assert len(gen.samples[-1].kept_by_top_k) == 5
+
+
+def test_stop_max_new_tokens(small):
+    gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, max_new_tokens=2)
+    run_to_end(small, gen)
+    assert (len(gen.new_ids), gen.stop_reason) == (2, "max_new_tokens")
+
+
+def test_stop_string(small):
+    gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, 20, stop_strings=(".",))
+    run_to_end(small, gen)
+    assert gen.stop_reason == "stop_string"
+    assert small.tokenizer.decode(gen.new_ids).endswith(".")
+
+
+def test_stop_context_full(tiny_random):
+    context = tiny_random.info.context_length
+    prompt = [1] + [4] * (context - 3)
+    gen = start(tiny_random, prompt, SamplingSettings(temperature=1.0, top_k=3, seed=0), max_new_tokens=4)
+    run_to_end(tiny_random, gen)
+    if gen.stop_reason == "eos":
+        pytest.skip("the random model drew <eos> first")
+    assert gen.stop_reason == "context_full"
+    assert gen.cache.length == context
+
+
+def test_stop_cancel_pauses(small):
+    gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, 20)
+    run_to_end(small, gen, cancelled=lambda: True)
+    assert gen.stop_reason == "cancelled" and len(gen.steps) == 1
+    assert step(small, gen) is not None
+
+
+@pytest.mark.parametrize(("settings", "code"), [
+    (SamplingSettings(temperature=-1), "bad_temperature"),
+    (SamplingSettings(temperature=1, top_k=0), "bad_top_k"),
+    (SamplingSettings(temperature=1, top_p=0), "bad_top_p"),
+    (SamplingSettings(temperature=1, top_p=1.5), "bad_top_p"),
+])
+def test_bad_settings_are_refused_before_any_state(micro, settings, code):
+    with pytest.raises(InputError) as bad:
+        start(micro, [1, 3], settings, 5)
+    assert bad.value.code == code
+
+
+def test_bad_requests(micro):
+    for prompt, max_new, code in (([1], 5, "empty_prompt"), ([1] + [3] * 16, 1, "prompt_too_long"),
+                                  ([1, 3], 16, "max_new_tokens")):
+        with pytest.raises(InputError) as bad:
+            start(micro, prompt, GREEDY, max_new)
+        assert bad.value.code == code
+        assert bad.value.message("vi") and bad.value.message("en")
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "model", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_count():
+    out = run_cli("count", "13", "5")
+    assert out.returncode == 0
+    assert "17" in out.stdout and "75" in out.stdout
+
+
+def test_cli_trace_json_micro():
+    out = run_cli("trace", "--model", "micro", "--prompt-ids", "1,3", "--json", "--check")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["output"] == {"ids": [4, 6], "text": "cá", "stop_reason": "eos"}
+    assert [s["cache_len"] for s in report["steps"]] == [2, 3]
+    assert [s["cache_bytes"] for s in report["steps"]] == [128, 192]
+    assert report["steps"][1]["attention_shape"] == [2, 2, 1, 3]
+    assert all(s["max_abs_logit_diff"] <= TOL for s in report["steps"])
+    assert report["counts"] == {"prompt_len": 2, "new_tokens": 2, "positions_with_cache": 3,
+                                "positions_without_cache": 5}
+    assert set(report["model"]) >= {"name", "n_layers", "n_heads", "n_kv_heads", "d_head", "dtype", "device"}
+    assert set(report["timing"]["itl_ms"]) == {"p50", "p95", "p99"}
+
+
+def test_cli_trace_table_small():
+    out = run_cli("trace", "--prompt", "con mèo", "--max-new-tokens", "3")
+    assert out.returncode == 0, out.stderr
+    assert "prefill" in out.stdout and "decode" in out.stdout and "stop: max_new_tokens" in out.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ("trace", "--prompt", "   "),
+    ("trace", "--prompt", " ".join(["con"] * 200)),
+    ("trace", "--prompt", "con", "--model", "no-such-model"),
+    ("trace", "--prompt", "con", "--top-p", "1.5"),
+    ("trace", "--prompt", "con", "--top-p", "0"),
+    ("trace", "--prompt-ids", "1,x"),
+])
+def test_cli_bad_input_is_one_sentence(args):
+    out = run_cli(*args)
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["micro", "small"])
+def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
+    from transformers import AutoModelForCausalLM
+
+    from model.runtime import resolve_path
+
+    native = load_model(name, "cpu")
+    hf = AutoModelForCausalLM.from_pretrained(resolve_path(name), trust_remote_code=False, use_safetensors=True)
+    hf.eval()
+    rng = np.random.default_rng(0)
+    for length in (2, 5, 11):
+        ids = [1] + rng.integers(2, native.info.vocab_size, size=length - 1).tolist()
+        with torch.inference_mode():
+            theirs = hf(torch.tensor([ids])).logits[0].numpy()
+        ours = native.forward(ids, None, output_attentions=False)[0].numpy()
+        np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)

@@ -1,0 +1,111 @@
+"""Each page under AppTest: no exception, Next/Back move the cache by ±1, language switch keeps state."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+TIMEOUT = 60
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def open_page(page: str, model: str = "micro", lang: str = "vi") -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["lang"] = lang
+    at.session_state["model_name"] = model
+    # AppTest drops the sidebar after switch_page, and with it the sidebar's widget keys: set them as state
+    at.session_state["device"] = "cpu"
+    at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
+    at.run()
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def cache_len(at: AppTest) -> int:
+    return at.session_state["generation"].cache.length
+
+
+@pytest.mark.parametrize("page", ["pages/prefill.py", "pages/decode.py", "pages/cache.py", "pages/flash.py"])
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_every_page_runs(page, lang):
+    at = open_page(page, lang=lang)
+    assert not at.error
+
+
+def test_prefill_page_shows_the_micro_example():
+    at = click(open_page("pages/prefill.py"), "run_prefill")
+    gen = at.session_state["generation"]
+    assert gen.prompt_ids == [1, 3] and cache_len(at) == 2
+    assert any("128" in m.value for m in at.markdown)
+    assert not at.error
+
+
+def test_decode_next_and_back_move_the_cache_by_one():
+    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    start = cache_len(at)
+    click(at, "next")
+    assert cache_len(at) == start + 1
+    click(at, "next")
+    assert cache_len(at) == start + 2
+    click(at, "back")
+    assert cache_len(at) == start + 1
+    assert not at.error
+
+
+def test_decode_micro_course_example_to_the_end():
+    at = click(open_page("pages/decode.py"), "run_prefill")
+    click(at, "next")
+    gen = at.session_state["generation"]
+    assert gen.new_ids == [4, 6] and gen.stop_reason == "eos"
+    assert [s.cache_bytes for s in gen.steps] == [128, 192]
+    assert at.button(key="next").disabled
+
+
+def test_language_switch_keeps_state():
+    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    click(at, "next")
+    at.slider(key="temperature").set_value(0.7).run()
+    before = (cache_len(at), at.session_state["generation"].new_ids)
+    at.session_state["lang"] = "en"
+    at.run()
+    assert not at.exception
+    assert (cache_len(at), at.session_state["generation"].new_ids) == before
+    assert at.slider(key="temperature").value == 0.7
+    assert at.session_state["model_name"] == "small"
+    assert "Next" in at.button(key="next").label
+
+
+def test_bad_prompt_is_a_sentence_and_keeps_the_run():
+    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    click(at, "next")
+    before = cache_len(at)
+    at.switch_page("pages/prefill.py")
+    at.run()
+    at.text_input(key="prompt_text").set_value("   ").run()
+    click(at, "run_prefill")
+    assert at.error and "trống" in at.error[0].value
+    assert cache_len(at) == before
+
+
+def test_html_in_the_prompt_is_shown_as_text():
+    at = open_page("pages/prefill.py", model="small")
+    at.text_input(key="prompt_text").set_value("<script>alert(1)</script> con mèo").run()
+    click(at, "run_prefill")
+    assert at.session_state["prompt_unknown"]
+    assert not at.exception
+
+
+def test_cache_page_presets():
+    at = open_page("pages/cache.py")
+    click(at, "preset_13/5")
+    assert [m.value for m in at.metric][:2] == ["17", "75"]
+    click(at, "preset_2/4")
+    assert [m.value for m in at.metric][:2] == ["5", "14"]

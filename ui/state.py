@@ -1,0 +1,37 @@
+"""Session defaults for every widget key, without importing torch (the map page must paint at once)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ui.i18n import lang
+
+DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi": "ăn", "en": "ăn"}}
+SIDEBAR_KEYS = ("model_name", "device")  # drawn on every page, so Streamlit keeps them itself
+DEFAULTS = {
+    "model_name": "small", "device": "auto", "generation": None, "generation_for": None,
+    "prompt_mode": "text", "prompt_ids_text": "1, 3",
+    "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
+    "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [],
+    "count_n": 13, "count_t": 5, "bench_result": None,
+}
+
+
+def on_model_change() -> None:
+    """A new model starts from its own example prompt (micro reads only its 8 words)."""
+    st.session_state.prompt_text = DEFAULT_PROMPTS[st.session_state.model_name][lang()]
+    st.session_state.prompt_mode = "ids" if st.session_state.model_name == "micro" else "text"
+
+
+def init_state() -> None:
+    for key, value in DEFAULTS.items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+        elif key not in SIDEBAR_KEYS:
+            # Streamlit forgets a widget's value on a page where the widget is not drawn; re-assigning
+            # makes the value the session's own, so it survives page changes.
+            st.session_state[key] = st.session_state[key]
+    if "prompt_text" not in st.session_state:
+        st.session_state.prompt_text = DEFAULT_PROMPTS[st.session_state.model_name][lang()]
+    else:
+        st.session_state.prompt_text = st.session_state.prompt_text
