@@ -6,14 +6,18 @@ because these machines are shared and noisy: compare the ratios, not absolute nu
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from model.runtime import LoadedModel, synchronize
+from model.llama import Llama, LlamaConfig
+from model.runtime import LoadedModel, NativeModel, pick_device, resolve_path, synchronize
+from model.steps import decode, prefill
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -60,18 +64,107 @@ def time_per_token(model: LoadedModel, contexts: list[int], repeats: int = 10,
     step, so every repeat sees the same length) against recomputing all L + 1 positions."""
     rows = []
     for done, context in enumerate(contexts):
-        ids = filler_ids(model, context + 1)
-        cache = model.new_cache()
-        with torch.inference_mode():
-            model.forward(ids[:context], cache, output_attentions=False)
-
-            def cached_step():
-                model.forward(ids[context:], cache, output_attentions=False)
-                cache.crop(context)
-
-            cached = timed(model.device, cached_step, repeats)
-            recomputed = timed(model.device, lambda: model.forward(ids, None, output_attentions=False), repeats)
-        rows.append(TokenTiming(context, cached, recomputed))
+        rows.append(_time_context(model, context, repeats))
         if progress:
             progress((done + 1) / len(contexts))
     return rows
+
+
+@torch.inference_mode()
+def _time_context(model: LoadedModel, context: int, repeats: int) -> TokenTiming:
+    ids = filler_ids(model, context + 1)
+    cache = model.new_cache()
+    model.forward(ids[:context], cache, output_attentions=False)
+
+    def cached_step():
+        model.forward(ids[context:], cache, output_attentions=False)
+        cache.crop(context)
+
+    cached = timed(model.device, cached_step, repeats)
+    recomputed = timed(model.device, lambda: model.forward(ids, None, output_attentions=False), repeats)
+    return TokenTiming(context, cached, recomputed)
+
+
+# -- python -m model bench ---------------------------------------------------------------------------------
+
+def gpt2_small_llama_config() -> LlamaConfig:
+    """A Llama the size of GPT-2 small (~124M parameters): 12 layers, 12 heads of 64, 768 wide."""
+    return LlamaConfig(vocab_size=50257, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                       num_attention_heads=12, num_key_value_heads=12, head_dim=64, max_position_embeddings=1024,
+                       tie_word_embeddings=True)
+
+
+@dataclass
+class EngineTiming:
+    prefill_ms: list[float]
+    step_ms: list[float]  # decode steps with attention capture, as a session runs them
+
+
+def time_engine(model: LoadedModel, prompt: list[int], new_tokens: int) -> EngineTiming:
+    """One prefill and `new_tokens` greedy decode steps through the same StepTrace path the app uses."""
+    cache = model.new_cache()
+    first = prefill(model, cache, prompt)
+    token, steps = int(np.argmax(first.logits)), []
+    for _ in range(new_tokens):
+        trace = decode(model, cache, token)
+        token = int(np.argmax(trace.logits))
+        steps.append(trace.ms)
+    return EngineTiming([first.ms], steps)
+
+
+def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tokens: int, repeats: int,
+                              device: torch.device) -> None:
+    from transformers import LlamaForCausalLM
+
+    from model.hf import HFModel
+
+    native = NativeModel(label, Llama.load(folder, device), None, device)
+    theirs = HFModel(label, LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").to(device).eval(),
+                     None, device)
+    prompt = filler_ids(native, prompt_len)
+    for model in (native, theirs):
+        time_engine(model, prompt, 2)  # warm-up, dropped
+    runs = {"native": EngineTiming([], []), "transformers": EngineTiming([], [])}
+    for _ in range(repeats):  # interleaved, so both see the same machine load
+        for name, model in (("native", native), ("transformers", theirs)):
+            t = time_engine(model, prompt, new_tokens)
+            runs[name].prefill_ms += t.prefill_ms
+            runs[name].step_ms += t.step_ms
+    n, h = runs["native"], runs["transformers"]
+    info = native.info
+    print(f"\n{label}: {info.n_layers} layers, {info.n_heads} heads ({info.n_kv_heads} KV), d_head {info.d_head}, "
+          f"{info.dtype} on {info.device}, {torch.get_num_threads()} threads, batch 1, prompt {prompt_len}, "
+          f"{new_tokens} steps × {repeats}, attention captured")
+    print(f"{'':<14}{'prefill p50':>12}{'ITL p50':>10}{'ITL p95':>10}   (ms)")
+    for name, t in runs.items():
+        print(f"{name:<14}{TokenTiming.p(t.prefill_ms, 50):>12.2f}{TokenTiming.p(t.step_ms, 50):>10.2f}"
+              f"{TokenTiming.p(t.step_ms, 95):>10.2f}")
+    print(f"{'native / tf':<14}{TokenTiming.p(n.prefill_ms, 50) / TokenTiming.p(h.prefill_ms, 50):>11.2f}×"
+          f"{TokenTiming.p(n.step_ms, 50) / TokenTiming.p(h.step_ms, 50):>9.2f}×"
+          f"{TokenTiming.p(n.step_ms, 95) / TokenTiming.p(h.step_ms, 95):>9.2f}×")
+
+
+def print_cache_vs_recompute(model: LoadedModel, contexts: list[int], repeats: int) -> None:
+    info = model.info
+    print(f"\ncached vs recomputed step, {info.name}, {info.dtype} on {info.device}, batch 1, {repeats} repeats")
+    print(f"{'positions':>9}{'cached p50':>12}{'p95':>8}{'recompute p50':>15}{'p95':>8}{'ratio':>8}   (ms)")
+    for r in time_per_token(model, contexts, repeats):
+        cached, full = r.p(r.cached_ms, 50), r.p(r.recompute_ms, 50)
+        print(f"{r.context:>9}{cached:>12.2f}{r.p(r.cached_ms, 95):>8.2f}{full:>15.2f}"
+              f"{r.p(r.recompute_ms, 95):>8.2f}{full / cached:>7.1f}×")
+
+
+def run_bench(device: str = "auto", quick: bool = False) -> None:
+    from model.hf import bench_hf
+
+    dev = pick_device(device)
+    repeats = 1 if quick else 3
+    compare_with_transformers(resolve_path("small"), "small", 24, 32, repeats, dev)
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        Llama(gpt2_small_llama_config()).save(tmp)
+        compare_with_transformers(Path(tmp), "llama-124M (random)", 128, 16 if quick else 32, repeats, dev)
+        big = NativeModel("llama-124M (random)", Llama.load(tmp, dev), None, dev)
+        print_cache_vs_recompute(big, [64, 256, 512], 3 if quick else 10)
+    print()
+    bench_hf(device, quick)

@@ -33,6 +33,14 @@ def small_config(vocab_size: int) -> LlamaConfig:
                        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
 
 
+def init_weights(model: Llama) -> Llama:
+    """Normal(0, 0.02) like transformers' Llama: PyTorch's defaults make the first logits huge."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, std=0.02)
+    return model
+
+
 def encode_sentences(tokenizer, sentences: list[str], pad_id: int, eos_id: int) -> torch.Tensor:
     """(n, longest + 2) rows of <bos> words <eos>, right-padded."""
     rows = [tokenizer.encode(s).ids + [eos_id] for s in sentences]
@@ -76,11 +84,11 @@ def build_small(folder: Path) -> None:
     vocab = list(SPECIAL_TOKENS) + vocabulary(sentences)
     tokenizer = build_word_tokenizer(vocab)
     cfg = small_config(len(vocab))
-    model = Llama(cfg)
+    model = init_weights(Llama(cfg))
     data = encode_sentences(WordTokenizer(tokenizer), sentences, cfg.pad_token_id, cfg.eos_token_id)
     print(f"{len(sentences)} sentences, vocabulary {len(vocab)}, {sum(p.numel() for p in model.parameters()):,} "
           "parameters")
-    train(model, data, steps=3000, batch_size=64, lr=3e-3, pad_id=cfg.pad_token_id, log_every=250)
+    train(model, data, steps=1200, batch_size=48, lr=5e-3, pad_id=cfg.pad_token_id, log_every=100)
     _save(model, tokenizer, folder)
 
 
@@ -94,6 +102,8 @@ def build(name: str) -> None:
     random.seed(0)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
+    # the matrices are tiny: OpenMP threads spend their time waiting on each other, not computing
+    torch.set_num_threads(1)
     t0 = time.perf_counter()
     folder = ROOT / BUNDLED[name]
     {"micro": build_micro, "small": build_small}[name](folder)

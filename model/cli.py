@@ -32,6 +32,7 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str], check: bool) 
             "cache_len": trace.cache_len, "cache_bytes": trace.cache_bytes,
             "cache_bytes_formula": trace.cache_bytes_formula, "attention_shape": list(trace.attention.shape),
             "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
+            "chosen_prob": round(float(drawn.probs[drawn.chosen_id]), 6),
             "top": [{"id": int(i), "token": tok.token(int(i)), "prob": round(float(drawn.probs[i]), 6)}
                     for i in top_ids],
             "ms": round(trace.ms, 3),
@@ -60,14 +61,14 @@ def print_table(report: dict) -> None:
     print(f"prompt {p['text']!r} -> ids {p['ids']} tokens {p['tokens']}"
           + (f"  unknown: {p['unknown']}" if p["unknown"] else ""))
     check = any("max_abs_logit_diff" in s for s in report["steps"])
-    header = f"{'step':>4} {'phase':<8} {'input':<10} {'cache':>5} {'bytes':>9} {'formula':>9} {'chosen':<14} {'p':>6} {'ms':>8}"
+    header = (f"{'step':>4} {'phase':<8} {'input':<10} {'cache':>5} {'bytes':>9} {'formula':>9} {'chosen':<14} "
+              f"{'p':>6} {'ms':>8}")
     print(header + ("  max|Δlogit|" if check else ""))
     for s in report["steps"]:
         chosen = f"{s['chosen_id']} {s['chosen_token']}"
-        prob = next((t["prob"] for t in s["top"] if t["id"] == s["chosen_id"]), float("nan"))
         inputs = ",".join(map(str, s["input_ids"]))
         line = (f"{s['index']:>4} {s['phase']:<8} {inputs[:10]:<10} {s['cache_len']:>5} {s['cache_bytes']:>9} "
-                f"{s['cache_bytes_formula']:>9} {chosen[:14]:<14} {prob:>6.3f} {s['ms']:>8.2f}")
+                f"{s['cache_bytes_formula']:>9} {chosen[:14]:<14} {s['chosen_prob']:>6.3f} {s['ms']:>8.2f}")
         print(line + (f"  {s['max_abs_logit_diff']:.2e}" if check else ""))
     o, c, t = report["output"], report["counts"], report["timing"]
     print(f"output ids {o['ids']} text {o['text']!r} stop: {o['stop_reason']}")

@@ -206,3 +206,72 @@ def tiled_traffic_bytes(n: int, d_head: int, block_q: int, bytes_per_element: in
     read = n * d_head + 2 * n * d_head * math.ceil(n / block_q)
     written = n * d_head + 2 * n
     return Traffic(read * bytes_per_element, written * bytes_per_element)
+
+
+# -----------------------------------------------------------------------------
+# one head of a real model, for the live page
+
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)  # 128 × 128 is the usual tile on a GPU
+
+
+def block_size_choices(n: int) -> list[int]:
+    """The block sizes worth offering for n tokens: up to the first one that holds all n in one tile."""
+    return [b for b in BLOCK_SIZES if b == 1 or b // 2 < n]
+
+
+@dataclass(frozen=True)
+class HeadWalk:
+    """The tiled walk over one head of a real prefill, beside the naive answer it must equal."""
+
+    q: np.ndarray  # (N, d_head) the query head, after RoPE
+    k: np.ndarray  # (N, d_head) the KV head it reads
+    v: np.ndarray  # (N, d_head)
+    kv_head: int
+    walk: TiledAttention
+    naive: np.ndarray  # (N, d_head) softmax(q kᵀ/√d_head + causal mask) v
+    max_abs_diff: float  # max |tiled − naive| over the whole output
+
+    @property
+    def read_steps(self) -> list[int]:
+        """Indices of the steps whose tile is really read, in walk order: the causal loop of a real kernel
+        stops at the diagonal, so the skipped tiles are never visited."""
+        return [i for i, step in enumerate(self.walk.steps) if not step.skipped]
+
+    def before(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """m, ℓ of the rows of step `index` before it, and α = e^(m before − m after) that rescales them;
+        (Bq,) each. On the first tile of a query block m is -inf and ℓ is 0, so α is 0."""
+        step = self.walk.steps[index]
+        if step.k_block == 0:
+            row_max, row_sum = np.full_like(step.row_max, -np.inf), np.zeros_like(step.row_sum)
+        else:  # the previous step is the same query block, one key block to the left
+            row_max, row_sum = self.walk.steps[index - 1].row_max, self.walk.steps[index - 1].row_sum
+        return row_max, row_sum, np.exp(row_max - step.row_max)
+
+    def gap(self, step: TileStep) -> float:
+        """max |running output − final output| over the rows of one step: 0 once its query block is done."""
+        return float(np.max(np.abs(step.partial_output - self.naive[slice(*step.q_rows)])))
+
+
+def walk_head(model, ids: list[int], layer: int, head: int, block: int) -> HeadWalk:
+    """Prefill ids through `model` (a NativeModel: it has attention_inputs), take query head `head` of
+    `layer` and the KV head it reads under GQA (h // (n_heads / n_kv_heads)), and attend tile by tile
+    with block × block tiles, in float32."""
+    q, k, v = model.attention_inputs(ids, layer)  # (n_heads, N, d), (n_kv, N, d), (n_kv, N, d) tensors
+    kv_head = head // (model.info.n_heads // model.info.n_kv_heads)
+    q, k, v = (x.float().cpu().numpy() for x in (q[head], k[kv_head], v[kv_head]))  # (N, d_head) each
+    walk = tiled_attention(q, k, v, block, block)
+    naive = naive_attention(q, k, v)
+    return HeadWalk(q, k, v, kv_head, walk, naive, float(np.max(np.abs(walk.output - naive))))
+
+
+def human_bytes(n: int, decimal: str = ".") -> str:
+    """1536 -> '1.5 KiB', 2**31 -> '2 GiB' (binary units, at most three significant digits)."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    shown = f"{value:.3g}" if unit != "B" else str(n)
+    if "e" in shown:  # 1000 ≤ value < 1024 would print as 1e+03
+        shown = f"{value:.0f}"
+    return f"{shown.replace('.', decimal)} {unit}"

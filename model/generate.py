@@ -95,14 +95,15 @@ def find_stop(model: LoadedModel, gen: Generation) -> str | None:
     last = gen.samples[-1].chosen_id
     if last == model.info.eos_id:
         return "eos"
-    if len(gen.samples) >= gen.max_new_tokens:
-        return "max_new_tokens"
     if gen.stop_strings:
         answer = model.tokenizer.decode(gen.new_ids)
         if any(s and s in answer for s in gen.stop_strings):
             return "stop_string"
+    # checked before the token limit: asking for every token that fits reaches both at once
     if gen.cache.length >= model.info.context_length:
         return "context_full"  # no position left to feed the token just chosen
+    if len(gen.samples) >= gen.max_new_tokens:
+        return "max_new_tokens"
     return None
 
 

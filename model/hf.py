@@ -105,7 +105,7 @@ def is_native(source: Source) -> bool:
         return False
 
 
-# -- transformers API: every difference inside pyproject's range (>=4.56, <5.25) is here ----------------------
+# -- transformers API: the calls into it, with every difference inside pyproject's range (>=4.56, <5.25) --------
 
 def hub_file(repo_id: str, filename: str, allow_download: bool) -> Path:
     """A file of a Hub repository, from the local cache, or downloaded when allowed."""
@@ -134,9 +134,9 @@ def layer_kv(dynamic, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def crop_layer(dynamic, layer: int, n: int) -> None:
     """Keep the first n positions of one layer.
-    DynamicLayer.crop(x) changed meaning: up to 5.23 x is the length to keep (`max_length`), in 5.24 it is the
-    number of tokens to remove, given as x ≤ 0 (`tokens_to_remove`; a positive x raises). A negative x removes
-    -x positions in both, so that is the one call made; x = 0 is never passed (4.x would empty the layer)."""
+    DynamicLayer.crop(x) changed meaning inside the range: in 4.56 x is the length to keep (`max_length`), in
+    5.24 the number of tokens to remove, given as x ≤ 0 (`tokens_to_remove`; a positive x raises). A negative x
+    removes -x positions in both, so that is the one call made; 0 is never passed (4.56 would empty the layer)."""
     kv = layer_kv(dynamic, layer)
     extra = 0 if kv is None else kv[0].shape[2] - n
     if extra > 0:

@@ -60,7 +60,8 @@ class LlamaConfig:
 class ForwardOutput:
     logits: torch.Tensor                    # (B, T, vocab)
     attentions: list[torch.Tensor] | None   # per layer (B, n_heads, T, S), S = cached + new positions
-    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # one layer's q (B, n_heads, T, d_head), k, v (B, n_kv, S, d_head)
+    # one layer's q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head)
+    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
 class RMSNorm(nn.Module):
@@ -179,7 +180,7 @@ class Llama(nn.Module):
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None) -> ForwardOutput:
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None."""
-        B, T = ids.shape
+        T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         positions = torch.arange(n_past, n_past + T, device=ids.device)
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)

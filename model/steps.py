@@ -18,7 +18,8 @@ class StepTrace:
     phase: str                 # "prefill" | "decode"
     input_ids: list[int]       # the ids fed in this step: the prompt, or the one token chosen before
     positions: list[int]       # their positions in the sequence
-    attention: np.ndarray      # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len
+    attention: np.ndarray      # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len;
+                               # float32 (native) or float16 (transformers: bounds a session's memory)
     cache_len: int             # positions in the cache after the step
     cache_bytes: int           # measured from the cache tensors
     layer_shapes: list[tuple[int, ...]]  # per layer, the shape of K (and of V): (batch, n_kv, positions, d_head)
@@ -42,7 +43,7 @@ def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
     info = model.info
     return StepTrace(
         phase=phase, input_ids=list(ids), positions=list(range(start, start + len(ids))),
-        attention=attention.float().cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
+        attention=attention.cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
         layer_shapes=[cache.layer_shape(i) for i in range(info.n_layers)],
         layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
         cache_bytes_formula=cache_bytes_formula(info.n_layers, info.n_kv_heads, cache.length, info.d_head,

@@ -69,7 +69,8 @@ if st.button(t("cache.measure"), key="measure", type="primary"):
 if st.session_state.bench_result is not None:
     measured_conditions, rows = st.session_state.bench_result
     table = [{t("cache.context"): r.context,
-              t("cache.cached_p50"): round(r.p(r.cached_ms, 50), 3), t("cache.cached_p95"): round(r.p(r.cached_ms, 95), 3),
+              t("cache.cached_p50"): round(r.p(r.cached_ms, 50), 3),
+              t("cache.cached_p95"): round(r.p(r.cached_ms, 95), 3),
               t("cache.recompute_p50"): round(r.p(r.recompute_ms, 50), 3),
               t("cache.recompute_p95"): round(r.p(r.recompute_ms, 95), 3),
               t("cache.speedup"): f"{r.p(r.recompute_ms, 50) / r.p(r.cached_ms, 50):.1f}×"} for r in rows]

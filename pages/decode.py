@@ -7,8 +7,18 @@ from model import generate
 from model.steps import max_abs_logit_diff, recompute
 from ui import charts
 from ui.i18n import t
-from ui.session import (current_model, generation, layer_head_selectors, mark_cancelled_run, on_back, on_next,
-                        prompt_form, reset, run_to_end, sampling_controls)
+from ui.session import (
+    current_model,
+    generation,
+    layer_head_selectors,
+    mark_cancelled_run,
+    on_back,
+    on_next,
+    prompt_form,
+    reset,
+    run_to_end,
+    sampling_controls,
+)
 from ui.widgets import md_escape, token_strip
 
 CHECK_TOLERANCE = 1e-4
@@ -71,7 +81,8 @@ with right:
          t("decode.formula"): [s.cache_bytes_formula for s in gen.steps]},
         t("decode.step_axis"), t("decode.bytes_axis"), height=300, dashed=(t("decode.formula"),)),
         key="decode_cache")
-    st.dataframe([{t("decode.step_axis"): i, t("phase.label"): t("phase." + s.phase), t("decode.cache_len"): s.cache_len,
+    st.dataframe([{t("decode.step_axis"): i, t("phase.label"): t("phase." + s.phase),
+                   t("decode.cache_len"): s.cache_len,
                    t("decode.measured"): s.cache_bytes, t("decode.formula"): s.cache_bytes_formula}
                   for i, s in enumerate(gen.steps)], hide_index=True, height=220)
     st.caption(t("decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,

@@ -1,3 +1,177 @@
+"""Flash Attention, live: one head of a real prefill attended tile by tile with an online softmax, checked
+against softmax(QKᵀ/√d_head)·V; then the bytes of the score matrix and of the traffic to main memory."""
+
 import streamlit as st
 
-st.write("…")
+from model.flash import (
+    BLOCK_SIZES,
+    block_size_choices,
+    default_block_size,
+    human_bytes,
+    naive_traffic_bytes,
+    score_matrix_bytes,
+    tile_buffer_bytes,
+    tiled_traffic_bytes,
+    walk_head,
+)
+from ui import charts
+from ui.i18n import t
+from ui.session import current_model, generation, guarded, layer_head_selectors, prompt_form
+
+TOLERANCE = 1e-5
+PRECISIONS = {"float16": 2, "float32": 4}
+
+
+def go_to(step: int) -> None:
+    st.session_state.flash_step = step
+
+
+def shift(delta: int) -> None:
+    st.session_state.flash_step += delta
+
+
+def size(n: int) -> str:
+    """2147483648 -> '2 GiB (2 147 483 648 B)': human units for the eye, the exact count for the check."""
+    exact = f"{n:,}".replace(",", "\u202f")
+    return f"{human_bytes(n, t('flash.decimal'))} ({exact} B)"
+
+
+def span(bounds: tuple[int, int]) -> str:
+    """(start, stop) positions -> '4–7', or '4' for one position."""
+    return str(bounds[0]) if bounds[1] - bounds[0] == 1 else f"{bounds[0]}–{bounds[1] - 1}"
+
+
+def number(x: float) -> str:
+    return "−∞" if x == float("-inf") else f"{x:.3f}"
+
+
+st.title(t("flash.title"))
+st.caption(t("flash.intro"))
+
+model = current_model()
+if model is None:
+    st.stop()
+info, tok = model.info, model.tokenizer
+if not hasattr(model, "attention_inputs"):
+    st.warning(t("flash.no_qkv", name=info.name))
+    st.stop()
+with st.expander(t("flash.prompt"), expanded=generation(model) is None):
+    prompt_form(model)
+gen = generation(model)  # the prefill button may just have started one
+if gen is None:
+    st.info(t("flash.press_prefill"))
+    st.stop()
+
+ids, n = gen.prompt_ids, len(gen.prompt_ids)
+choices = block_size_choices(n)
+if st.session_state.flash_for != tuple(ids) or st.session_state.flash_block not in choices:
+    # a new prompt: a block size scaled to it, and the walk from its first tile
+    st.session_state.flash_block, st.session_state.flash_step = default_block_size(n), 0
+    st.session_state.flash_for = tuple(ids)
+c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
+with c1:
+    layer, head = layer_head_selectors(info)
+block = c2.selectbox(t("flash.block"), choices, key="flash_block", format_func={b: f"{b} × {b}" for b in choices}.get,
+                     on_change=go_to, args=(0,), help=t("flash.block_help"))
+result = guarded(lambda: walk_head(model, ids, layer, head, block))
+if result is None:
+    st.stop()
+steps, read = result.walk.steps, result.read_steps  # the walk visits only the tiles it reads
+last = len(read) - 1
+st.session_state.flash_step = index = max(0, min(st.session_state.flash_step, last))
+step = steps[read[index]]
+labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
+rows, cols = span(step.q_rows), span(step.k_cols)
+
+st.subheader(t("flash.walk"))
+st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
+b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
+b1.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
+          disabled=index == 0, width="stretch")
+b2.button(t("flash.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
+          disabled=index == 0, width="stretch")
+b3.button(t("flash.next"), key="flash_next", icon=":material/chevron_right:", icon_position="right", type="primary",
+          on_click=shift, args=(1,), disabled=index == last, width="stretch")
+b4.button(t("flash.last"), key="flash_last", icon=":material/last_page:", icon_position="right", on_click=go_to,
+          args=(last,), disabled=index == last, width="stretch")
+
+left, right = st.columns([1, 1])
+with left:
+    names = {s: t("flash.state_" + s) for s in charts.TILE_STATES}
+    names.update(queries=t("flash.axis_queries"), keys=t("flash.axis_keys"))
+    st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 120 + 40 * n))),
+                    key="flash_grid", config={"displayModeBar": False})
+    st.caption(t("flash.grid_caption"))
+    st.latex(t("flash.latex_update"))
+with right:
+    st.markdown(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block, rows=rows,
+                  cols=cols))
+    st.markdown(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0], bk=step.scores.shape[1]))
+    if index == last or steps[read[index + 1]].q_block != step.q_block:
+        st.success(t("flash.block_done", qb=step.q_block, rows=rows))
+    m_before, l_before, alpha = result.before(read[index])
+    st.markdown("**" + t("flash.stats") + "**")
+    st.dataframe([{t("flash.col_query"): labels[r], t("flash.col_tile_max"): number(step.scores[i].max()),
+                   t("flash.col_m"): f"{number(m_before[i])} → {number(step.row_max[i])}",
+                   t("flash.col_alpha"): number(alpha[i]),
+                   t("flash.col_l"): f"{number(l_before[i])} → {number(step.row_sum[i])}"}
+                  for i, r in enumerate(range(*step.q_rows))], hide_index=True,
+                 height=35 * (min(len(alpha), 8) + 1) + 3)
+    st.caption(t("flash.stats_caption"))
+    st.markdown("**" + t("flash.partial") + "**")
+    st.plotly_chart(charts.output_heatmap(step.partial_output, labels[slice(*step.q_rows)],
+                                          height=max(150, min(320, 70 + 30 * len(step.row_max)))),
+                    key="flash_partial", config={"displayModeBar": False})
+    st.caption(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"))
+
+st.subheader(t("flash.check"))
+passed = result.max_abs_diff <= TOLERANCE
+m1, m2 = st.columns([1, 4])
+m1.metric(t("flash.check_metric"), f"{result.max_abs_diff:.2e}", help=t("flash.check_help"))
+with m2:
+    (st.success if passed else st.error)(t(
+        "flash.check_result", verdict=t("flash.pass" if passed else "flash.fail"), block=block, tiles=len(steps),
+        skipped=len(steps) - len(read), n=n, diff=f"{result.max_abs_diff:.2e}", tol=TOLERANCE))
+    if n % block:
+        st.info(t("flash.ragged", n=n, block=block, rest=n % block))
+
+st.subheader(t("flash.memory"))
+st.latex(t("flash.latex_memory"))
+st.caption(t("flash.memory_legend"))
+b = info.bytes_per_element
+score_now, tile_now = score_matrix_bytes(n, b), tile_buffer_bytes(block, block, info.d_head, b)
+st.markdown(t("flash.memory_now", n=n, d=info.d_head, block=block, dtype=info.dtype, b=b))
+n1, n2, n3 = st.columns(3)
+n1.metric(t("flash.score_metric"), human_bytes(score_now, t("flash.decimal")), help=size(score_now))
+n2.metric(t("flash.tile_metric"), human_bytes(tile_now, t("flash.decimal")), help=size(tile_now))
+n3.metric(t("flash.ratio_metric"), f"{score_now / tile_now:.2f}×")
+if score_now < tile_now:
+    st.caption(t("flash.small_note"))
+
+st.markdown("**" + t("flash.at_scale") + "**")
+i1, i2, i3 = st.columns(3)
+big_n = i1.number_input(t("flash.custom_n"), min_value=1, max_value=1 << 20, step=1024, key="flash_custom_n",
+                        help=t("flash.custom_n_help"))
+d = i2.number_input(t("flash.custom_d"), min_value=1, max_value=1024, key="flash_custom_d")
+big_b = i3.selectbox(t("flash.custom_block"), BLOCK_SIZES, key="flash_custom_block",
+                     format_func={x: f"{x} × {x}" for x in BLOCK_SIZES}.get)
+st.dataframe([{t("flash.col_precision"): name, t("flash.col_score"): size(score_matrix_bytes(big_n, nbytes)),
+               t("flash.col_tile"): size(tile_buffer_bytes(big_b, big_b, d, nbytes))}
+              for name, nbytes in PRECISIONS.items()], hide_index=True)
+
+st.subheader(t("flash.traffic"))
+st.markdown(t("flash.traffic_intro"))
+st.markdown(t("flash.naive_label"))
+st.latex(t("flash.latex_naive"))
+st.markdown(t("flash.tiled_label"))
+st.latex(t("flash.latex_tiled"))
+traffic = {}
+for name, nbytes in PRECISIONS.items():
+    traffic[name, "naive"] = naive_traffic_bytes(big_n, d, nbytes)
+    traffic[name, "tiled"] = tiled_traffic_bytes(big_n, d, big_b, nbytes)
+st.dataframe([{t("flash.col_method"): t("flash.method_" + method), t("flash.col_precision"): name,
+               t("flash.col_read"): size(x.read_bytes), t("flash.col_written"): size(x.written_bytes),
+               t("flash.col_total"): size(x.total)} for (name, method), x in traffic.items()], hide_index=True)
+ratio = traffic["float16", "naive"].total / traffic["float16", "tiled"].total
+st.metric(t("flash.traffic_ratio"), f"{ratio:.1f}×", help=f"N = {big_n}, d_head = {d}, B = {big_b}")
+st.caption(t("flash.traffic_note"))

@@ -16,7 +16,7 @@ band = st.segmented_control(
     format_func=band_choice_label(t),
     label_visibility="collapsed",
 )
-toggle_col, hint_col = st.columns([1, 3], vertical_alignment="center")
+toggle_col, hint_col = st.columns([1, 2], vertical_alignment="center")
 hide_overlay = toggle_col.toggle(t("map.hide_overlay"), key="map_hide_overlay")
 hint_col.caption(f"{t('map.hint')} · {t('map.live_legend')}")
 

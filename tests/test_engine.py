@@ -175,7 +175,7 @@ def test_stop_string(small):
 def test_stop_context_full(tiny_random):
     context = tiny_random.info.context_length
     prompt = [1] + [4] * (context - 3)
-    gen = start(tiny_random, prompt, SamplingSettings(temperature=1.0, top_k=3, seed=0), max_new_tokens=4)
+    gen = start(tiny_random, prompt, SamplingSettings(temperature=1.0, top_k=3, seed=0), max_new_tokens=3)
     run_to_end(tiny_random, gen)
     if gen.stop_reason == "eos":
         pytest.skip("the random model drew <eos> first")

@@ -75,3 +75,95 @@ def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: 
     fig.update_yaxes(title=y_title, rangemode="tozero")
     fig.update_layout(legend=dict(orientation="h", y=1.15, x=0))
     return _layout(fig, height)
+
+
+# -----------------------------------------------------------------------------
+# the Flash Attention tile walk
+
+TILE_STATES = ("masked", "skipped", "todo", "done", "current")  # the order of the codes 0..4 in tile_grid
+TILE_COLOURS = {"masked": "#ffffff", "skipped": "#ffc9c9", "todo": "#dee2e6", "done": "#a5d8ff",
+                "current": "#ffa94d"}
+
+
+def _tick_labels(labels: list[str], most: int = 24) -> tuple[list[int], list[str]]:
+    every = -(-len(labels) // most)  # show at most `most` labels: a projector cannot read more
+    shown = list(range(0, len(labels), every))
+    return shown, [labels[i] for i in shown]
+
+
+def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str], height: int = 460) -> go.Figure:
+    """The N×N score grid of a tiled walk. steps: model.flash.TileStep in walk order over a prefill
+    (N queries, N keys); current: the index of the tile being read. Each cell is coloured by its state
+    (TILE_STATES, named by names[state]): masked = above the causal diagonal inside a tile that is read,
+    skipped = a whole tile above the diagonal (K, V never read). Block borders are drawn, the current tile
+    framed; small grids print each score computed so far. names also gives 'queries' and 'keys' (axes)."""
+    n = steps[-1].q_rows[1]
+    code = {s: i for i, s in enumerate(TILE_STATES)}
+    state = np.full((n, n), code["todo"])
+    scores = np.full((n, n), np.nan)
+    for i, step in enumerate(steps):
+        (r0, r1), (c0, c1) = step.q_rows, step.k_cols
+        if step.skipped:
+            state[r0:r1, c0:c1] = code["skipped"]
+            continue
+        visible = np.isfinite(step.scores)  # (Bq, Bk)
+        if i <= current:
+            scores[r0:r1, c0:c1] = np.where(visible, step.scores, np.nan)
+            state[r0:r1, c0:c1] = np.where(visible, code["current" if i == current else "done"], code["masked"])
+        else:
+            state[r0:r1, c0:c1] = np.where(visible, code["todo"], code["masked"])
+    k = len(TILE_STATES)
+    scale = [[edge, TILE_COLOURS[s]] for i, s in enumerate(TILE_STATES) for edge in (i / k, (i + 1) / k)]
+    hover = np.array([[f"{labels[r]} → {labels[c]}<br>{names[TILE_STATES[state[r, c]]]}"
+                       + (f"<br>s = {scores[r, c]:.3f}" if np.isfinite(scores[r, c]) else "")
+                       for c in range(n)] for r in range(n)])
+    text = np.where(np.isfinite(scores), np.vectorize(lambda x: f"{x:.2f}")(scores), "") if n <= 12 else None
+    fig = go.Figure(go.Heatmap(
+        z=state, zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False, customdata=hover,
+        hovertemplate="%{customdata}<extra></extra>", text=text, texttemplate="%{text}" if text is not None else None,
+        textfont=dict(size=13, color="#212529"), xgap=1, ygap=1,
+    ))
+    for s in TILE_STATES:  # legend entries: the heatmap itself has no legend
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[s], marker=dict(
+            symbol="square", size=16, color=TILE_COLOURS[s], line=dict(color="#495057", width=1))))
+    block_q, block_k = steps[0].q_rows[1] - steps[0].q_rows[0], steps[0].k_cols[1] - steps[0].k_cols[0]
+    for edge in sorted({*range(0, n, block_k), n}):
+        fig.add_shape(type="line", x0=edge - 0.5, x1=edge - 0.5, y0=-0.5, y1=n - 0.5,
+                      line=dict(color="#343a40", width=2 if block_k > 1 else 1))
+    for edge in sorted({*range(0, n, block_q), n}):
+        fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=edge - 0.5, y1=edge - 0.5,
+                      line=dict(color="#343a40", width=2 if block_q > 1 else 1))
+    if len(steps) <= 256:  # mark each skipped tile, while the marks stay readable
+        for step in steps:
+            if step.skipped:
+                fig.add_annotation(x=(sum(step.k_cols) - 1) / 2, y=(sum(step.q_rows) - 1) / 2, text="✕",
+                                   showarrow=False, font=dict(size=16, color="#c92a2a"))
+    now = steps[current]
+    fig.add_shape(type="rect", x0=now.k_cols[0] - 0.5, x1=now.k_cols[1] - 0.5, y0=now.q_rows[0] - 0.5,
+                  y1=now.q_rows[1] - 0.5, line=dict(color="#d9480f", width=5))
+    x_ticks, x_text = _tick_labels(labels)
+    fig.update_xaxes(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45, title=names["keys"],
+                     tickfont=dict(size=13),
+                     range=[-0.5, n - 0.5], showgrid=False, zeroline=False, constrain="domain")
+    fig.update_yaxes(tickvals=x_ticks, ticktext=x_text, autorange="reversed", title=names["queries"],
+                     tickfont=dict(size=13),
+                     showgrid=False, zeroline=False, scaleanchor="x", constrain="domain")
+    fig.update_layout(legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)))
+    return _layout(fig, height)
+
+
+def output_heatmap(values: np.ndarray, row_labels: list[str], height: int = 260) -> go.Figure:
+    """values (rows, d_head), e.g. a running output: blue < 0 < red, numbers printed while d_head is small."""
+    rows, d = values.shape
+    limit = float(np.max(np.abs(values))) or 1.0
+    text = np.vectorize(lambda x: f"{x:.2f}")(values) if d <= 8 and rows <= 16 else None
+    fig = go.Figure(go.Heatmap(
+        z=values, x=list(range(d)), y=list(range(rows)), zmin=-limit, zmax=limit, colorscale="RdBu_r",
+        colorbar=dict(thickness=12), text=text, texttemplate="%{text}" if text is not None else None,
+        textfont=dict(size=13), hovertemplate="%{y} · d%{x}: %{z:.4f}<extra></extra>", xgap=1, ygap=1,
+    ))
+    y_ticks, y_text = _tick_labels(row_labels, 16)
+    fig.update_yaxes(tickvals=y_ticks, ticktext=y_text, autorange="reversed")
+    dims = list(range(0, d, max(1, d // 8)))
+    fig.update_xaxes(tickvals=dims, ticktext=[f"d{i}" for i in dims])
+    return _layout(fig, height)

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Sequence
 from functools import cache
 from html import escape
+from itertools import pairwise
 from typing import Any
 
 from model.texts import ASSETS
@@ -83,11 +84,12 @@ def arrows(labels: dict[str, str]) -> list[dict[str, Any]]:
     """The reading-order arrows: kind tells the script how to route each one."""
     out: list[dict[str, Any]] = []
     for order in (READING_ORDER, INFERENCE_ORDER):
-        for a, b in zip(order, order[1:], strict=False):
+        for a, b in pairwise(order):
             kind = "down" if a[0] == b[0] and a[0] != "5" else ("right" if a[0] == b[0] else "hop")
             out.append({"from": a, "to": b, "kind": kind, "bands": sorted({a[0], b[0]})})
-    out.append({"from": "3E", "to": "col-1", "kind": "loop", "bands": ["1", "3"], "label": labels["map.arrow_next_batch"]})
-    out.append({"from": "3E", "to": "5A", "kind": "drop", "bands": ["3", "5"], "label": labels["map.arrow_load_weights"]})
+    next_batch, load_weights = labels["map.arrow_next_batch"], labels["map.arrow_load_weights"]
+    out.append({"from": "3E", "to": "col-1", "kind": "loop", "bands": ["1", "3"], "label": next_batch})
+    out.append({"from": "3E", "to": "5A", "kind": "drop", "bands": ["3", "5"], "label": load_weights})
     return out
 
 
@@ -153,7 +155,10 @@ def _column(n: str, cells: Sequence[dict[str, Any]], lang: str, band: str, hide_
         if n == "4":
             head += f'<p class="dlm-note">{escape(labels["map.col4_note"])}</p>'
     body = "".join(_cell_button(c, lang, band, labels) for c in cells)
-    return f'<section class="dlm-col dlm-col-{n}{frame}{state}" data-band="{n}">{head}<div class="dlm-cells">{body}</div></section>'
+    return (
+        f'<section class="dlm-col dlm-col-{n}{frame}{state}" data-band="{n}">'
+        f'{head}<div class="dlm-cells">{body}</div></section>'
+    )
 
 
 def map_html(
@@ -214,11 +219,13 @@ CSS = """
 .dlm-b5{--band:#43c27c;--band-dark:#0f6b39;}
 .dlm-col-1{--band-dark:#8a5a00;}.dlm-col-2{--band-dark:#0b4f8a;}.dlm-col-3{--band-dark:#9a2d10;}
 .dlm-col-4{--band-dark:#5b2aa6;}.dlm-band5{--band-dark:#0f6b39;}
-.dlm-grid{display:grid;grid-template-columns:repeat(3,minmax(0,1fr)) minmax(0,1.25fr);column-gap:30px;align-items:start;}
+.dlm-grid{display:grid;grid-template-columns:repeat(3,minmax(0,1fr)) minmax(0,1.25fr);
+ column-gap:30px;align-items:start;}
 .dlm-overlay-on .dlm-grid{padding-top:30px;}
 .dlm-col{position:relative;min-width:0;}
 .dlm-frame{border:2px solid var(--band-dark);border-radius:12px;padding:8px 8px 10px;background:#f7f8fa;}
-.dlm-col-4.dlm-frame{border-style:dashed;border-width:2.5px;background:repeating-linear-gradient(135deg,#f6f2fd 0 10px,#fff 10px 20px);}
+.dlm-col-4.dlm-frame{border-style:dashed;border-width:2.5px;
+ background:repeating-linear-gradient(135deg,#f6f2fd 0 10px,#fff 10px 20px);}
 .dlm-head{display:flex;align-items:center;gap:7px;margin:0 0 8px;font-weight:700;font-size:15px;line-height:1.2;
  color:var(--ink);}
 .dlm-num{flex:none;display:inline-flex;align-items:center;justify-content:center;width:24px;height:24px;border-radius:50%;
@@ -239,7 +246,8 @@ CSS = """
 .dlm-frame.dim{border-color:#c9ccd2;}
 .dlm-cell.hl{box-shadow:0 0 0 3px #14161a;}
 .dlm-frame.hl{border-width:3px;background:#fffbe6;}
-.dlm-tip{display:none;position:absolute;left:-2px;bottom:calc(100% + 9px);width:max(100%,260px);max-width:340px;z-index:30;
+.dlm-tip{display:none;position:absolute;left:-2px;bottom:calc(100% + 9px);width:max(100%,260px);
+ max-width:340px;z-index:30;
  background:#14161a;color:#fff;border-radius:8px;padding:8px 10px;font-size:15px;font-weight:500;line-height:1.35;
  box-shadow:0 6px 18px rgba(0,0,0,.3);pointer-events:none;white-space:normal;}
 .dlm-tip::after{content:"";position:absolute;left:18px;top:100%;border:7px solid transparent;border-top-color:#14161a;}
@@ -257,7 +265,8 @@ CSS = """
 .dlm-svg polygon{fill:var(--line);stroke:none;}
 .dlm-svg .faint{opacity:.2;}
 .dlm-svg .dlm-long path{stroke-width:3;stroke-dasharray:8 5;}
-.dlm-arrow-label{position:absolute;z-index:4;transform:translate(-50%,-50%);background:#fff;border:2px solid var(--line);
+.dlm-arrow-label{position:absolute;z-index:4;transform:translate(-50%,-50%);background:#fff;
+ border:2px solid var(--line);
  border-radius:999px;padding:1px 10px;font-size:14px;font-weight:700;white-space:nowrap;color:var(--ink);
  pointer-events:none;}
 .dlm-arrow-label.faint{opacity:.3;}
@@ -269,7 +278,8 @@ CSS = """
 .dlm-pop-head{position:relative;padding-right:44px;margin-bottom:6px;}
 .dlm-pop-band{margin:0;font-size:14px;font-weight:700;color:var(--band-dark);text-transform:uppercase;letter-spacing:.03em;}
 .dlm-pop h3{margin:2px 0 4px;padding:0;font-size:22px;line-height:1.25;font-weight:700;color:var(--ink);}
-.dlm-pop-id{display:inline-block;background:var(--band);border:2px solid var(--band-dark);border-radius:7px;padding:0 7px;
+.dlm-pop-id{display:inline-block;background:var(--band);border:2px solid var(--band-dark);border-radius:7px;
+ padding:0 7px;
  margin-right:4px;}
 .dlm-pop-tagline{margin:0;font-size:16px;font-style:italic;color:#333;}
 .dlm-close{position:absolute;top:0;right:0;width:38px;height:38px;border-radius:50%;border:2px solid #14161a;
@@ -284,8 +294,12 @@ CSS = """
 .dlm-live{display:inline-block;background:#14161a;color:#fff !important;text-decoration:none !important;font-weight:700;
  border-radius:8px;padding:7px 12px;font-size:15px;}
 .dlm-live:hover,.dlm-live:focus-visible{background:var(--band-dark);}
-@media (max-width:760px){.dlm-grid{grid-template-columns:repeat(2,minmax(0,1fr));row-gap:20px;}
- .dlm-band5 .dlm-cells{grid-template-columns:1fr;gap:20px;}}
+.dlm-root{container-type:inline-size;}
+@container (max-width:680px){.dlm-grid{grid-template-columns:repeat(2,minmax(0,1fr));row-gap:16px;}
+ .dlm-overlay-on .dlm-grid{padding-top:0;}.dlm-overlay-on .dlm-band5{margin-top:16px;}
+ .dlm-svg,.dlm-arrow-label{display:none;}.dlm-cells{gap:8px;}
+ .dlm-band5{flex-direction:column;align-items:stretch;}.dlm-head5{flex-direction:row;max-width:none;}
+ .dlm-band5 .dlm-cells{grid-template-columns:1fr;gap:8px;}}
 """
 
 # -----------------------------------------------------------------------------

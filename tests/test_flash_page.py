@@ -1,0 +1,148 @@
+"""The Flash Attention page under AppTest (micro and small, vi and en) and in a real browser."""
+
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from model.flash import default_block_size
+
+TIMEOUT = 60
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PAGE = "pages/flash.py"
+LONGER_IDS = "1, 2, 3, 4, 5, 3, 4, 5, 2, 3"  # micro, N = 10
+
+
+def open_flash(model: str = "micro", lang: str = "vi", ids: str | None = None) -> AppTest:
+    """The flash page after a prefill; AppTest drops the sidebar after switch_page, so set its keys as state."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["lang"] = lang
+    at.session_state["model_name"] = model
+    at.session_state["device"] = "cpu"
+    at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
+    if ids is not None:  # micro's context holds 16 positions: leave room for the longer prompt
+        at.session_state["prompt_ids_text"], at.session_state["max_new_tokens"] = ids, 4
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return click(at, "run_prefill")
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+def tile_info(at: AppTest) -> str:
+    """The sentence naming the tile being read: 'Ô đọc thứ **2/3** · khối query 1 … × khối key 0 …'."""
+    return next(m.value for m in at.markdown if re.match(r"(Ô đọc thứ|Tile read) \*\*\d+/\d+\*\*", m.value))
+
+
+def max_abs_diff(at: AppTest) -> float:
+    return float(next(m.value for m in at.metric if m.label == "max |Δ|"))
+
+
+def test_the_page_asks_for_a_prefill_first():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["model_name"], at.session_state["device"] = "micro", "cpu"
+    at.session_state["prompt_mode"] = "ids"
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception and not at.error
+    assert not [b for b in at.button if b.key == "flash_next"]
+    assert any("prefill" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("model", ["micro", "small"])
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_page_runs_and_the_tiles_match_the_naive_attention(model, lang):
+    at = open_flash(model, lang)
+    assert not at.error
+    assert at.session_state["flash_step"] == 0
+    assert max_abs_diff(at) <= 1e-5
+    assert any(("ĐẠT" if lang == "vi" else "PASS") in s.value for s in at.success)
+    n = len(at.session_state["generation"].prompt_ids)
+    assert at.selectbox(key="flash_block").value == at.session_state["flash_block"] == default_block_size(n)
+    assert tile_info(at).startswith("Ô đọc thứ **1/" if lang == "vi" else "Tile read **1/")
+
+
+def test_three_clicks_on_next_walk_three_tiles():
+    at = open_flash(ids=LONGER_IDS)  # N = 10, block 2: 5 × 5 tiles, 15 on or below the diagonal
+    assert at.session_state["flash_block"] == 2
+    assert at.button(key="flash_back").disabled and at.button(key="flash_first").disabled
+    seen = [tile_info(at)]
+    for expected in (1, 2, 3):
+        click(at, "flash_next")
+        assert at.session_state["flash_step"] == expected
+        seen.append(tile_info(at))
+    assert len(set(seen)) == 4
+    # query block 0 reads key block 0 only; block 1 reads key blocks 0 and 1; then block 2 starts
+    expected = [(0, 0), (1, 0), (1, 1), (2, 0)]
+    for (qb, kb), info in zip(expected, seen, strict=True):
+        assert f"khối query {qb} " in info and f"khối key {kb} " in info
+    assert seen[0].startswith("Ô đọc thứ **1/15**") and seen[3].startswith("Ô đọc thứ **4/15**")
+    click(at, "flash_back")
+    assert at.session_state["flash_step"] == 2
+    click(at, "flash_last")
+    assert at.session_state["flash_step"] == 14 and at.button(key="flash_next").disabled
+    click(at, "flash_first")
+    assert at.session_state["flash_step"] == 0
+
+
+def test_the_course_example_reads_three_tiles_and_skips_one():
+    at = open_flash(lang="en")  # micro, prompt ids 1, 3: N = 2, block 1
+    assert at.session_state["flash_block"] == 1
+    seen = [tile_info(at)]
+    for _ in range(2):
+        seen.append(tile_info(click(at, "flash_next")))
+    assert ["query block 1 " in s for s in seen] == [False, True, True]
+    assert ["key block 1 " in s for s in seen] == [False, False, True]  # (0, 1) lies above the diagonal
+    assert at.button(key="flash_next").disabled
+    assert any("block 1: the output O = acc / ℓ of rows 1 " in s.value for s in at.success)  # the query block is done: O is written
+    assert any("4 tiles, 1 of them skipped" in s.value for s in at.success)
+
+
+def test_changing_the_block_size_restarts_the_walk():
+    at = open_flash(ids=LONGER_IDS)
+    assert at.session_state["flash_block"] == 2  # default_block_size(10)
+    click(click(at, "flash_next"), "flash_next")
+    assert at.session_state["flash_step"] == 2
+    at.selectbox(key="flash_block").set_value(4).run()
+    assert not at.exception
+    assert at.session_state["flash_step"] == 0
+    assert tile_info(at).startswith("Ô đọc thứ **1/6**")  # 1 + 2 + 3 tiles of ⌈10/4⌉² = 9 are read
+
+
+def test_n_not_a_multiple_of_the_block_size():
+    at = open_flash(ids=LONGER_IDS, lang="en")
+    at.selectbox(key="flash_block").set_value(4).run()
+    assert any("not a multiple" in i.value and "only 2 rows" in i.value for i in at.info)
+    click(at, "flash_last")
+    assert at.session_state["flash_step"] == 5
+    assert "rows 8–9" in tile_info(at) and "columns 8–9" in tile_info(at)
+    assert max_abs_diff(at) <= 1e-5 and at.success and not at.error
+
+
+def score_sizes(at: AppTest):
+    return next(df.value for df in at.dataframe if "Score matrix N²·b" in df.value.columns)
+
+
+def test_memory_and_traffic_for_a_typed_n():
+    at = open_flash(lang="en")
+    assert at.number_input(key="flash_custom_n").value == 32768
+    sizes = score_sizes(at)  # rows float16, float32
+    assert sizes.iloc[0, 1] == "2 GiB (2\u202f147\u202f483\u202f648 B)"
+    assert sizes.iloc[1, 1] == "4 GiB (4\u202f294\u202f967\u202f296 B)"
+    traffic = next(df.value for df in at.dataframe if "Read R" in df.value.columns)
+    assert list(traffic["Method"]) == ["Ordinary", "Flash (tiles)"] * 2
+    at.number_input(key="flash_custom_n").set_value(1000).run()
+    assert not at.exception
+    assert score_sizes(at).iloc[1, 1] == "3,81 MiB (4\u202f000\u202f000 B)".replace(",", ".")
+    at.session_state["lang"] = "vi"
+    at.run()
+    assert next(df.value for df in at.dataframe if "Ma trận điểm N²·b" in df.value.columns).iloc[1, 1].startswith(
+        "3,81 MiB")
