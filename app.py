@@ -4,6 +4,7 @@ import shutil
 
 import streamlit as st
 
+from model.catalog import BUNDLED, list_models, settings
 from ui.i18n import init_language, labels, lang, t
 from ui.state import init_state, on_model_change
 
@@ -12,14 +13,21 @@ init_language()
 init_state()
 
 LANG_NAMES = {"vi": "Tiếng Việt", "en": "English"}
-MODELS = ("small", "micro")
+CATALOG = settings()
+# bundled models, then those of DECODE_LAB_MODELS_DIR, then any folder or hub id unless the classroom switch is off
+MODELS = list_models(CATALOG.models_dir) + (["custom"] if CATALOG.allow_paths else [])
 # a CUDA option only where an NVIDIA driver exists; asking torch would slow the map page's first paint
 DEVICES = ("auto", "cpu", "cuda") if shutil.which("nvidia-smi") else ("auto", "cpu")
 
 with st.sidebar:
     st.radio(t("sidebar.language"), list(LANG_NAMES), format_func=LANG_NAMES.get, key="lang", horizontal=True)
-    st.selectbox(t("sidebar.model"), MODELS, key="model_name", format_func=labels("model.", MODELS).get,
+    model_labels = labels("model.", [m for m in MODELS if m in BUNDLED or m == "custom"])
+    st.selectbox(t("sidebar.model"), MODELS, key="model_name", format_func=lambda m: model_labels.get(m, m),
                  on_change=on_model_change)
+    if st.session_state.model_name == "custom":
+        st.text_input(t("sidebar.model_path"), key="model_path", help=t("sidebar.model_path_help"),
+                      on_change=on_model_change)
+        st.checkbox(t("sidebar.allow_download"), key="allow_download", help=t("sidebar.allow_download_help"))
     st.selectbox(t("sidebar.device"), DEVICES, key="device", format_func=labels("device.", DEVICES).get)
 st.query_params["lang"] = lang()
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.catalog import resolve_path
 from model.llama import Llama, LlamaConfig
-from model.runtime import LoadedModel, NativeModel, pick_device, resolve_path, synchronize
+from model.runtime import LoadedModel, NativeModel, pick_device, synchronize
 from model.steps import decode, prefill
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)

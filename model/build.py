@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from model.catalog import BUNDLED, ROOT
 from model.llama import Llama, LlamaConfig
-from model.runtime import BUNDLED, ROOT
 from model.tokenizer import SPECIAL_TOKENS, WordTokenizer, build_word_tokenizer
 
 MICRO_VOCAB = ["<pad>", "<bos>", "mèo", "ăn", "cá", "uống", "<eos>", "sữa"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import re
 import statistics
 import time
@@ -21,40 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from model.catalog import BUNDLED, list_models, models_dir_entries, resolve_path, settings
 from model.errors import InputError
-from model.runtime import BUNDLED, LoadedModel, ModelInfo, pick_device, resolve_path, synchronize
+from model.runtime import LoadedModel, ModelInfo, pick_device, synchronize
 from model.steps import decode, prefill
 from model.tokenizer import Encoded
 
-BUNDLED_ORDER = ("small", "micro")  # the classroom default first
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")  # "gpt2", "Qwen/Qwen2-0.5B"
 DEFAULT_CONTEXT = 2048  # for models without a position limit (ALiBi, e.g. BLOOM)
-
-
-# -- which models may load ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Settings:
-    models_dir: str | None  # DECODE_LAB_MODELS_DIR: a folder of model folders, offered beside the bundled ones
-    allow_paths: bool       # DECODE_LAB_ALLOW_PATHS=0: only names from list_models() load (classroom mode)
-
-
-def settings() -> Settings:
-    allow = os.environ.get("DECODE_LAB_ALLOW_PATHS", "1").strip().lower()
-    return Settings(os.environ.get("DECODE_LAB_MODELS_DIR") or None, allow not in ("0", "false", "no", "off"))
-
-
-def _models_dir_entries(models_dir: str | None) -> list[str]:
-    folder = Path(models_dir).expanduser() if models_dir else None
-    if folder is None or not folder.is_dir():
-        return []
-    return sorted(p.name for p in folder.iterdir() if (p / "config.json").is_file())
-
-
-def list_models(models_dir: str | None) -> list[str]:
-    """The bundled names, then the subfolders of `models_dir` that hold a config.json."""
-    return list(BUNDLED_ORDER) + [n for n in _models_dir_entries(models_dir) if n not in BUNDLED_ORDER]
 
 
 @dataclass(frozen=True)
@@ -67,7 +41,7 @@ class Source:
 
 
 def _local_folder(name: str, models_dir: str | None) -> Path:
-    if name in _models_dir_entries(models_dir) and name not in BUNDLED:
+    if name in models_dir_entries(models_dir) and name not in BUNDLED:
         return Path(models_dir).expanduser() / name
     return resolve_path(name)
 

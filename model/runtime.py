@@ -16,9 +16,6 @@ from model.errors import InputError
 from model.llama import Llama
 from model.tokenizer import WordTokenizer
 
-BUNDLED = {"micro": "assets/models/micro", "small": "assets/models/small"}
-ROOT = Path(__file__).resolve().parent.parent
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -104,10 +101,6 @@ class NativeModel(LoadedModel):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         q, k, v = self.module(x, output_qkv_layer=layer).qkv
         return q[0], k[0], v[0]
-
-
-def resolve_path(name_or_path: str) -> Path:
-    return ROOT / BUNDLED[name_or_path] if name_or_path in BUNDLED else Path(name_or_path).expanduser()
 
 
 def load_model(name_or_path: str = "small", device: str = "auto", allow_download: bool = False) -> LoadedModel:

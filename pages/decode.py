@@ -43,13 +43,15 @@ if gen is None:
 finished = gen.stop_reason not in (None, "cancelled")
 b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
 # callbacks run before the page is drawn, so the buttons below already show the new state
-b1.button(t("decode.next"), key="next", type="primary", disabled=finished, use_container_width=True,
-          on_click=on_next)
-b2.button(t("decode.back"), key="back", disabled=len(gen.steps) < 2, use_container_width=True, on_click=on_back)
-if b3.button(t("decode.run_to_end"), key="run_to_end", disabled=finished, use_container_width=True):
+b1.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=finished,
+          use_container_width=True, on_click=on_next)
+b2.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
+          use_container_width=True, on_click=on_back)
+if b3.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=finished,
+             use_container_width=True):
     run_to_end(model, gen)
     st.rerun()
-b4.button(t("decode.reset"), key="reset", use_container_width=True, on_click=reset)
+b4.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", use_container_width=True, on_click=reset)
 
 trace, drawn = gen.steps[-1], gen.samples[-1]
 ids = gen.ids
@@ -84,7 +86,7 @@ with right:
     st.dataframe([{t("decode.step_axis"): i, t("phase.label"): t("phase." + s.phase),
                    t("decode.cache_len"): s.cache_len,
                    t("decode.measured"): s.cache_bytes, t("decode.formula"): s.cache_bytes_formula}
-                  for i, s in enumerate(gen.steps)], hide_index=True, height=220)
+                  for i, s in enumerate(gen.steps)], hide_index=True)
     st.caption(t("decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,
                  b=info.bytes_per_element, per_position=2 * info.n_layers * info.n_kv_heads * info.d_head
                  * info.bytes_per_element))
@@ -93,9 +95,12 @@ st.subheader(t("decode.sampling"))
 sampling_controls()
 top = np.argsort(-drawn.probs, kind="stable")[:TOP_BARS]
 kept_k, kept_p = set(drawn.kept_by_top_k.tolist()), set(drawn.kept_by_top_p.tolist())
-status = ["chosen" if i == drawn.chosen_id else "kept" if i in kept_p else "cut_p" if i in kept_k else "cut_k"
-          for i in top]
-names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p")}
+if drawn.greedy:  # nothing is filtered: the highest logit wins
+    status = ["chosen" if i == drawn.chosen_id else "other" for i in top]
+else:
+    status = ["chosen" if i == drawn.chosen_id else "kept" if i in kept_p else "cut_p" if i in kept_k else "cut_k"
+              for i in top]
+names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}
 st.plotly_chart(charts.probability_bars([tok.token(int(i)) for i in top], drawn.probs[top], status, names),
                 key="decode_probs")
 mode = t("sampling.greedy") if drawn.greedy else t("sampling.sampled", seed=gen.settings.seed)

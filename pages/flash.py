@@ -99,7 +99,7 @@ left, right = st.columns([1, 1])
 with left:
     names = {s: t("flash.state_" + s) for s in charts.TILE_STATES}
     names.update(queries=t("flash.axis_queries"), keys=t("flash.axis_keys"))
-    st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 120 + 40 * n))),
+    st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 150 + 34 * n))),
                     key="flash_grid", config={"displayModeBar": False})
     st.caption(t("flash.grid_caption"))
     st.latex(t("flash.latex_update"))

@@ -55,8 +55,8 @@ st.markdown(t("prefill.cache_total", layers=info.n_layers, kv=info.n_kv_heads, n
 st.subheader(t("prefill.logits"))
 drawn = gen.samples[0]
 top = np.argsort(-drawn.probs, kind="stable")[:10]
-status = ["chosen" if i == drawn.chosen_id else "kept" for i in top]
-names = {"chosen": t("sampling.chosen"), "kept": t("sampling.kept"), "cut_k": "", "cut_p": ""}
+status = ["chosen" if i == drawn.chosen_id else "other" for i in top]
+names = {"chosen": t("sampling.chosen"), "other": t("sampling.other")}
 st.plotly_chart(charts.probability_bars([tok.token(int(i)) for i in top], drawn.probs[top], status, names),
                 key="prefill_probs")
 st.markdown(t("prefill.first_token", token=md_escape(tok.token(drawn.chosen_id)), id=drawn.chosen_id))

@@ -261,7 +261,7 @@ def test_cli_bad_input_is_one_sentence(args):
 def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
     from transformers import AutoModelForCausalLM
 
-    from model.runtime import resolve_path
+    from model.catalog import resolve_path
 
     native = load_model(name, "cpu")
     hf = AutoModelForCausalLM.from_pretrained(resolve_path(name), trust_remote_code=False, use_safetensors=True)

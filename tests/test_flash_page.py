@@ -102,7 +102,8 @@ def test_the_course_example_reads_three_tiles_and_skips_one():
     assert ["query block 1 " in s for s in seen] == [False, True, True]
     assert ["key block 1 " in s for s in seen] == [False, False, True]  # (0, 1) lies above the diagonal
     assert at.button(key="flash_next").disabled
-    assert any("block 1: the output O = acc / ℓ of rows 1 " in s.value for s in at.success)  # the query block is done: O is written
+    # the last tile of query block 1: its output is written
+    assert any("block 1: the output O = acc / ℓ of rows 1 " in s.value for s in at.success)
     assert any("4 tiles, 1 of them skipped" in s.value for s in at.success)
 
 
@@ -146,3 +147,27 @@ def test_memory_and_traffic_for_a_typed_n():
     at.run()
     assert next(df.value for df in at.dataframe if "Ma trận điểm N²·b" in df.value.columns).iloc[1, 1].startswith(
         "3,81 MiB")
+
+
+@pytest.mark.browser
+def test_the_walk_in_a_real_browser(app_server, browser_page, artifacts):
+    """The real page with the classroom model: prefill, then three clicks on Next move the tile three times."""
+    from playwright.sync_api import expect
+
+    page = browser_page
+    # open the app at its root first: on a fresh server a deep link alone would run the page without app.py
+    page.goto(f"{app_server}/?lang=vi")
+    page.get_by_test_id("stSidebarNav").wait_for()
+    page.goto(f"{app_server}/flash?lang=vi")
+    page.get_by_role("button", name="Chạy prefill").click()
+    tile = page.get_by_text(re.compile(r"^Ô đọc thứ \d+/\d+"))
+    expect(tile).to_contain_text("Ô đọc thứ 1/", timeout=60_000)
+    total = int(re.search(r"/(\d+)", tile.inner_text()).group(1))
+    assert total >= 4
+    for shown in (2, 3, 4):
+        page.get_by_role("button", name="Ô tiếp").click()
+        expect(tile).to_contain_text(f"Ô đọc thứ {shown}/{total}")
+    expect(page.get_by_text(re.compile(r"^ĐẠT: tính theo ô"))).to_be_visible()
+    assert page.get_by_test_id("stException").count() == 0
+    page.get_by_role("button", name="Ô tiếp").scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "flash-browser-vi.png"))

@@ -17,10 +17,11 @@ from transformers import (
     Qwen2Config,
 )
 
+from model.catalog import ROOT, list_models
 from model.errors import InputError
 from model.generate import back, encode_prompt, start, step
-from model.hf import HFModel, list_models
-from model.runtime import ROOT, load_model
+from model.hf import HFModel
+from model.runtime import load_model
 from model.sampling import SamplingSettings
 from model.steps import decode, max_abs_logit_diff, recompute
 

@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 HEAT = "YlGnBu"
-FONT = dict(size=15)
+FONT = dict(size=15, color="#212529")
+TICKS = dict(size=14, color="#212529")
 KEPT, CHOSEN, CUT_K, CUT_P = "#1f5fbf", "#e8590c", "#adb5bd", "#ffc9a8"
 
 
@@ -15,6 +16,8 @@ def _layout(fig: go.Figure, height: int, title: str = "") -> go.Figure:
     fig.update_layout(height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10), font=FONT,
                       title=dict(text=title, font=dict(size=16)) if title else None,
                       plot_bgcolor="white", paper_bgcolor="white")
+    fig.update_xaxes(tickfont=TICKS)
+    fig.update_yaxes(tickfont=TICKS)
     return fig
 
 
@@ -49,10 +52,10 @@ def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> go.Fi
 
 def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], status_names: dict[str, str],
                      height: int = 380) -> go.Figure:
-    """One bar per candidate; status is 'chosen', 'kept', 'cut_k' or 'cut_p'."""
-    colours = {"chosen": CHOSEN, "kept": KEPT, "cut_k": CUT_K, "cut_p": CUT_P}
+    """One bar per candidate; status is 'chosen', 'kept', 'cut_k', 'cut_p' or 'other' (greedy)."""
+    colours = {"chosen": CHOSEN, "kept": KEPT, "cut_k": CUT_K, "cut_p": CUT_P, "other": KEPT}
     fig = go.Figure()
-    for kind in ("chosen", "kept", "cut_p", "cut_k"):
+    for kind in ("chosen", "kept", "other", "cut_p", "cut_k"):
         idx = [i for i, s in enumerate(status) if s == kind]
         if idx:
             fig.add_trace(go.Bar(x=[labels[i] for i in idx], y=probs[idx], name=status_names[kind],
@@ -71,7 +74,7 @@ def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: 
     for (name, ys), colour in zip(series.items(), palette):
         fig.add_trace(go.Scatter(x=x, y=ys, name=name, mode="lines+markers", line=dict(
             color=colour, width=3, dash="dash" if name in dashed else "solid"), marker=dict(size=8)))
-    fig.update_xaxes(title=x_title)
+    fig.update_xaxes(title=x_title, dtick=1 if len(x) <= 20 else None)
     fig.update_yaxes(title=y_title, rangemode="tozero")
     fig.update_layout(legend=dict(orientation="h", y=1.15, x=0))
     return _layout(fig, height)
@@ -117,7 +120,8 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
     hover = np.array([[f"{labels[r]} → {labels[c]}<br>{names[TILE_STATES[state[r, c]]]}"
                        + (f"<br>s = {scores[r, c]:.3f}" if np.isfinite(scores[r, c]) else "")
                        for c in range(n)] for r in range(n)])
-    text = np.where(np.isfinite(scores), np.vectorize(lambda x: f"{x:.2f}")(scores), "") if n <= 12 else None
+    digits = 2 if n <= 6 else 1  # the numbers must fit their cell
+    text = np.where(np.isfinite(scores), np.vectorize(lambda x: f"{x:.{digits}f}")(scores), "") if n <= 12 else None
     fig = go.Figure(go.Heatmap(
         z=state, zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False, customdata=hover,
         hovertemplate="%{customdata}<extra></extra>", text=text, texttemplate="%{text}" if text is not None else None,
@@ -144,10 +148,10 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
     x_ticks, x_text = _tick_labels(labels)
     fig.update_xaxes(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45, title=names["keys"],
                      tickfont=dict(size=13),
-                     range=[-0.5, n - 0.5], showgrid=False, zeroline=False, constrain="domain")
+                     range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
     fig.update_yaxes(tickvals=x_ticks, ticktext=x_text, autorange="reversed", title=names["queries"],
                      tickfont=dict(size=13),
-                     showgrid=False, zeroline=False, scaleanchor="x", constrain="domain")
+                     showgrid=False, zeroline=False)
     fig.update_layout(legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)))
     return _layout(fig, height)
 

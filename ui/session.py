@@ -16,15 +16,23 @@ from ui.i18n import labels, lang, t
 log = logging.getLogger(__name__)
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def shared_model(name: str, device: str) -> LoadedModel:
-    return load_model(name, device)
+def shared_model(name: str, device: str, allow_download: bool = False) -> LoadedModel:
+    return load_model(name, device, allow_download)
+
+
+def chosen_model() -> tuple[str, str, bool]:
+    """(name or path, device, downloads allowed) as the sidebar says."""
+    s = st.session_state
+    if s.model_name == "custom":
+        return s.model_path.strip(), s.device, bool(s.allow_download)
+    return s.model_name, s.device, False
 
 
 def current_model() -> LoadedModel | None:
     """The sidebar's model on the sidebar's device, or None after saying why it cannot load."""
     try:
         with st.spinner(t("state.loading_model")):
-            return shared_model(st.session_state.model_name, st.session_state.device)
+            return shared_model(*chosen_model())
     except InputError as bad:
         st.error(bad.message(lang()))
         return None
@@ -88,7 +96,7 @@ def prompt_form(model: LoadedModel) -> None:
     c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most,
                     key="max_new_tokens")
     c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
-    if st.button(t("prompt.run_prefill"), key="run_prefill", type="primary"):
+    if st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:"):
         if st.session_state.prompt_mode == "ids":
             ids = guarded(lambda: generate.parse_prompt_ids(model, st.session_state.prompt_ids_text))
             unknown = []
@@ -103,7 +111,7 @@ def prompt_form(model: LoadedModel) -> None:
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> None:
     gen = st.session_state.generation
     if gen is not None:
-        model = shared_model(st.session_state.model_name, st.session_state.device)
+        model = shared_model(*chosen_model())
         guarded(lambda: action(model, gen))
 
 

@@ -6,10 +6,12 @@ import streamlit as st
 
 from ui.i18n import lang
 
-DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi": "ăn", "en": "ăn"}}
+DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi": "ăn", "en": "ăn"},
+                   "other": {"vi": "Thủ đô của Việt Nam là", "en": "The capital of France is"}}
 SIDEBAR_KEYS = ("model_name", "device")  # drawn on every page, so Streamlit keeps them itself
 DEFAULTS = {
-    "model_name": "small", "device": "auto", "generation": None, "generation_for": None,
+    "model_name": "small", "device": "auto", "model_path": "", "allow_download": False,
+    "generation": None, "generation_for": None,
     "prompt_mode": "text", "prompt_ids_text": "1, 3",
     "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [],
@@ -19,9 +21,13 @@ DEFAULTS = {
 }
 
 
+def default_prompt(model_name: str) -> str:
+    return DEFAULT_PROMPTS.get(model_name, DEFAULT_PROMPTS["other"])[lang()]
+
+
 def on_model_change() -> None:
     """A new model starts from its own example prompt (micro reads only its 8 words)."""
-    st.session_state.prompt_text = DEFAULT_PROMPTS[st.session_state.model_name][lang()]
+    st.session_state.prompt_text = default_prompt(st.session_state.model_name)
     st.session_state.prompt_mode = "ids" if st.session_state.model_name == "micro" else "text"
 
 
@@ -34,6 +40,6 @@ def init_state() -> None:
             # makes the value the session's own, so it survives page changes.
             st.session_state[key] = st.session_state[key]
     if "prompt_text" not in st.session_state:
-        st.session_state.prompt_text = DEFAULT_PROMPTS[st.session_state.model_name][lang()]
+        st.session_state.prompt_text = default_prompt(st.session_state.model_name)
     else:
         st.session_state.prompt_text = st.session_state.prompt_text
