@@ -15,7 +15,7 @@ from model.counting import positions_with_cache, positions_without_cache
 from model.errors import InputError
 from model.runtime import LoadedModel
 from model.sampling import SampleResult, SamplingSettings, check_settings, sample
-from model.steps import StepTrace, decode, prefill
+from model.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
 from model.tokenizer import Encoded, UnknownWordsError
 
 STOP_REASONS = ("eos", "max_new_tokens", "stop_string", "context_full", "cancelled")
@@ -31,6 +31,7 @@ class Generation:
     steps: list[StepTrace] = field(default_factory=list)
     samples: list[SampleResult] = field(default_factory=list)  # samples[i] was drawn from steps[i].logits
     stop_reason: str | None = None
+    checks: dict[int, float] = field(default_factory=dict)  # step index -> max |Δlogit| against a recompute
 
     @property
     def new_ids(self) -> list[int]:
@@ -137,6 +138,7 @@ def back(model: LoadedModel, gen: Generation) -> bool:
     """Undo the last decode step: crop the cache to where it was before it. False at the prefill."""
     if len(gen.steps) < 2:
         return False
+    gen.checks.pop(len(gen.steps) - 1, None)
     gen.steps.pop()
     gen.samples.pop()
     gen.cache.crop(gen.steps[-1].cache_len)
@@ -153,6 +155,16 @@ def resample(model: LoadedModel, gen: Generation, settings: SamplingSettings) ->
     gen.settings = settings
     gen.samples.pop()
     _draw(model, gen)
+
+
+def check_last_step(model: LoadedModel, gen: Generation) -> float:
+    """max |Δlogit| between the last step's cached logits and recomputing its whole sequence without a cache.
+    Done once per step: the page redraws often (sliders, selectors), the answer does not change."""
+    index = len(gen.steps) - 1
+    if index not in gen.checks:
+        trace = gen.steps[index]
+        gen.checks[index] = max_abs_logit_diff(trace, recompute(model, gen.ids[: trace.cache_len]))
+    return gen.checks[index]
 
 
 def run_to_end(model: LoadedModel, gen: Generation, cancelled: Callable[[], bool] = lambda: False) -> None:

@@ -77,12 +77,12 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotation angles for each position, (T, d_head) each, computed in float32 like transformers."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (T, d_head/2)
-    angles = torch.cat((angles, angles), dim=-1)            # (T, d_head)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, (n_positions, d_head) each, float32 like transformers."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (n_positions, d_head/2)
+    angles = torch.cat((angles, angles), dim=-1)                                         # (n_positions, d_head)
+    return angles.cos(), angles.sin()
 
 
 def rotate_half(x):
@@ -111,15 +111,18 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)                     # (B, n_kv, S, d_head), S = past + T
-        # GQA: each group of n_heads / n_kv query heads reads the same K and V head
+        S = k.shape[2]
+        # GQA: query head h reads KV head h // groups. Grouping the query heads by KV head lets the
+        # matmul broadcast over each group instead of copying K and V once per query head.
         groups = self.n_heads // self.n_kv_heads
-        k_per_q = k.repeat_interleave(groups, dim=1)             # (B, n_heads, S, d_head)
-        v_per_q = v.repeat_interleave(groups, dim=1)
-        scores = q @ k_per_q.transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, n_heads, T, S)
+        q_grouped = q.view(B, self.n_kv_heads, groups, T, self.head_dim)          # (B, n_kv, groups, T, d_head)
+        scores = q_grouped @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, n_kv, groups, T, S)
+        scores = scores.view(B, self.n_heads, T, S)                                # (B, n_heads, T, S)
         if mask is not None:
             scores = scores + mask
-        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, n_heads, T, S)
-        out = (weights @ v_per_q).transpose(1, 2).reshape(B, T, -1)  # (B, T, n_heads * d_head)
+        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
+        out = weights.view(B, self.n_kv_heads, groups, T, S) @ v.unsqueeze(2)     # (B, n_kv, groups, T, d_head)
+        out = out.view(B, self.n_heads, T, self.head_dim).transpose(1, 2).reshape(B, T, -1)  # (B, T, n_heads·d_head)
         return self.o_proj(out), weights, (q, k, v)
 
 
@@ -173,6 +176,10 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # computed once, not saved: checkpoints hold only the weights
+        cos, sin = rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
@@ -182,9 +189,9 @@ class Llama(nn.Module):
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
-        positions = torch.arange(n_past, n_past + T, device=ids.device)
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos = self.rope_cos[n_past:n_past + T].to(x.dtype)      # (T, d_head)
+        sin = self.rope_sin[n_past:n_past + T].to(x.dtype)
         mask = causal_mask(T, n_past, ids.device, x.dtype)
         attentions, qkv = [] if output_attentions else None, None
         for i, block in enumerate(self.model.layers):

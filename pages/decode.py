@@ -4,7 +4,6 @@ import numpy as np
 import streamlit as st
 
 from model import generate
-from model.steps import max_abs_logit_diff, recompute
 from ui import charts
 from ui.i18n import t
 from ui.session import (
@@ -111,7 +110,7 @@ st.markdown(t("sampling.summary", token=md_escape(tok.token(drawn.chosen_id)), i
 c1, c2 = st.columns(2)
 with c1:
     st.subheader(t("decode.check"))
-    diff = max_abs_logit_diff(trace, recompute(model, ids[: trace.cache_len]))
+    diff = generate.check_last_step(model, gen)
     verdict = t("decode.check_pass") if diff <= CHECK_TOLERANCE else t("decode.check_fail")
     st.metric(t("decode.check_metric"), f"{diff:.2e}", help=t("decode.check_help"))
     (st.success if diff <= CHECK_TOLERANCE else st.error)(t("decode.check_result", tol=CHECK_TOLERANCE,

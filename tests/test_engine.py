@@ -273,3 +273,15 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
             theirs = hf(torch.tensor([ids])).logits[0].numpy()
         ours = native.forward(ids, None, output_attentions=False)[0].numpy()
         np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
+    from model import generate
+
+    gen = start(small, encode_prompt(small, "the dog").ids, GREEDY, 10)
+    step(small, gen)
+    assert generate.check_last_step(small, gen) <= TOL
+    monkeypatch.setattr(generate, "recompute", lambda *a: pytest.fail("the check of this step is already known"))
+    assert generate.check_last_step(small, gen) <= TOL
+    back(small, gen)
+    assert 1 not in gen.checks

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from model.flash import default_block_size
+from model.flash import block_size_choices, default_block_size, human_bytes
 
 TIMEOUT = 60
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -148,6 +148,16 @@ def test_memory_and_traffic_for_a_typed_n():
     assert next(df.value for df in at.dataframe if "Ma trận điểm N²·b" in df.value.columns).iloc[1, 1].startswith(
         "3,81 MiB")
 
+
+
+def test_the_helpers_behind_the_page():
+    assert block_size_choices(2) == [1, 2]
+    assert block_size_choices(10) == [1, 2, 4, 8, 16]  # 16 holds all 10 tokens in one tile
+    assert block_size_choices(1000) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert all(default_block_size(n) in block_size_choices(n) for n in range(1, 300))
+    assert human_bytes(2 * 1024**3) == "2 GiB" and human_bytes(4 * 1024**3) == "4 GiB"
+    assert human_bytes(98816) == "96.5 KiB" and human_bytes(98816, ",") == "96,5 KiB"
+    assert human_bytes(400) == "400 B"
 
 @pytest.mark.browser
 def test_the_walk_in_a_real_browser(app_server, browser_page, artifacts):

@@ -131,20 +131,18 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[s], marker=dict(
             symbol="square", size=16, color=TILE_COLOURS[s], line=dict(color="#495057", width=1))))
     block_q, block_k = steps[0].q_rows[1] - steps[0].q_rows[0], steps[0].k_cols[1] - steps[0].k_cols[0]
-    for edge in sorted({*range(0, n, block_k), n}):
-        fig.add_shape(type="line", x0=edge - 0.5, x1=edge - 0.5, y0=-0.5, y1=n - 0.5,
-                      line=dict(color="#343a40", width=2 if block_k > 1 else 1))
-    for edge in sorted({*range(0, n, block_q), n}):
-        fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=edge - 0.5, y1=edge - 0.5,
-                      line=dict(color="#343a40", width=2 if block_q > 1 else 1))
-    if len(steps) <= 256:  # mark each skipped tile, while the marks stay readable
-        for step in steps:
-            if step.skipped:
-                fig.add_annotation(x=(sum(step.k_cols) - 1) / 2, y=(sum(step.q_rows) - 1) / 2, text="✕",
-                                   showarrow=False, font=dict(size=16, color="#c92a2a"))
+    border = dict(color="#343a40", width=2)
+    # block borders (with block 1 the cell gaps already are the borders), then the current tile's frame
+    shapes = [dict(type="line", x0=e - 0.5, x1=e - 0.5, y0=-0.5, y1=n - 0.5, line=border)
+              for e in sorted({*range(0, n, block_k), n}) if block_k > 1]
+    shapes += [dict(type="line", x0=-0.5, x1=n - 0.5, y0=e - 0.5, y1=e - 0.5, line=border)
+               for e in sorted({*range(0, n, block_q), n}) if block_q > 1]
     now = steps[current]
-    fig.add_shape(type="rect", x0=now.k_cols[0] - 0.5, x1=now.k_cols[1] - 0.5, y0=now.q_rows[0] - 0.5,
-                  y1=now.q_rows[1] - 0.5, line=dict(color="#d9480f", width=5))
+    shapes.append(dict(type="rect", x0=now.k_cols[0] - 0.5, x1=now.k_cols[1] - 0.5, y0=now.q_rows[0] - 0.5,
+                       y1=now.q_rows[1] - 0.5, line=dict(color="#d9480f", width=5)))
+    marks = [dict(x=(sum(s.k_cols) - 1) / 2, y=(sum(s.q_rows) - 1) / 2, text="✕", showarrow=False,
+                  font=dict(size=16, color="#c92a2a")) for s in steps if s.skipped] if len(steps) <= 256 else []
+    fig.update_layout(shapes=shapes, annotations=marks)  # one update: add_shape per line is slow
     x_ticks, x_text = _tick_labels(labels)
     fig.update_xaxes(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45, title=names["keys"],
                      tickfont=dict(size=13),
@@ -153,7 +151,9 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
                      tickfont=dict(size=13),
                      showgrid=False, zeroline=False)
     fig.update_layout(legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)))
-    return _layout(fig, height)
+    _layout(fig, height)
+    fig.update_layout(margin=dict(r=50))  # room for the last key's slanted label
+    return fig
 
 
 def output_heatmap(values: np.ndarray, row_labels: list[str], height: int = 260) -> go.Figure:

@@ -1,0 +1,76 @@
+"""The live pages in a real browser: prefill, three Next clicks, Back; screenshots of every page."""
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+LABELS = {
+    "vi": {"prefill": "Chạy prefill", "next": "Bước tiếp", "back": "Lùi lại", "cache": r"cache: (\d+) vị trí",
+           "measure": "Đo ngay"},
+    "en": {"prefill": "Run prefill", "next": "Next", "back": "Back", "cache": r"cache: (\d+) positions",
+           "measure": "Measure now"},
+}
+
+
+def wait_idle(page):
+    """Streamlit shows its running indicator while the script runs; wait until it is gone."""
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+
+
+def cache_positions(page, lang: str) -> int:
+    summary = page.get_by_text(re.compile(LABELS[lang]["cache"])).first
+    return int(re.search(LABELS[lang]["cache"], summary.inner_text()).group(1))
+
+
+def click(page, name: str):
+    page.get_by_role("button", name=name, exact=False).first.click()
+    wait_idle(page)
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_prefill_then_three_next_clicks_grow_the_cache_by_three(app_server, browser_page, artifacts, lang):
+    page, words = browser_page, LABELS[lang]
+    page.goto(f"{app_server}/decode?lang={lang}")
+    click(page, words["prefill"])
+    after_prefill = cache_positions(page, lang)
+    for _ in range(3):
+        click(page, words["next"])
+    assert cache_positions(page, lang) == after_prefill + 3
+    page.screenshot(path=str(artifacts / f"decode-1440x900-{lang}.png"))
+    click(page, words["back"])
+    assert cache_positions(page, lang) == after_prefill + 2
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.screenshot(path=str(artifacts / f"decode-1280x720-{lang}.png"))
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_prefill_and_cache_pages_render(app_server, browser_page, artifacts, lang):
+    page, words = browser_page, LABELS[lang]
+    page.goto(f"{app_server}/prefill?lang={lang}")
+    click(page, words["prefill"])
+    page.get_by_text("<bos>").first.wait_for()
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.screenshot(path=str(artifacts / f"prefill-1440x900-{lang}.png"), full_page=True)
+    page.goto(f"{app_server}/cache?lang={lang}")
+    wait_idle(page)
+    page.get_by_text("17").first.wait_for()
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.screenshot(path=str(artifacts / f"cache-1440x900-{lang}.png"), full_page=True)
+
+
+def test_script_in_the_prompt_is_shown_as_text(app_server, browser_page):
+    page = browser_page
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(f"{app_server}/prefill?lang=en")
+    wait_idle(page)
+    box = page.get_by_label("Prompt", exact=True)
+    box.fill("<script>alert(1)</script> <b>the</b> dog")
+    box.press("Enter")
+    wait_idle(page)
+    click(page, LABELS["en"]["prefill"])
+    page.get_by_text("script").first.wait_for()
+    assert dialogs == []
+    assert page.locator("[data-testid='stException']").count() == 0
