@@ -1,4 +1,9 @@
-"""Decode Lab: navigation over pages/ and the sidebar (language, model, device)."""
+"""Decode Lab: navigation over app_pages/ and the sidebar (language, model, device).
+
+The page scripts are not in a folder named pages/: Streamlit treats such a folder as an old-style
+multipage app and, on a fresh server, runs a deep link like /decode without this file (no sidebar,
+no session defaults) until some visitor has opened the home page.
+"""
 
 import shutil
 
@@ -9,6 +14,8 @@ from ui.i18n import init_language, labels, lang, t
 from ui.state import init_state, on_model_change
 
 st.set_page_config(page_title="Decode Lab", page_icon=":material/neurology:", layout="wide")
+# projector-friendly: less empty space above the title, so a 720-pixel-high screen shows more of each page
+st.html("<style>[data-testid='stMainBlockContainer']{padding-top:2.5rem}</style>")
 init_language()
 init_state()
 
@@ -32,10 +39,10 @@ with st.sidebar:
 st.query_params["lang"] = lang()
 
 pages = [
-    st.Page("pages/map.py", title=t("nav.map"), icon=":material/map:", url_path="map", default=True),
-    st.Page("pages/prefill.py", title=t("nav.prefill"), icon=":material/input:", url_path="prefill"),
-    st.Page("pages/decode.py", title=t("nav.decode"), icon=":material/replay:", url_path="decode"),
-    st.Page("pages/cache.py", title=t("nav.cache"), icon=":material/balance:", url_path="cache"),
-    st.Page("pages/flash.py", title=t("nav.flash"), icon=":material/bolt:", url_path="flash"),
+    st.Page("app_pages/map.py", title=t("nav.map"), icon=":material/map:", url_path="map", default=True),
+    st.Page("app_pages/prefill.py", title=t("nav.prefill"), icon=":material/input:", url_path="prefill"),
+    st.Page("app_pages/decode.py", title=t("nav.decode"), icon=":material/replay:", url_path="decode"),
+    st.Page("app_pages/cache.py", title=t("nav.cache"), icon=":material/balance:", url_path="cache"),
+    st.Page("app_pages/flash.py", title=t("nav.flash"), icon=":material/bolt:", url_path="flash"),
 ]
 st.navigation(pages).run()

@@ -27,7 +27,7 @@ def main() -> None:
     at.session_state["device"] = "cpu"
     at.session_state["max_new_tokens"] = args.clicks + 5
     at.run()
-    at.switch_page("pages/decode.py").run()
+    at.switch_page("app_pages/decode.py").run()
     at.button(key="run_prefill").click().run()
     times = []
     for _ in range(args.clicks):

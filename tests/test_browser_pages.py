@@ -24,6 +24,12 @@ def cache_positions(page, lang: str) -> int:
     return int(re.search(LABELS[lang]["cache"], summary.inner_text()).group(1))
 
 
+def wait_for_cache(page, lang: str, positions: int) -> None:
+    """The step summary is redrawn after the script run; wait until it shows the expected cache length."""
+    pattern = LABELS[lang]["cache"].replace(r"(\d+)", str(positions))
+    page.get_by_text(re.compile(pattern)).first.wait_for(timeout=60_000)
+
+
 def click(page, name: str):
     page.get_by_role("button", name=name, exact=False).first.click()
     wait_idle(page)
@@ -34,12 +40,15 @@ def test_prefill_then_three_next_clicks_grow_the_cache_by_three(app_server, brow
     page, words = browser_page, LABELS[lang]
     page.goto(f"{app_server}/decode?lang={lang}")
     click(page, words["prefill"])
+    page.get_by_text(re.compile(words["cache"])).first.wait_for(timeout=60_000)
     after_prefill = cache_positions(page, lang)
-    for _ in range(3):
+    for k in range(1, 4):
         click(page, words["next"])
+        wait_for_cache(page, lang, after_prefill + k)
     assert cache_positions(page, lang) == after_prefill + 3
     page.screenshot(path=str(artifacts / f"decode-1440x900-{lang}.png"))
     click(page, words["back"])
+    wait_for_cache(page, lang, after_prefill + 2)
     assert cache_positions(page, lang) == after_prefill + 2
     page.set_viewport_size({"width": 1280, "height": 720})
     page.screenshot(path=str(artifacts / f"decode-1280x720-{lang}.png"))

@@ -10,12 +10,12 @@ from model.flash import block_size_choices, default_block_size, human_bytes
 
 TIMEOUT = 60
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
-PAGE = "pages/flash.py"
+PAGE = "app_pages/flash.py"
 LONGER_IDS = "1, 2, 3, 4, 5, 3, 4, 5, 2, 3"  # micro, N = 10
 
 
 def open_flash(model: str = "micro", lang: str = "vi", ids: str | None = None) -> AppTest:
-    """The flash page after a prefill; AppTest drops the sidebar after switch_page, so set its keys as state."""
+    """The flash page after a prefill, with the sidebar's choices set as session state."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.session_state["lang"] = lang
     at.session_state["model_name"] = model

@@ -13,7 +13,6 @@ def open_page(page: str, model: str = "micro", lang: str = "vi") -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.session_state["lang"] = lang
     at.session_state["model_name"] = model
-    # AppTest drops the sidebar after switch_page, and with it the sidebar's widget keys: set them as state
     at.session_state["device"] = "cpu"
     at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
     at.run()
@@ -33,15 +32,15 @@ def cache_len(at: AppTest) -> int:
     return at.session_state["generation"].cache.length
 
 
-@pytest.mark.parametrize("page", ["pages/prefill.py", "pages/decode.py", "pages/cache.py", "pages/flash.py"])
+@pytest.mark.parametrize("page", ["prefill", "decode", "cache", "flash"])
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_every_page_runs(page, lang):
-    at = open_page(page, lang=lang)
+    at = open_page(f"app_pages/{page}.py", lang=lang)
     assert not at.error
 
 
 def test_prefill_page_shows_the_micro_example():
-    at = click(open_page("pages/prefill.py"), "run_prefill")
+    at = click(open_page("app_pages/prefill.py"), "run_prefill")
     gen = at.session_state["generation"]
     assert gen.prompt_ids == [1, 3] and cache_len(at) == 2
     assert any("128" in m.value for m in at.markdown)
@@ -49,7 +48,7 @@ def test_prefill_page_shows_the_micro_example():
 
 
 def test_decode_next_and_back_move_the_cache_by_one():
-    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     start = cache_len(at)
     click(at, "next")
     assert cache_len(at) == start + 1
@@ -61,7 +60,7 @@ def test_decode_next_and_back_move_the_cache_by_one():
 
 
 def test_decode_micro_course_example_to_the_end():
-    at = click(open_page("pages/decode.py"), "run_prefill")
+    at = click(open_page("app_pages/decode.py"), "run_prefill")
     click(at, "next")
     gen = at.session_state["generation"]
     assert gen.new_ids == [4, 6] and gen.stop_reason == "eos"
@@ -70,24 +69,23 @@ def test_decode_micro_course_example_to_the_end():
 
 
 def test_language_switch_keeps_state():
-    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     click(at, "next")
     at.slider(key="temperature").set_value(0.7).run()
     before = (cache_len(at), at.session_state["generation"].new_ids)
-    at.session_state["lang"] = "en"
-    at.run()
+    at.radio(key="lang").set_value("en").run()
     assert not at.exception
     assert (cache_len(at), at.session_state["generation"].new_ids) == before
     assert at.slider(key="temperature").value == 0.7
-    assert at.session_state["model_name"] == "small"
+    assert at.selectbox(key="model_name").value == "small"
     assert "Next" in at.button(key="next").label
 
 
 def test_bad_prompt_is_a_sentence_and_keeps_the_run():
-    at = click(open_page("pages/decode.py", model="small"), "run_prefill")
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     click(at, "next")
     before = cache_len(at)
-    at.switch_page("pages/prefill.py")
+    at.switch_page("app_pages/prefill.py")
     at.run()
     at.text_input(key="prompt_text").set_value("   ").run()
     click(at, "run_prefill")
@@ -96,7 +94,7 @@ def test_bad_prompt_is_a_sentence_and_keeps_the_run():
 
 
 def test_html_in_the_prompt_is_shown_as_text():
-    at = open_page("pages/prefill.py", model="small")
+    at = open_page("app_pages/prefill.py", model="small")
     at.text_input(key="prompt_text").set_value("<script>alert(1)</script> con mèo").run()
     click(at, "run_prefill")
     assert at.session_state["prompt_unknown"]
@@ -104,7 +102,7 @@ def test_html_in_the_prompt_is_shown_as_text():
 
 
 def test_cache_page_presets():
-    at = open_page("pages/cache.py")
+    at = open_page("app_pages/cache.py")
     click(at, "preset_13/5")
     assert [m.value for m in at.metric][:2] == ["17", "75"]
     click(at, "preset_2/4")

@@ -1,6 +1,6 @@
 """The 22-cell map as one self-contained block of HTML/CSS/JS (no network), built by a pure function.
 
-map_html() returns the markup that pages/map.py hands to st.html(..., unsafe_allow_javascript=True).
+map_html() returns the markup that app_pages/map.py hands to st.html(..., unsafe_allow_javascript=True).
 Every text from assets/cells.json or assets/strings.json is escaped with html.escape before it reaches
 the markup; the few values the script needs (arrows and their labels) go in as JSON with <, > and &
 written as \\u escapes, so no text can close the script tag.

@@ -60,4 +60,4 @@ names = {"chosen": t("sampling.chosen"), "other": t("sampling.other")}
 st.plotly_chart(charts.probability_bars([tok.token(int(i)) for i in top], drawn.probs[top], status, names),
                 key="prefill_probs")
 st.markdown(t("prefill.first_token", token=md_escape(tok.token(drawn.chosen_id)), id=drawn.chosen_id))
-st.page_link("pages/decode.py", label=t("prefill.go_decode"), icon="🔁")
+st.page_link("app_pages/decode.py", label=t("prefill.go_decode"), icon=":material/replay:")

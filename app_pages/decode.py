@@ -40,7 +40,7 @@ if gen is None:
     st.stop()
 
 finished = gen.stop_reason not in (None, "cancelled")
-b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
+b1, b2, b3, b4, _ = st.columns([1, 1, 1.3, 1, 1])
 # callbacks run before the page is drawn, so the buttons below already show the new state
 b1.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=finished,
           use_container_width=True, on_click=on_next)
