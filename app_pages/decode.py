@@ -82,8 +82,7 @@ with right:
          t("decode.formula"): [s.cache_bytes_formula for s in gen.steps]},
         t("decode.step_axis"), t("decode.bytes_axis"), height=300, dashed=(t("decode.formula"),)),
         key="decode_cache")
-    st.dataframe([{t("decode.step_axis"): i, t("phase.label"): t("phase." + s.phase),
-                   t("decode.cache_len"): s.cache_len,
+    st.dataframe([{t("decode.step_axis"): i, t("decode.cache_len"): s.cache_len,
                    t("decode.measured"): s.cache_bytes, t("decode.formula"): s.cache_bytes_formula}
                   for i, s in enumerate(gen.steps)], hide_index=True)
     st.caption(t("decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,

@@ -14,6 +14,15 @@ LABELS = {
 }
 
 
+def wait_for_charts(page):
+    """Plotly draws after the script run; a screenshot before that shows empty frames."""
+    wait_idle(page)
+    page.wait_for_function("""() => {
+        const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+        return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
+    }""", timeout=60_000)
+
+
 def wait_idle(page):
     """Streamlit shows its running indicator while the script runs; wait until it is gone."""
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
@@ -46,11 +55,13 @@ def test_prefill_then_three_next_clicks_grow_the_cache_by_three(app_server, brow
         click(page, words["next"])
         wait_for_cache(page, lang, after_prefill + k)
     assert cache_positions(page, lang) == after_prefill + 3
+    wait_for_charts(page)
     page.screenshot(path=str(artifacts / f"decode-1440x900-{lang}.png"))
     click(page, words["back"])
     wait_for_cache(page, lang, after_prefill + 2)
     assert cache_positions(page, lang) == after_prefill + 2
     page.set_viewport_size({"width": 1280, "height": 720})
+    wait_for_charts(page)
     page.screenshot(path=str(artifacts / f"decode-1280x720-{lang}.png"))
 
 
@@ -61,12 +72,15 @@ def test_prefill_and_cache_pages_render(app_server, browser_page, artifacts, lan
     click(page, words["prefill"])
     page.get_by_text("<bos>").first.wait_for()
     assert page.locator("[data-testid='stException']").count() == 0
-    page.screenshot(path=str(artifacts / f"prefill-1440x900-{lang}.png"), full_page=True)
+    page.set_viewport_size({"width": 1440, "height": 2400})  # the app scrolls inside: a tall window shows it all
+    wait_for_charts(page)
+    page.screenshot(path=str(artifacts / f"prefill-1440-tall-{lang}.png"))
     page.goto(f"{app_server}/cache?lang={lang}")
     wait_idle(page)
     page.get_by_text("17").first.wait_for()
     assert page.locator("[data-testid='stException']").count() == 0
-    page.screenshot(path=str(artifacts / f"cache-1440x900-{lang}.png"), full_page=True)
+    wait_for_charts(page)
+    page.screenshot(path=str(artifacts / f"cache-1440-tall-{lang}.png"))
 
 
 def test_script_in_the_prompt_is_shown_as_text(app_server, browser_page):

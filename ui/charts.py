@@ -1,83 +1,86 @@
-"""Plotly figures built from plain numpy arrays; colours chosen to stay visible on a projector."""
+"""Plotly figures as plain dicts built from numpy arrays; colours chosen to stay visible on a projector.
+
+Plain dicts, not graph objects: st.plotly_chart validates every figure once anyway, and the graph objects'
+update_* calls cost more than the rest of a Next click together.
+"""
 
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
+Figure = dict
 HEAT = "YlGnBu"
 FONT = dict(size=15, color="#212529")
 TICKS = dict(size=14, color="#212529")
 KEPT, CHOSEN, CUT_K, CUT_P = "#1f5fbf", "#e8590c", "#adb5bd", "#ffc9a8"
 
 
-def _layout(fig: go.Figure, height: int, title: str = "") -> go.Figure:
-    fig.update_layout(height=height, margin=dict(l=10, r=10, t=40 if title else 10, b=10), font=FONT,
-                      title=dict(text=title, font=dict(size=16)) if title else None,
-                      plot_bgcolor="white", paper_bgcolor="white")
-    fig.update_xaxes(tickfont=TICKS)
-    fig.update_yaxes(tickfont=TICKS)
-    return fig
+def figure(data: list[dict], height: int, xaxis: dict | None = None, yaxis: dict | None = None,
+           title: str = "", **layout) -> Figure:
+    """The shared look: white background, readable fonts, tight margins."""
+    return {"data": data, "layout": {
+        "height": height, "margin": dict(l=10, r=10, t=40 if title else 10, b=10), "font": FONT,
+        "title": dict(text=title, font=dict(size=16)) if title else None,
+        "plot_bgcolor": "white", "paper_bgcolor": "white",
+        "xaxis": {"tickfont": TICKS, **(xaxis or {})}, "yaxis": {"tickfont": TICKS, **(yaxis or {})}, **layout}}
 
 
 def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], title: str = "",
-                      height: int = 420) -> go.Figure:
+                      height: int = 420) -> Figure:
     """weights (queries, keys); masked (future) cells are exact zeros and shown blank."""
-    shown = np.where(weights > 0, weights, np.nan)
-    fig = go.Figure(go.Heatmap(
-        z=shown, x=list(range(len(key_labels))), y=list(range(len(query_labels))), zmin=0, zmax=1,
-        colorscale=HEAT, colorbar=dict(thickness=14), customdata=np.array(
-            [[f"{q} → {k}" for k in key_labels] for q in query_labels]),
-        hovertemplate="%{customdata}<br>%{z:.3f}<extra></extra>", xgap=1, ygap=1,
-    ))
-    fig.update_xaxes(tickvals=list(range(len(key_labels))), ticktext=key_labels, side="top", tickangle=-45)
-    fig.update_yaxes(tickvals=list(range(len(query_labels))), ticktext=query_labels, autorange="reversed")
-    return _layout(fig, height, title)
+    keys, queries = list(range(len(key_labels))), list(range(len(query_labels)))
+    heat = dict(type="heatmap", z=np.where(weights > 0, weights, np.nan), x=keys, y=queries, zmin=0, zmax=1,
+                colorscale=HEAT, colorbar=dict(thickness=14), xgap=1, ygap=1,
+                customdata=np.array([[f"{q} → {k}" for k in key_labels] for q in query_labels]),
+                hovertemplate="%{customdata}<br>%{z:.3f}<extra></extra>")
+    return figure([heat], height, title=title,
+                  xaxis=dict(tickvals=keys, ticktext=key_labels, side="top", tickangle=-45),
+                  yaxis=dict(tickvals=queries, ticktext=query_labels, autorange="reversed"))
 
 
-def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> go.Figure:
+def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figure:
     """weights (heads, queries, keys): one small heatmap per head, side by side."""
-    n_heads = weights.shape[0]
-    fig = make_subplots(rows=1, cols=n_heads, subplot_titles=[head_title.format(h=h) for h in range(n_heads)],
-                        horizontal_spacing=0.03)
+    n_heads, gap = weights.shape[0], 0.03
+    width = (1 - gap * (n_heads - 1)) / n_heads
+    data, axes, titles = [], {}, []
     for h in range(n_heads):
-        fig.add_trace(go.Heatmap(z=np.where(weights[h] > 0, weights[h], np.nan), zmin=0, zmax=1, colorscale=HEAT,
-                                 showscale=h == n_heads - 1, hovertemplate="%{z:.3f}<extra></extra>"),
-                      row=1, col=h + 1)
-        fig.update_yaxes(autorange="reversed", showticklabels=h == 0, row=1, col=h + 1)
-    fig.update_xaxes(showticklabels=False)
-    return _layout(fig, height)
+        suffix, left = ("" if h == 0 else str(h + 1)), h * (width + gap)
+        data.append(dict(type="heatmap", z=np.where(weights[h] > 0, weights[h], np.nan), zmin=0, zmax=1,
+                         colorscale=HEAT, showscale=h == n_heads - 1, hovertemplate="%{z:.3f}<extra></extra>",
+                         xaxis="x" + suffix, yaxis="y" + suffix))
+        axes["xaxis" + suffix] = dict(domain=[left, left + width], showticklabels=False)
+        axes["yaxis" + suffix] = dict(anchor="x" + suffix, autorange="reversed", showticklabels=h == 0)
+        titles.append(dict(text=head_title.format(h=h), x=left + width / 2, y=1.0, xref="paper", yref="paper",
+                           xanchor="center", yanchor="bottom", showarrow=False))
+    return figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles,
+                  **axes)
 
 
 def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], status_names: dict[str, str],
-                     height: int = 380) -> go.Figure:
+                     height: int = 380) -> Figure:
     """One bar per candidate; status is 'chosen', 'kept', 'cut_k', 'cut_p' or 'other' (greedy)."""
     colours = {"chosen": CHOSEN, "kept": KEPT, "cut_k": CUT_K, "cut_p": CUT_P, "other": KEPT}
-    fig = go.Figure()
+    bars = []
     for kind in ("chosen", "kept", "other", "cut_p", "cut_k"):
         idx = [i for i, s in enumerate(status) if s == kind]
         if idx:
-            fig.add_trace(go.Bar(x=[labels[i] for i in idx], y=probs[idx], name=status_names[kind],
-                                 marker_color=colours[kind], text=[f"{probs[i]:.2f}" for i in idx],
-                                 textposition="outside", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    fig.update_xaxes(categoryorder="array", categoryarray=labels)
-    fig.update_yaxes(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%")
-    fig.update_layout(legend=dict(orientation="h", y=1.12, x=0), barmode="overlay")
-    return _layout(fig, height)
+            bars.append(dict(type="bar", x=[labels[i] for i in idx], y=probs[idx], name=status_names[kind],
+                             marker=dict(color=colours[kind]), text=[f"{probs[i]:.2f}" for i in idx],
+                             textposition="outside", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+    return figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.12, x=0),
+                  xaxis=dict(categoryorder="array", categoryarray=labels),
+                  yaxis=dict(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%"))
 
 
 def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: int = 340,
-          dashed: tuple[str, ...] = ()) -> go.Figure:
-    fig = go.Figure()
+          dashed: tuple[str, ...] = ()) -> Figure:
     palette = [KEPT, CHOSEN, "#2b8a3e", "#862e9c"]
-    for (name, ys), colour in zip(series.items(), palette):
-        fig.add_trace(go.Scatter(x=x, y=ys, name=name, mode="lines+markers", line=dict(
-            color=colour, width=3, dash="dash" if name in dashed else "solid"), marker=dict(size=8)))
-    fig.update_xaxes(title=x_title, dtick=1 if len(x) <= 20 else None)
-    fig.update_yaxes(title=y_title, rangemode="tozero")
-    fig.update_layout(legend=dict(orientation="h", y=1.15, x=0))
-    return _layout(fig, height)
+    traces = [dict(type="scatter", x=x, y=ys, name=name, mode="lines+markers", marker=dict(size=8),
+                   line=dict(color=colour, width=3, dash="dash" if name in dashed else "solid"))
+              for (name, ys), colour in zip(series.items(), palette)]
+    return figure(traces, height, legend=dict(orientation="h", y=1.15, x=0),
+                  xaxis=dict(title=dict(text=x_title), dtick=1 if len(x) <= 20 else None),
+                  yaxis=dict(title=dict(text=y_title), rangemode="tozero"))
 
 
 # -----------------------------------------------------------------------------
@@ -94,7 +97,7 @@ def _tick_labels(labels: list[str], most: int = 24) -> tuple[list[int], list[str
     return shown, [labels[i] for i in shown]
 
 
-def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str], height: int = 460) -> go.Figure:
+def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str], height: int = 460) -> Figure:
     """The N×N score grid of a tiled walk. steps: model.flash.TileStep in walk order over a prefill
     (N queries, N keys); current: the index of the tile being read. Each cell is coloured by its state
     (TILE_STATES, named by names[state]): masked = above the causal diagonal inside a tile that is read,
@@ -122,14 +125,13 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
                        for c in range(n)] for r in range(n)])
     digits = 2 if n <= 6 else 1  # the numbers must fit their cell
     text = np.where(np.isfinite(scores), np.vectorize(lambda x: f"{x:.{digits}f}")(scores), "") if n <= 12 else None
-    fig = go.Figure(go.Heatmap(
-        z=state, zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False, customdata=hover,
-        hovertemplate="%{customdata}<extra></extra>", text=text, texttemplate="%{text}" if text is not None else None,
-        textfont=dict(size=13, color="#212529"), xgap=1, ygap=1,
-    ))
-    for s in TILE_STATES:  # legend entries: the heatmap itself has no legend
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=names[s], marker=dict(
-            symbol="square", size=16, color=TILE_COLOURS[s], line=dict(color="#495057", width=1))))
+    heat = dict(type="heatmap", z=state, zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False,
+                customdata=hover, hovertemplate="%{customdata}<extra></extra>", text=text,
+                texttemplate="%{text}" if text is not None else None, textfont=dict(size=13, color="#212529"),
+                xgap=1, ygap=1)
+    legend = [dict(type="scatter", x=[None], y=[None], mode="markers", name=names[s], marker=dict(
+        symbol="square", size=16, color=TILE_COLOURS[s], line=dict(color="#495057", width=1)))
+        for s in TILE_STATES]  # legend entries: the heatmap itself has no legend
     block_q, block_k = steps[0].q_rows[1] - steps[0].q_rows[0], steps[0].k_cols[1] - steps[0].k_cols[0]
     border = dict(color="#343a40", width=2)
     # block borders (with block 1 the cell gaps already are the borders), then the current tile's frame
@@ -142,32 +144,29 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
                        y1=now.q_rows[1] - 0.5, line=dict(color="#d9480f", width=5)))
     marks = [dict(x=(sum(s.k_cols) - 1) / 2, y=(sum(s.q_rows) - 1) / 2, text="✕", showarrow=False,
                   font=dict(size=16, color="#c92a2a")) for s in steps if s.skipped] if len(steps) <= 256 else []
-    fig.update_layout(shapes=shapes, annotations=marks)  # one update: add_shape per line is slow
     x_ticks, x_text = _tick_labels(labels)
-    fig.update_xaxes(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45, title=names["keys"],
-                     tickfont=dict(size=13),
-                     range=[-0.5, n - 0.5], showgrid=False, zeroline=False)
-    fig.update_yaxes(tickvals=x_ticks, ticktext=x_text, autorange="reversed", title=names["queries"],
-                     tickfont=dict(size=13),
-                     showgrid=False, zeroline=False)
-    fig.update_layout(legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)))
-    _layout(fig, height)
-    fig.update_layout(margin=dict(r=50))  # room for the last key's slanted label
+    fig = figure([heat, *legend], height, shapes=shapes, annotations=marks,
+                 legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)),
+                 xaxis=dict(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45,
+                            title=dict(text=names["keys"]), tickfont=dict(size=13), range=[-0.5, n - 0.5],
+                            showgrid=False, zeroline=False),
+                 yaxis=dict(tickvals=x_ticks, ticktext=x_text, autorange="reversed",
+                            title=dict(text=names["queries"]), tickfont=dict(size=13), showgrid=False,
+                            zeroline=False))
+    fig["layout"]["margin"]["r"] = 50  # room for the last key's slanted label
     return fig
 
 
-def output_heatmap(values: np.ndarray, row_labels: list[str], height: int = 260) -> go.Figure:
+def output_heatmap(values: np.ndarray, row_labels: list[str], height: int = 260) -> Figure:
     """values (rows, d_head), e.g. a running output: blue < 0 < red, numbers printed while d_head is small."""
     rows, d = values.shape
     limit = float(np.max(np.abs(values))) or 1.0
     text = np.vectorize(lambda x: f"{x:.2f}")(values) if d <= 8 and rows <= 16 else None
-    fig = go.Figure(go.Heatmap(
-        z=values, x=list(range(d)), y=list(range(rows)), zmin=-limit, zmax=limit, colorscale="RdBu_r",
-        colorbar=dict(thickness=12), text=text, texttemplate="%{text}" if text is not None else None,
-        textfont=dict(size=13), hovertemplate="%{y} · d%{x}: %{z:.4f}<extra></extra>", xgap=1, ygap=1,
-    ))
+    heat = dict(type="heatmap", z=values, x=list(range(d)), y=list(range(rows)), zmin=-limit, zmax=limit,
+                colorscale="RdBu_r", colorbar=dict(thickness=12), text=text,
+                texttemplate="%{text}" if text is not None else None, textfont=dict(size=13),
+                hovertemplate="%{y} · d%{x}: %{z:.4f}<extra></extra>", xgap=1, ygap=1)
     y_ticks, y_text = _tick_labels(row_labels, 16)
-    fig.update_yaxes(tickvals=y_ticks, ticktext=y_text, autorange="reversed")
     dims = list(range(0, d, max(1, d // 8)))
-    fig.update_xaxes(tickvals=dims, ticktext=[f"d{i}" for i in dims])
-    return _layout(fig, height)
+    return figure([heat], height, xaxis=dict(tickvals=dims, ticktext=[f"d{i}" for i in dims]),
+                  yaxis=dict(tickvals=y_ticks, ticktext=y_text, autorange="reversed"))
