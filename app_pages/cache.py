@@ -60,7 +60,7 @@ contexts = contexts_for(model)
 conditions = t("cache.conditions", model=info.name, device=info.device, dtype=info.dtype,
                contexts=", ".join(map(str, contexts)))
 st.caption(conditions)
-if st.button(t("cache.measure"), key="measure", type="primary"):
+if st.button(t("cache.measure"), key="measure", type="primary", icon=":material/timer:"):
     bar = st.progress(0.0, text=t("cache.measuring"))
     rows = guarded(lambda: time_per_token(model, contexts, progress=lambda f: bar.progress(f, t("cache.measuring"))))
     bar.empty()

@@ -6,7 +6,6 @@ small is trained on the bilingual corpus that model/corpus.py generates.
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -99,7 +98,6 @@ def _save(model: Llama, tokenizer, folder: Path) -> None:
 
 
 def build(name: str) -> None:
-    random.seed(0)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     # the matrices are tiny: OpenMP threads spend their time waiting on each other, not computing

@@ -213,3 +213,27 @@ def test_cli_trace_json_on_a_tiny_gpt2(models_dir):
         assert s["attention_shape"] == [2, 4, queries, s["cache_len"]]
         assert s["cache_bytes"] == s["cache_bytes_formula"] and s["max_abs_logit_diff"] <= TOL
         assert {"index", "input_ids", "positions", "chosen_id", "chosen_token", "top", "ms"} <= s.keys()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gpt2"])
+def test_the_live_pages_run_a_transformers_model(models_dir, kind):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    at.session_state["model_name"] = "custom"
+    at.session_state["model_path"] = str(models_dir / kind)
+    at.session_state["device"] = "cpu"
+    at.session_state["prompt_text"] = "the cat sat"
+    at.run()
+    at.switch_page("app_pages/decode.py").run()
+    at.button(key="run_prefill").click().run()
+    gen = at.session_state["generation"]
+    assert gen is not None, [e.value for e in at.error]
+    before = gen.cache.length
+    at.button(key="next").click().run()
+    assert gen.cache.length == before + 1
+    assert gen.steps[-1].attention.dtype == np.float16  # what a session keeps per step, halved
+    for page in ("prefill", "cache", "flash"):
+        at.switch_page(f"app_pages/{page}.py").run()
+        assert not at.exception, (page, at.exception)
+    assert at.warning  # the flash page needs per-layer Q, K, V, which only the native model exposes

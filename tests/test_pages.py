@@ -107,3 +107,12 @@ def test_cache_page_presets():
     assert [m.value for m in at.metric][:2] == ["17", "75"]
     click(at, "preset_2/4")
     assert [m.value for m in at.metric][:2] == ["5", "14"]
+
+
+def test_cache_page_measures_time_per_token_with_the_conditions():
+    at = click(open_page("app_pages/cache.py", model="small"), "measure")
+    conditions, rows = at.session_state["bench_result"]
+    assert [r.context for r in rows] == [8, 16, 32, 64]
+    assert all(len(r.cached_ms) == 10 and len(r.recompute_ms) == 10 for r in rows)
+    assert "small" in conditions and "cpu" in conditions and "float32" in conditions and "batch 1" in conditions
+    assert at.dataframe and not at.error

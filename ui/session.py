@@ -15,6 +15,7 @@ from ui.i18n import labels, lang, t
 
 log = logging.getLogger(__name__)
 
+
 @st.cache_resource(show_spinner=False, max_entries=4)
 def shared_model(name: str, device: str, allow_download: bool = False) -> LoadedModel:
     return load_model(name, device, allow_download)
@@ -105,7 +106,6 @@ def prompt_form(model: LoadedModel) -> None:
             ids, unknown = (encoded.ids, encoded.unknown) if encoded is not None else (None, [])
         if ids is not None:
             start_generation(model, ids, unknown)
-
 
 
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> None:
