@@ -4,42 +4,69 @@ from __future__ import annotations
 
 import torch
 
+MIN_CAPACITY = 16
+
 
 class KVCache:
-    """Per layer, K and V of shape (batch, n_kv_heads, positions, d_head)."""
+    """Per layer, K and V of shape (batch, n_kv_heads, positions, d_head).
+
+    Each layer's K and V live in a buffer that doubles when full, so a decode step writes its one new position
+    in place instead of copying the whole cache (what torch.cat would do every step). Everything the cache
+    hands out and counts is the first `length` positions of those buffers: the positions it holds.
+    """
 
     def __init__(self, n_layers: int):
-        self.keys: list[torch.Tensor | None] = [None] * n_layers
-        self.values: list[torch.Tensor | None] = [None] * n_layers
+        self._keys: list[torch.Tensor | None] = [None] * n_layers    # (B, n_kv, capacity, d_head)
+        self._values: list[torch.Tensor | None] = [None] * n_layers
+        self._lengths = [0] * n_layers
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new positions' K, V (B, n_kv, T, d_head) to `layer`; return all of them (B, n_kv, S, d_head)."""
-        if self.keys[layer] is not None:
-            k = torch.cat((self.keys[layer], k), dim=2)
-            v = torch.cat((self.values[layer], v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+        start, end = self._lengths[layer], self._lengths[layer] + k.shape[2]
+        if self._keys[layer] is None or end > self._keys[layer].shape[2]:
+            self._grow(layer, k, end)
+        self._keys[layer][:, :, start:end] = k
+        self._values[layer][:, :, start:end] = v
+        self._lengths[layer] = end
+        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+
+    def _grow(self, layer: int, like: torch.Tensor, needed: int) -> None:
+        old = 0 if self._keys[layer] is None else self._keys[layer].shape[2]
+        B, n_kv, _, d_head = like.shape
+        capacity = max(needed, 2 * old, MIN_CAPACITY)
+        held = self._lengths[layer]
+        for store in (self._keys, self._values):
+            bigger = like.new_empty(B, n_kv, capacity, d_head)
+            if store[layer] is not None:
+                bigger[:, :, :held] = store[layer][:, :, :held]
+            store[layer] = bigger
 
     @property
     def length(self) -> int:
-        return 0 if self.keys[0] is None else self.keys[0].shape[2]
+        return self._lengths[0]
 
     def crop(self, n: int) -> None:
         """Keep the first n positions, forget the rest (Back rewinds the sequence this way)."""
         if not 0 <= n <= self.length:
             raise ValueError(f"cannot crop a cache of {self.length} positions to {n}")
-        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
-            if k is not None:
-                self.keys[layer], self.values[layer] = k[:, :, :n], v[:, :, :n]
+        # per layer: after a pass that stopped half-way (out of memory) later layers may hold fewer
+        self._lengths = [min(held, n) for held in self._lengths]
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V (B, n_kv, positions, d_head) that `layer` holds, None before its first append."""
+        if self._keys[layer] is None:
+            return None
+        held = self._lengths[layer]
+        return self._keys[layer][:, :, :held], self._values[layer][:, :, :held]
 
     def layer_shape(self, layer: int) -> tuple[int, ...]:
-        k = self.keys[layer]
-        return () if k is None else tuple(k.shape)
+        kv = self.layer(layer)
+        return () if kv is None else tuple(kv[0].shape)
 
     def layer_bytes(self, layer: int) -> int:
-        """Bytes of this layer's K and V tensors as they are stored."""
-        k, v = self.keys[layer], self.values[layer]
-        return 0 if k is None else k.numel() * k.element_size() + v.numel() * v.element_size()
+        """Bytes of the K and V positions this layer holds."""
+        kv = self.layer(layer)
+        return 0 if kv is None else sum(t.numel() * t.element_size() for t in kv)
 
     def nbytes(self) -> int:
-        return sum(self.layer_bytes(layer) for layer in range(len(self.keys)))
+        return sum(self.layer_bytes(layer) for layer in range(len(self._keys)))

@@ -96,6 +96,11 @@ def cache_argument(module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+def last_logits_argument(module) -> dict:
+    """`logits_to_keep=1` (the LM head on the last position only) where the model's forward takes it."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(module.forward).parameters else {}
+
+
 def layer_kv(dynamic, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """K and V (1, n_kv_heads, positions, d_head) of one layer of a DynamicCache, None while it holds none.
     In the whole range a DynamicCache is a list `.layers` of DynamicLayer with `.keys` and `.values`
@@ -285,6 +290,7 @@ class HFModel(LoadedModel):
         self.module, self.tokenizer, self.device = module, tokenizer, device  # tokenizer None: ids only (bench)
         self.info = model_info(name, module, tokenizer, device)
         self._cache_arg = cache_argument(module)
+        self._last_logits = last_logits_argument(module)
 
     def new_cache(self) -> HFCache:
         return HFCache(self.info.n_layers)
@@ -293,10 +299,10 @@ class HFModel(LoadedModel):
     def forward(self, ids, cache, output_attentions):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
         past = {self._cache_arg: cache.dynamic, "use_cache": True} if cache is not None else {"use_cache": False}
-        out = self.module(input_ids=x, output_attentions=output_attentions, **past)
+        out = self.module(input_ids=x, output_attentions=output_attentions, **past, **self._last_logits)
         # float16, converted on the device: half the bytes of every step a session keeps
         attentions = torch.cat([a.to(torch.float16) for a in out.attentions]) if output_attentions else None
-        return out.logits[0], attentions  # (T, vocab), (layers, heads, T, S)
+        return out.logits[0, -1], attentions  # (vocab,), (layers, heads, T, S)
 
 
 def load_transformers(source: Source, device: str = "auto") -> HFModel:

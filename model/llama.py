@@ -58,7 +58,7 @@ class LlamaConfig:
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor                    # (B, T, vocab)
+    logits: torch.Tensor                    # (B, T, vocab), or (B, 1, vocab) with last_logits_only
     attentions: list[torch.Tensor] | None   # per layer (B, n_heads, T, S), S = cached + new positions
     # one layer's q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head)
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
@@ -185,8 +185,10 @@ class Llama(nn.Module):
         return KVCache(self.config.num_hidden_layers)
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
-                output_qkv_layer: int | None = None) -> ForwardOutput:
-        """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None."""
+                output_qkv_layer: int | None = None, last_logits_only: bool = False) -> ForwardOutput:
+        """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
+        last_logits_only: the LM head runs on the last position alone (inference needs no other), which
+        saves T − 1 rows of vocab-sized logits."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
@@ -200,7 +202,9 @@ class Llama(nn.Module):
                 attentions.append(weights)
             if i == output_qkv_layer:
                 qkv = layer_qkv
-        logits = self.lm_head(self.model.norm(x))                # (B, T, vocab)
+        if last_logits_only:
+            x = x[:, -1:]
+        logits = self.lm_head(self.model.norm(x))                # (B, T or 1, vocab)
         return ForwardOutput(logits, attentions, qkv)
 
     # -- Hugging Face checkpoint layout: config.json + model.safetensors --------------------------------

@@ -73,7 +73,7 @@ class LoadedModel:
 
     def forward(self, ids: list[int], cache, output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed ids after what `cache` holds (None: from scratch, no cache kept).
-        Returns logits (T, vocab) and, if asked, attention weights (layers, heads, T, S)."""
+        Returns the last position's logits (vocab,) and, if asked, attention weights (layers, heads, T, S)."""
         raise NotImplementedError
 
 
@@ -97,9 +97,9 @@ class NativeModel(LoadedModel):
     @torch.inference_mode()
     def forward(self, ids, cache, output_attentions):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
-        out = self.module(x, cache, output_attentions=output_attentions)
+        out = self.module(x, cache, output_attentions=output_attentions, last_logits_only=True)
         attentions = torch.cat(out.attentions) if output_attentions else None  # (layers, heads, T, S)
-        return out.logits[0], attentions
+        return out.logits[0, -1], attentions
 
     @torch.inference_mode()
     def attention_inputs(self, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

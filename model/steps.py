@@ -48,7 +48,7 @@ def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
         layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
         cache_bytes_formula=cache_bytes_formula(info.n_layers, info.n_kv_heads, cache.length, info.d_head,
                                                 info.bytes_per_element),
-        logits=logits[-1].float().cpu().numpy(), ms=ms,
+        logits=logits.float().cpu().numpy(), ms=ms,
     )
 
 
@@ -66,7 +66,7 @@ def decode(model: LoadedModel, cache, token_id: int) -> StepTrace:
 def recompute(model: LoadedModel, ids: list[int]) -> np.ndarray:
     """Logits (vocab,) at the last position of `ids`, computed from scratch with no cache."""
     logits, _ = model.forward(ids, None, output_attentions=False)
-    return logits[-1].float().cpu().numpy()
+    return logits.float().cpu().numpy()
 
 
 def max_abs_logit_diff(trace: StepTrace, recomputed: np.ndarray) -> float:

@@ -270,9 +270,11 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
     for length in (2, 5, 11):
         ids = [1] + rng.integers(2, native.info.vocab_size, size=length - 1).tolist()
         with torch.inference_mode():
-            theirs = hf(torch.tensor([ids])).logits[0].numpy()
-        ours = native.forward(ids, None, output_attentions=False)[0].numpy()
+            theirs = hf(torch.tensor([ids])).logits[0].numpy()      # (T, vocab): every position
+            ours = native.module(torch.tensor([ids])).logits[0].numpy()
         np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(native.forward(ids, None, output_attentions=False)[0].numpy(), theirs[-1],
+                                   atol=1e-5, rtol=0)
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
