@@ -287,3 +287,21 @@ def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatc
     assert generate.check_last_step(small, gen) <= TOL
     back(small, gen)
     assert 1 not in gen.checks
+
+
+def test_out_of_memory_mid_pass_leaves_the_session_as_it_was(small, monkeypatch):
+    gen = start(small, encode_prompt(small, "the dog").ids, GREEDY, 10)
+    step(small, gen)
+    before = (gen.cache.length, gen.cache.nbytes(), list(gen.new_ids), len(gen.steps))
+    last_block = small.module.model.layers[-1]
+
+    def out_of_memory(*args, **kwargs):  # the earlier layers have appended their K, V by now
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(last_block, "forward", out_of_memory)
+    with pytest.raises(InputError) as bad:
+        step(small, gen)
+    assert bad.value.code == "out_of_memory"
+    assert (gen.cache.length, gen.cache.nbytes(), list(gen.new_ids), len(gen.steps)) == before
+    monkeypatch.undo()
+    assert step(small, gen) is not None and gen.cache.length == before[0] + 1
