@@ -73,7 +73,11 @@ with c1:
     layer, head = layer_head_selectors(info)
 block = c2.selectbox(t("flash.block"), choices, key="flash_block", format_func={b: f"{b} × {b}" for b in choices}.get,
                      on_change=go_to, args=(0,), help=t("flash.block_help"))
-result = guarded(lambda: walk_head(model, ids, layer, head, block))
+walk_for = (info.name, info.device, tuple(ids), layer, head, block)
+if st.session_state.flash_walk_for != walk_for:  # Next/Back redraw the same walk: compute it once
+    st.session_state.flash_walk = guarded(lambda: walk_head(model, ids, layer, head, block))
+    st.session_state.flash_walk_for = walk_for if st.session_state.flash_walk is not None else None
+result = st.session_state.flash_walk
 if result is None:
     st.stop()
 steps, read = result.walk.steps, result.read_steps  # the walk visits only the tiles it reads

@@ -17,7 +17,7 @@ DEFAULTS = {
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [],
     "count_n": 13, "count_t": 5, "bench_result": None,
     "flash_step": 0, "flash_block": 1, "flash_for": None, "flash_custom_n": 32768, "flash_custom_d": 128,
-    "flash_custom_block": 128,
+    "flash_custom_block": 128, "flash_walk": None, "flash_walk_for": None,
 }
 
 
