@@ -18,8 +18,6 @@ from model.sampling import SampleResult, SamplingSettings, check_settings, sampl
 from model.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
 from model.tokenizer import Encoded, UnknownWordsError
 
-STOP_REASONS = ("eos", "max_new_tokens", "stop_string", "context_full", "cancelled")
-
 
 @dataclass
 class Generation:

@@ -20,13 +20,13 @@ STRIP_CSS = """
 """
 
 
-def token_strip(tokens: list[str], ids: list[int], kinds: list[str], captions: list[str] | None = None) -> None:
-    """A row of token chips: word above, id (and position) below; kinds add CSS classes."""
+def token_strip(tokens: list[str], ids: list[int], kinds: list[str]) -> None:
+    """A row of token chips: word above, position and id below; kinds add CSS classes."""
     chips = []
-    for i, (tok, tid, kind) in enumerate(zip(tokens, ids, kinds)):
+    for position, (tok, tid, kind) in enumerate(zip(tokens, ids, kinds)):
         special = " special" if tok.startswith("<") and tok.endswith(">") else ""
-        caption = escape(captions[i]) if captions else f"#{i} · id {tid}"
-        chips.append(f'<div class="tok {escape(kind)}{special}">{escape(tok)}<small>{caption}</small></div>')
+        chips.append(f'<div class="tok {escape(kind)}{special}">{escape(tok)}<small>#{position} · id {tid}</small>'
+                     "</div>")
     st.html(STRIP_CSS + '<div class="tok-strip">' + "".join(chips) + "</div>")
 
 
