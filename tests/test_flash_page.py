@@ -121,7 +121,7 @@ def test_changing_the_block_size_restarts_the_walk():
 def test_n_not_a_multiple_of_the_block_size():
     at = open_flash(ids=LONGER_IDS, lang="en")
     at.selectbox(key="flash_block").set_value(4).run()
-    assert any("not a multiple" in i.value and "only 2 rows" in i.value for i in at.info)
+    assert any("not a multiple" in i.value and "only 2 × 2" in i.value for i in at.info)
     click(at, "flash_last")
     assert at.session_state["flash_step"] == 5
     assert "rows 8–9" in tile_info(at) and "columns 8–9" in tile_info(at)

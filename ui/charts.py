@@ -52,8 +52,9 @@ def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figur
         axes["yaxis" + suffix] = dict(anchor="x" + suffix, autorange="reversed", showticklabels=h == 0)
         titles.append(dict(text=head_title.format(h=h), x=left + width / 2, y=1.0, xref="paper", yref="paper",
                            xanchor="center", yanchor="bottom", showarrow=False))
-    return figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles,
-                  **axes)
+    fig = figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles, **axes)
+    fig["layout"]["margin"]["t"] = 30  # room for the head titles
+    return fig
 
 
 def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], status_names: dict[str, str],
@@ -66,10 +67,13 @@ def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], st
         if idx:
             bars.append(dict(type="bar", x=[labels[i] for i in idx], y=probs[idx], name=status_names[kind],
                              marker=dict(color=colours[kind]), text=[f"{probs[i]:.2f}" for i in idx],
-                             textposition="outside", hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    return figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.12, x=0),
+                             textposition="outside", cliponaxis=False,  # a bar at 100 % keeps its label
+                             hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
+    fig = figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.14, x=0),
                   xaxis=dict(categoryorder="array", categoryarray=labels),
                   yaxis=dict(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%"))
+    fig["layout"]["margin"]["t"] = 45  # the legend and the labels of the tallest bars sit above the axes
+    return fig
 
 
 def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: int = 340,
