@@ -61,7 +61,7 @@ st.markdown(t("decode.step_summary", step=len(gen.steps) - 1, phase=t("phase." +
               fed=md_escape(", ".join(tok.token(i) for i in trace.input_ids)), pos=trace.positions[0],
               cache=trace.cache_len, ms=f"{trace.ms:.2f}", device=info.device, dtype=info.dtype))
 
-left, right = st.columns([3, 2])
+left, right = st.columns([4, 3])
 with left:
     st.subheader(t("decode.attention"))
     layer, head = layer_head_selectors(info)
@@ -101,10 +101,14 @@ else:
 names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}
 st.plotly_chart(charts.probability_bars([tok.token(int(i)) for i in top], drawn.probs[top], status, names),
                 key="decode_probs")
-mode = t("sampling.greedy") if drawn.greedy else t("sampling.sampled", seed=gen.settings.seed)
-st.markdown(t("sampling.summary", token=md_escape(tok.token(drawn.chosen_id)), id=drawn.chosen_id,
-              p=f"{drawn.final_probs[drawn.chosen_id]:.3f}", mode=mode, k=len(kept_k), p_kept=len(kept_p),
-              vocab=info.vocab_size))
+chosen_token = md_escape(tok.token(drawn.chosen_id))
+if drawn.greedy:
+    st.markdown(t("sampling.summary_greedy", token=chosen_token, id=drawn.chosen_id,
+                  p=f"{drawn.probs[drawn.chosen_id]:.3f}"))
+else:
+    st.markdown(t("sampling.summary", token=chosen_token, id=drawn.chosen_id,
+                  p=f"{drawn.final_probs[drawn.chosen_id]:.3f}", mode=t("sampling.sampled", seed=gen.settings.seed),
+                  k=len(kept_k), p_kept=len(kept_p), vocab=info.vocab_size))
 
 c1, c2 = st.columns(2)
 with c1:

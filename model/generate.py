@@ -151,8 +151,9 @@ def resample(model: LoadedModel, gen: Generation, settings: SamplingSettings) ->
     except ValueError as bad:
         raise InputError("bad_" + str(bad)) from None
     gen.settings = settings
-    gen.samples.pop()
-    _draw(model, gen)
+    index = len(gen.steps) - 1
+    gen.samples[index] = sample(gen.steps[index].logits, settings, index)  # replaced in one assignment
+    gen.stop_reason = find_stop(model, gen)
 
 
 def check_last_step(model: LoadedModel, gen: Generation) -> float:

@@ -97,3 +97,25 @@ def test_script_in_the_prompt_is_shown_as_text(app_server, browser_page):
     page.get_by_text("script").first.wait_for()
     assert dialogs == []
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_rapid_sampling_changes_only_redraw_the_current_step(app_server, browser_page):
+    """Many reruns in a row (a slider dragged with the keyboard) must not touch earlier steps' tokens."""
+    page, words = browser_page, LABELS["en"]
+    page.goto(f"{app_server}/decode?lang=en")
+    click(page, words["prefill"])
+    click(page, words["next"])
+    page.get_by_text("Step 1 (decode)").first.wait_for(timeout=60_000)
+    fed_before = page.get_by_text(re.compile(r"fed .* at position \d+")).first.inner_text()
+    slider = page.get_by_role("slider").first
+    slider.focus()
+    for _ in range(20):
+        slider.press("ArrowRight")
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    wait_idle(page)
+    summary = page.get_by_text(re.compile(r"fed .* at position \d+")).first.inner_text()
+    assert summary.split(" at position")[0] == fed_before.split(" at position")[0]
+    fed, position = re.search(r"fed (.+) at position (\d+)", summary).groups()
+    chip = page.locator(".tok").nth(int(position)).inner_text()
+    assert chip.split("\n")[0] == fed  # the strip shows the token that was really fed at that position

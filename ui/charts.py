@@ -69,10 +69,10 @@ def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], st
                              marker=dict(color=colours[kind]), text=[f"{probs[i]:.2f}" for i in idx],
                              textposition="outside", cliponaxis=False,  # a bar at 100 % keeps its label
                              hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    fig = figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.14, x=0),
+    fig = figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.2, x=0),
                   xaxis=dict(categoryorder="array", categoryarray=labels),
                   yaxis=dict(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%"))
-    fig["layout"]["margin"]["t"] = 45  # the legend and the labels of the tallest bars sit above the axes
+    fig["layout"]["margin"]["t"] = 60  # the legend and the labels of the tallest bars sit above the axes
     return fig
 
 
