@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from model.bench import contexts_for, time_per_token
+from model.bench import contexts_for, percentile, time_per_token
 from model.counting import cumulative_positions, positions_with_cache, positions_without_cache
 from ui import charts
 from ui.i18n import t
@@ -25,7 +25,7 @@ c2.slider(t("cache.t"), 1, 200, key="count_t")
 p1, p2, _ = st.columns([1, 1, 3])
 for col, (name, (n, new)) in zip((p1, p2), PRESETS.items()):
     col.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new),
-               use_container_width=True)
+               width="stretch")
 n, new = st.session_state.count_n, st.session_state.count_t
 with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
 m1, m2, m3 = st.columns(3)
@@ -69,15 +69,15 @@ if st.button(t("cache.measure"), key="measure", type="primary", icon=":material/
 if st.session_state.bench_result is not None:
     measured_conditions, rows = st.session_state.bench_result
     table = [{t("cache.context"): r.context,
-              t("cache.cached_p50"): round(r.p(r.cached_ms, 50), 3),
-              t("cache.cached_p95"): round(r.p(r.cached_ms, 95), 3),
-              t("cache.recompute_p50"): round(r.p(r.recompute_ms, 50), 3),
-              t("cache.recompute_p95"): round(r.p(r.recompute_ms, 95), 3),
-              t("cache.speedup"): f"{r.p(r.recompute_ms, 50) / r.p(r.cached_ms, 50):.1f}×"} for r in rows]
+              t("cache.cached_p50"): round(percentile(r.cached_ms, 50), 3),
+              t("cache.cached_p95"): round(percentile(r.cached_ms, 95), 3),
+              t("cache.recompute_p50"): round(percentile(r.recompute_ms, 50), 3),
+              t("cache.recompute_p95"): round(percentile(r.recompute_ms, 95), 3),
+              t("cache.speedup"): f"{percentile(r.recompute_ms, 50) / percentile(r.cached_ms, 50):.1f}×"} for r in rows]
     left, right = st.columns([3, 2])
     left.plotly_chart(charts.lines([r.context for r in rows], {
-        t("cache.cached_p50"): [r.p(r.cached_ms, 50) for r in rows],
-        t("cache.recompute_p50"): [r.p(r.recompute_ms, 50) for r in rows]},
+        t("cache.cached_p50"): [percentile(r.cached_ms, 50) for r in rows],
+        t("cache.recompute_p50"): [percentile(r.recompute_ms, 50) for r in rows]},
         t("cache.context"), "ms"), key="cache_timing")
     right.dataframe(table, hide_index=True)
     right.caption(measured_conditions)

@@ -7,12 +7,12 @@ from model import generate
 from ui import charts
 from ui.i18n import t
 from ui.session import (
-    current_model,
     generation,
     layer_head_selectors,
     mark_cancelled_run,
     on_back,
     on_next,
+    page_start,
     prompt_form,
     reset,
     run_to_end,
@@ -23,12 +23,7 @@ from ui.widgets import md_escape, token_strip
 CHECK_TOLERANCE = 1e-4
 TOP_BARS = 12
 
-st.title(t("decode.title"))
-st.caption(t("decode.intro"))
-
-model = current_model()
-if model is None:
-    st.stop()
+model = page_start("decode")
 info, tok = model.info, model.tokenizer
 mark_cancelled_run()
 gen = generation(model)
@@ -43,14 +38,14 @@ finished = gen.stop_reason not in (None, "cancelled")
 b1, b2, b3, b4, _ = st.columns([1, 1, 1.3, 1, 1])
 # callbacks run before the page is drawn, so the buttons below already show the new state
 b1.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=finished,
-          use_container_width=True, on_click=on_next)
+          width="stretch", on_click=on_next)
 b2.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
-          use_container_width=True, on_click=on_back)
+          width="stretch", on_click=on_back)
 if b3.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=finished,
-             use_container_width=True):
+             width="stretch"):
     run_to_end(model, gen)
     st.rerun()
-b4.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", use_container_width=True, on_click=reset)
+b4.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
 
 trace, drawn = gen.steps[-1], gen.samples[-1]
 ids = gen.ids

@@ -16,7 +16,7 @@ from model.flash import (
 )
 from ui import charts
 from ui.i18n import t
-from ui.session import current_model, generation, guarded, layer_head_selectors, prompt_form
+from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
 
 TOLERANCE = 1e-5
 PRECISIONS = {"float16": 2, "float32": 4}
@@ -45,12 +45,7 @@ def number(x: float) -> str:
     return "−∞" if x == float("-inf") else f"{x:.3f}"
 
 
-st.title(t("flash.title"))
-st.caption(t("flash.intro"))
-
-model = current_model()
-if model is None:
-    st.stop()
+model = page_start("flash")
 info, tok = model.info, model.tokenizer
 if not hasattr(model, "attention_inputs"):
     st.warning(t("flash.no_qkv", name=info.name))

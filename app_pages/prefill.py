@@ -6,15 +6,10 @@ import streamlit as st
 from model.counting import cache_bytes_formula
 from ui import charts
 from ui.i18n import t
-from ui.session import current_model, generation, layer_head_selectors, prompt_form
+from ui.session import generation, layer_head_selectors, page_start, prompt_form
 from ui.widgets import md_escape, token_strip
 
-st.title(t("prefill.title"))
-st.caption(t("prefill.intro"))
-
-model = current_model()
-if model is None:
-    st.stop()
+model = page_start("prefill")
 info, tok = model.info, model.tokenizer
 prompt_form(model)
 gen = generation(model)

@@ -23,15 +23,15 @@ from model.steps import decode, prefill
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+def percentile(values: list[float], q: int) -> float:
+    return float(np.percentile(values, q))
+
+
 @dataclass
 class TokenTiming:
     context: int            # positions before the new token
     cached_ms: list[float]  # one decode step over a cache of `context` positions
     recompute_ms: list[float]  # the whole sequence of context + 1 positions, no cache
-
-    @staticmethod
-    def p(values: list[float], q: int) -> float:
-        return float(np.percentile(values, q))
 
 
 def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[float]:
@@ -102,15 +102,15 @@ class EngineTiming:
 
 
 def time_engine(model: LoadedModel, prompt: list[int], new_tokens: int) -> EngineTiming:
-    """One prefill and `new_tokens` greedy decode steps through the same StepTrace path the app uses."""
-    cache = model.new_cache()
-    first = prefill(model, cache, prompt)
-    token, steps = int(np.argmax(first.logits)), []
-    for _ in range(new_tokens):
-        trace = decode(model, cache, token)
+    """One prefill and `new_tokens` greedy decode steps through the same StepTrace path the app uses: wall time
+    of each step, trace building included (the steps synchronise the device before they return)."""
+    cache, token, times = model.new_cache(), None, []
+    for index in range(new_tokens + 1):
+        t0 = time.perf_counter()
+        trace = prefill(model, cache, prompt) if index == 0 else decode(model, cache, token)
         token = int(np.argmax(trace.logits))
-        steps.append(trace.ms)
-    return EngineTiming([first.ms], steps)
+        times.append((time.perf_counter() - t0) * 1000)
+    return EngineTiming(times[:1], times[1:])
 
 
 def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tokens: int, repeats: int,
@@ -138,11 +138,11 @@ def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tok
           f"{new_tokens} steps × {repeats}, attention captured")
     print(f"{'':<14}{'prefill p50':>12}{'ITL p50':>10}{'ITL p95':>10}   (ms)")
     for name, t in runs.items():
-        print(f"{name:<14}{TokenTiming.p(t.prefill_ms, 50):>12.2f}{TokenTiming.p(t.step_ms, 50):>10.2f}"
-              f"{TokenTiming.p(t.step_ms, 95):>10.2f}")
-    print(f"{'native / tf':<14}{TokenTiming.p(n.prefill_ms, 50) / TokenTiming.p(h.prefill_ms, 50):>11.2f}×"
-          f"{TokenTiming.p(n.step_ms, 50) / TokenTiming.p(h.step_ms, 50):>9.2f}×"
-          f"{TokenTiming.p(n.step_ms, 95) / TokenTiming.p(h.step_ms, 95):>9.2f}×")
+        print(f"{name:<14}{percentile(t.prefill_ms, 50):>12.2f}{percentile(t.step_ms, 50):>10.2f}"
+              f"{percentile(t.step_ms, 95):>10.2f}")
+    print(f"{'native / tf':<14}{percentile(n.prefill_ms, 50) / percentile(h.prefill_ms, 50):>11.2f}×"
+          f"{percentile(n.step_ms, 50) / percentile(h.step_ms, 50):>9.2f}×"
+          f"{percentile(n.step_ms, 95) / percentile(h.step_ms, 95):>9.2f}×")
 
 
 def print_cache_vs_recompute(model: LoadedModel, contexts: list[int], repeats: int) -> None:
@@ -150,14 +150,52 @@ def print_cache_vs_recompute(model: LoadedModel, contexts: list[int], repeats: i
     print(f"\ncached vs recomputed step, {info.name}, {info.dtype} on {info.device}, batch 1, {repeats} repeats")
     print(f"{'positions':>9}{'cached p50':>12}{'p95':>8}{'recompute p50':>15}{'p95':>8}{'ratio':>8}   (ms)")
     for r in time_per_token(model, contexts, repeats):
-        cached, full = r.p(r.cached_ms, 50), r.p(r.recompute_ms, 50)
-        print(f"{r.context:>9}{cached:>12.2f}{r.p(r.cached_ms, 95):>8.2f}{full:>15.2f}"
-              f"{r.p(r.recompute_ms, 95):>8.2f}{full / cached:>7.1f}×")
+        cached, full = percentile(r.cached_ms, 50), percentile(r.recompute_ms, 50)
+        print(f"{r.context:>9}{cached:>12.2f}{percentile(r.cached_ms, 95):>8.2f}{full:>15.2f}"
+              f"{percentile(r.recompute_ms, 95):>8.2f}{full / cached:>7.1f}×")
+
+
+def generate_ms_per_token(module, prompt: list[int], new_tokens: int, device: torch.device) -> float:
+    """`model.generate`'s decode steps only: (new_tokens + 1 tokens) − (1 token, the prefill), per decode step."""
+    x = torch.tensor([prompt], device=device)
+
+    def run(tokens: int) -> float:
+        [ms] = timed(device, lambda: module.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+            pad_token_id=0), repeats=1)
+        return ms
+
+    return (run(new_tokens + 1) - run(1)) / new_tokens
+
+
+def compare_with_generate(device: torch.device, quick: bool) -> None:
+    """A GPT-2-small-shaped random model (12 layers, 12 heads, 768 wide, vocab 50257): ms per output token of
+    the transformers backend's decode step with attention capture vs `model.generate`, same weights, greedy."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from model.hf import HFModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    module = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(device).eval()
+    model = HFModel("gpt2-small (random)", module, None, device)
+    prompt = filler_ids(model, 128)
+    new_tokens, repeats = (16, 1) if quick else (64, 3)
+    time_engine(model, prompt, 2)  # warm-up, dropped
+    ours, theirs = [], []
+    for _ in range(repeats):  # interleaved, so that both see the same machine load
+        ours.append(float(np.mean(time_engine(model, prompt, new_tokens).step_ms)))
+        theirs.append(generate_ms_per_token(module, prompt, new_tokens, device))
+    step_ms, generate_ms = float(np.median(ours)), float(np.median(theirs))
+    print(f"\nGPT-2-small shape, random weights, {device} {model.info.dtype}, {torch.get_num_threads()} threads, "
+          f"prompt {len(prompt)}, {new_tokens} new tokens, greedy, median of {repeats}")
+    print(f"{'path':<40} {'ms/token':>9}")
+    print(f"{'decode step + attention capture':<40} {step_ms:>9.2f}")
+    print(f"{'model.generate':<40} {generate_ms:>9.2f}")
+    print(f"{'ratio':<40} {step_ms / generate_ms:>9.2f}")
 
 
 def run_bench(device: str = "auto", quick: bool = False) -> None:
-    from model.hf import bench_hf
-
     dev = pick_device(device)
     repeats = 1 if quick else 3
     compare_with_transformers(resolve_path("small"), "small", 24, 32, repeats, dev)
@@ -167,5 +205,4 @@ def run_bench(device: str = "auto", quick: bool = False) -> None:
         compare_with_transformers(Path(tmp), "llama-124M (random)", 128, 16 if quick else 32, repeats, dev)
         big = NativeModel("llama-124M (random)", Llama.load(tmp, dev), None, dev)
         print_cache_vs_recompute(big, [64, 256, 512], 3 if quick else 10)
-    print()
-    bench_hf(device, quick)
+    compare_with_generate(dev, quick)

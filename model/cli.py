@@ -15,9 +15,9 @@ DEFAULT_NEW_TOKENS = 20
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None, "p99": None}
-    return {f"p{q}": round(float(np.percentile(values, q)), 3) for q in (50, 95, 99)}
+    from model.bench import percentile
+
+    return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
 
 
 def trace_report(model, gen, prompt_text: str, unknown: list[str], check: bool) -> dict:

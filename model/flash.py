@@ -223,10 +223,7 @@ def block_size_choices(n: int) -> list[int]:
 class HeadWalk:
     """The tiled walk over one head of a real prefill, beside the naive answer it must equal."""
 
-    q: np.ndarray  # (N, d_head) the query head, after RoPE
-    k: np.ndarray  # (N, d_head) the KV head it reads
-    v: np.ndarray  # (N, d_head)
-    kv_head: int
+    kv_head: int  # the KV head the chosen query head reads
     walk: TiledAttention
     naive: np.ndarray  # (N, d_head) softmax(q kᵀ/√d_head + causal mask) v
     max_abs_diff: float  # max |tiled − naive| over the whole output
@@ -257,11 +254,11 @@ def walk_head(model, ids: list[int], layer: int, head: int, block: int) -> HeadW
     `layer` and the KV head it reads under GQA (h // (n_heads / n_kv_heads)), and attend tile by tile
     with block × block tiles, in float32."""
     q, k, v = model.attention_inputs(ids, layer)  # (n_heads, N, d), (n_kv, N, d), (n_kv, N, d) tensors
-    kv_head = head // (model.info.n_heads // model.info.n_kv_heads)
+    kv_head = model.info.kv_head(head)
     q, k, v = (x.float().cpu().numpy() for x in (q[head], k[kv_head], v[kv_head]))  # (N, d_head) each
     walk = tiled_attention(q, k, v, block, block)
     naive = naive_attention(q, k, v)
-    return HeadWalk(q, k, v, kv_head, walk, naive, float(np.max(np.abs(walk.output - naive))))
+    return HeadWalk(kv_head, walk, naive, float(np.max(np.abs(walk.output - naive))))
 
 
 def human_bytes(n: int, decimal: str = ".") -> str:

@@ -12,18 +12,14 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from model.catalog import BUNDLED, list_models, models_dir_entries, resolve_path, settings
 from model.errors import InputError
-from model.runtime import LoadedModel, ModelInfo, pick_device, synchronize
-from model.steps import decode, prefill
+from model.runtime import LoadedModel, ModelInfo, pick_device
 from model.tokenizer import Encoded
 
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
@@ -311,63 +307,3 @@ def load_transformers(source: Source, device: str = "auto") -> HFModel:
     dev = pick_device(device)
     tokenizer = HFTokenizer(load_tokenizer(source))
     return HFModel(source.name, load_module(source, dev), tokenizer, dev)
-
-
-# -- benchmark: this backend's decode step vs model.generate ------------------------------------------------
-
-def _ours_ms_per_token(model: HFModel, prompt: list[int], new_tokens: int) -> float:
-    """Greedy decode steps with attention capture, as a session runs them (prefill not counted)."""
-    cache = model.new_cache()
-    token = int(np.argmax(prefill(model, cache, prompt).logits))
-    synchronize(model.device)
-    t0 = time.perf_counter()
-    for _ in range(new_tokens):
-        token = int(np.argmax(decode(model, cache, token).logits))
-    synchronize(model.device)
-    return (time.perf_counter() - t0) * 1000 / new_tokens
-
-
-def _generate_ms(module, x: torch.Tensor, new_tokens: int) -> float:
-    synchronize(x.device)
-    t0 = time.perf_counter()
-    module.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                    do_sample=False, pad_token_id=0)
-    synchronize(x.device)
-    return (time.perf_counter() - t0) * 1000
-
-
-def _generate_ms_per_token(module, prompt: list[int], new_tokens: int, device: torch.device) -> float:
-    """generate's decode steps only: (new_tokens + 1 tokens) − (1 token, the prefill), per decode step."""
-    x = torch.tensor([prompt], device=device)
-    return (_generate_ms(module, x, new_tokens + 1) - _generate_ms(module, x, 1)) / new_tokens
-
-
-def bench_hf(device: str = "auto", quick: bool = False) -> dict:
-    """A GPT-2-small-shaped random model (12 layers, 12 heads, 768 wide, vocab 50257): ms per output token of
-    this backend's decode step with attention capture vs `model.generate`, same weights, greedy, one run."""
-    from transformers import AutoModelForCausalLM, GPT2Config
-
-    dev = pick_device(device)
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
-    module = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dev).eval()
-    model = HFModel("gpt2-small (random)", module, None, dev)
-    prompt = torch.randint(config.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist()
-    new_tokens, repeats = (16, 1) if quick else (64, 3)
-    _ours_ms_per_token(model, prompt, 2)  # warm-up, dropped
-    _generate_ms_per_token(module, prompt, 2, dev)
-    ours, theirs = [], []
-    for _ in range(repeats):  # interleaved, so that both see the same machine load
-        ours.append(_ours_ms_per_token(model, prompt, new_tokens))
-        theirs.append(_generate_ms_per_token(module, prompt, new_tokens, dev))
-    result = {"device": str(dev), "dtype": model.info.dtype, "prompt_len": len(prompt), "new_tokens": new_tokens,
-              "repeats": repeats, "threads": torch.get_num_threads(),
-              "decode_step_ms": statistics.median(ours), "generate_ms": statistics.median(theirs)}
-    result["ratio"] = result["decode_step_ms"] / result["generate_ms"]
-    print(f"GPT-2-small shape, random weights, {result['device']} {result['dtype']}, {result['threads']} threads, "
-          f"prompt {len(prompt)}, {new_tokens} new tokens, greedy, median of {repeats}")
-    print(f"{'path':<40} {'ms/token':>9}")
-    print(f"{'decode step + attention capture':<40} {result['decode_step_ms']:>9.2f}")
-    print(f"{'model.generate':<40} {result['generate_ms']:>9.2f}")
-    print(f"{'ratio':<40} {result['ratio']:>9.2f}")
-    return result

@@ -38,6 +38,10 @@ class ModelInfo:
     bytes_per_element: int
     eos_id: int | None
 
+    def kv_head(self, head: int) -> int:
+        """The KV head that query head `head` reads: under GQA n_heads / n_kv_heads query heads share one."""
+        return head // (self.n_heads // self.n_kv_heads)
+
 
 def device_available(kind: str) -> bool:
     if kind == "cuda":

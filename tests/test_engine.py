@@ -305,3 +305,12 @@ def test_out_of_memory_mid_pass_leaves_the_session_as_it_was(small, monkeypatch)
     assert (gen.cache.length, gen.cache.nbytes(), list(gen.new_ids), len(gen.steps)) == before
     monkeypatch.undo()
     assert step(small, gen) is not None and gen.cache.length == before[0] + 1
+
+
+def test_cli_bench_quick_prints_every_table_with_its_conditions():
+    out = subprocess.run([sys.executable, "-m", "model", "bench", "--quick"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    for heading in ("small:", "llama-124M (random):", "cached vs recomputed step", "GPT-2-small shape"):
+        assert heading in out.stdout
+    assert out.stdout.count("float32") >= 4 and "native / tf" in out.stdout and "model.generate" in out.stdout

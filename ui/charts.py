@@ -16,16 +16,15 @@ KEPT, CHOSEN, CUT_K, CUT_P = "#1f5fbf", "#e8590c", "#adb5bd", "#ffc9a8"
 
 
 def figure(data: list[dict], height: int, xaxis: dict | None = None, yaxis: dict | None = None,
-           title: str = "", **layout) -> Figure:
+           margin: dict | None = None, **layout) -> Figure:
     """The shared look: white background, readable fonts, tight margins."""
     return {"data": data, "layout": {
-        "height": height, "margin": dict(l=10, r=10, t=40 if title else 10, b=10), "font": FONT,
-        "title": dict(text=title, font=dict(size=16)) if title else None,
+        "height": height, "margin": dict(l=10, r=10, t=10, b=10) | (margin or {}), "font": FONT,
         "plot_bgcolor": "white", "paper_bgcolor": "white",
         "xaxis": {"tickfont": TICKS, **(xaxis or {})}, "yaxis": {"tickfont": TICKS, **(yaxis or {})}, **layout}}
 
 
-def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], title: str = "",
+def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str],
                       height: int = 420) -> Figure:
     """weights (queries, keys); masked (future) cells are exact zeros and shown blank."""
     keys, queries = list(range(len(key_labels))), list(range(len(query_labels)))
@@ -33,7 +32,7 @@ def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: 
                 colorscale=HEAT, colorbar=dict(thickness=14), xgap=1, ygap=1,
                 customdata=np.array([[f"{q} → {k}" for k in key_labels] for q in query_labels]),
                 hovertemplate="%{customdata}<br>%{z:.3f}<extra></extra>")
-    return figure([heat], height, title=title,
+    return figure([heat], height,
                   xaxis=dict(tickvals=keys, ticktext=key_labels, side="top", tickangle=-45),
                   yaxis=dict(tickvals=queries, ticktext=query_labels, autorange="reversed"))
 
@@ -52,9 +51,8 @@ def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figur
         axes["yaxis" + suffix] = dict(anchor="x" + suffix, autorange="reversed", showticklabels=h == 0)
         titles.append(dict(text=head_title.format(h=h), x=left + width / 2, y=1.0, xref="paper", yref="paper",
                            xanchor="center", yanchor="bottom", showarrow=False))
-    fig = figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles, **axes)
-    fig["layout"]["margin"]["t"] = 30  # room for the head titles
-    return fig
+    return figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles,
+                  margin=dict(t=30), **axes)  # the top margin holds the head titles
 
 
 def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], status_names: dict[str, str],
@@ -69,11 +67,10 @@ def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], st
                              marker=dict(color=colours[kind]), text=[f"{probs[i]:.2f}" for i in idx],
                              textposition="outside", cliponaxis=False,  # a bar at 100 % keeps its label
                              hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    fig = figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.2, x=0),
+    # the top margin holds the legend and the labels of the tallest bars
+    return figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.2, x=0), margin=dict(t=60),
                   xaxis=dict(categoryorder="array", categoryarray=labels),
                   yaxis=dict(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%"))
-    fig["layout"]["margin"]["t"] = 60  # the legend and the labels of the tallest bars sit above the axes
-    return fig
 
 
 def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: int = 340,
@@ -149,16 +146,15 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
     marks = [dict(x=(sum(s.k_cols) - 1) / 2, y=(sum(s.q_rows) - 1) / 2, text="✕", showarrow=False,
                   font=dict(size=16, color="#c92a2a")) for s in steps if s.skipped] if len(steps) <= 256 else []
     x_ticks, x_text = _tick_labels(labels)
-    fig = figure([heat, *legend], height, shapes=shapes, annotations=marks,
-                 legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)),
-                 xaxis=dict(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45,
-                            title=dict(text=names["keys"]), tickfont=dict(size=13), range=[-0.5, n - 0.5],
-                            showgrid=False, zeroline=False),
-                 yaxis=dict(tickvals=x_ticks, ticktext=x_text, autorange="reversed",
-                            title=dict(text=names["queries"]), tickfont=dict(size=13), showgrid=False,
-                            zeroline=False))
-    fig["layout"]["margin"]["r"] = 50  # room for the last key's slanted label
-    return fig
+    return figure([heat, *legend], height, shapes=shapes, annotations=marks,
+                  margin=dict(r=50),  # room for the last key's slanted label
+                  legend=dict(orientation="h", y=-0.01, x=0, yanchor="top", font=dict(size=14)),
+                  xaxis=dict(tickvals=x_ticks, ticktext=x_text, side="top", tickangle=-45,
+                             title=dict(text=names["keys"]), tickfont=dict(size=13), range=[-0.5, n - 0.5],
+                             showgrid=False, zeroline=False),
+                  yaxis=dict(tickvals=x_ticks, ticktext=x_text, autorange="reversed",
+                             title=dict(text=names["queries"]), tickfont=dict(size=13), showgrid=False,
+                             zeroline=False))
 
 
 def output_heatmap(values: np.ndarray, row_labels: list[str], height: int = 260) -> Figure:

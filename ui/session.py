@@ -29,6 +29,16 @@ def chosen_model() -> tuple[str, str, bool]:
     return s.model_name, s.device, False
 
 
+def page_start(page: str) -> LoadedModel:
+    """A live page's title and intro, then the sidebar's model; the page stops, with the reason, without one."""
+    st.title(t(page + ".title"))
+    st.caption(t(page + ".intro"))
+    model = current_model()
+    if model is None:
+        st.stop()
+    return model
+
+
 def current_model() -> LoadedModel | None:
     """The sidebar's model on the sidebar's device, or None after saying why it cannot load."""
     try:
@@ -130,10 +140,9 @@ def on_back() -> None:
 
 def layer_head_selectors(info) -> tuple[int, int]:
     """Layer and query head to show; each head's label names the KV head it reads (GQA)."""
-    group = info.n_heads // info.n_kv_heads
     c1, c2 = st.columns(2)
     layer = c1.selectbox(t("common.layer"), range(info.n_layers), key="layer")
-    head_labels = {h: t("common.head_kv", h=h, kv=h // group) for h in range(info.n_heads)}
+    head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
     head = c2.selectbox(t("common.head"), range(info.n_heads), key="head", format_func=head_labels.get)
     return layer, head
 
