@@ -11,6 +11,7 @@ import streamlit as st
 
 from model.catalog import BUNDLED, list_models, settings
 from ui.i18n import init_language, labels, lang, t
+from ui.pages import DEFAULT_PAGE, PAGES
 from ui.state import init_state, on_model_change
 
 st.set_page_config(page_title="Decode Lab", page_icon=":material/neurology:", layout="wide")
@@ -38,11 +39,6 @@ with st.sidebar:
     st.selectbox(t("sidebar.device"), DEVICES, key="device", format_func=labels("device.", DEVICES).get)
 st.query_params["lang"] = lang()
 
-pages = [
-    st.Page("app_pages/map.py", title=t("nav.map"), icon=":material/map:", url_path="map", default=True),
-    st.Page("app_pages/prefill.py", title=t("nav.prefill"), icon=":material/input:", url_path="prefill"),
-    st.Page("app_pages/decode.py", title=t("nav.decode"), icon=":material/replay:", url_path="decode"),
-    st.Page("app_pages/cache.py", title=t("nav.cache"), icon=":material/balance:", url_path="cache"),
-    st.Page("app_pages/flash.py", title=t("nav.flash"), icon=":material/bolt:", url_path="flash"),
-]
+pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path=p.url, default=p.url == DEFAULT_PAGE)
+         for p in PAGES]
 st.navigation(pages).run()

@@ -1,4 +1,8 @@
-"""The one lookup for user-facing text: assets/strings.json holds every sentence in vi and en."""
+"""The one lookup for user-facing text: every sentence in vi and en, in assets/strings/*.json.
+
+The texts are split by area (app.json, and one file per larger page) only so that they stay readable;
+a key lives in exactly one file.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +16,18 @@ LANGUAGES = ("vi", "en")
 
 @cache
 def strings() -> dict[str, dict[str, str]]:
-    return json.loads((ASSETS / "strings.json").read_text(encoding="utf-8"))
+    merged: dict[str, dict[str, str]] = {}
+    for path in sorted((ASSETS / "strings").glob("*.json")):
+        part = json.loads(path.read_text(encoding="utf-8"))
+        twice = merged.keys() & part.keys()
+        if twice:
+            raise ValueError(f"{path.name} repeats keys of another strings file: {sorted(twice)}")
+        merged.update(part)
+    return merged
 
 
 def text(key: str, lang: str) -> str:
     entry = strings().get(key)
     if entry is None:
-        raise KeyError(f"no text for {key!r} in assets/strings.json")
+        raise KeyError(f"no text for {key!r} in assets/strings/")
     return entry[lang]

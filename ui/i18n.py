@@ -1,4 +1,4 @@
-"""t(key): every user-facing sentence of the app, in the session's language, from assets/strings.json."""
+"""t(key): every user-facing sentence of the app, in the session's language, from assets/strings/*.json."""
 
 from __future__ import annotations
 

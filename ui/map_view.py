@@ -1,7 +1,7 @@
 """The 22-cell map as one self-contained block of HTML/CSS/JS (no network), built by a pure function.
 
 map_html() returns the markup that app_pages/map.py hands to st.html(..., unsafe_allow_javascript=True).
-Every text from assets/cells.json or assets/strings.json is escaped with html.escape before it reaches
+Every text from assets/cells.json or assets/strings/ is escaped with html.escape before it reaches
 the markup; the few values the script needs (arrows and their labels) go in as JSON with <, > and &
 written as \\u escapes, so no text can close the script tag.
 
@@ -20,10 +20,10 @@ from itertools import pairwise
 from typing import Any
 
 from model.texts import ASSETS
+from ui.pages import PAGES, live_views
 
 BANDS = ("1", "2", "3", "4", "5")
 BAND_CHOICES = ("all", *BANDS)  # the filter chips' stable values; labels come from band_choice_label
-LIVE_PAGES = ("prefill", "decode", "cache", "flash")  # app.py's st.Page url_path of each live page
 PARTS = ("receives", "does", "outputs", "example", "caveat")  # the pop-over's parts, in order
 READING_ORDER = ("1A", "1B", "1C", "2A", "2B", "2C", "2D", "3A", "3B", "3C", "3D", "3E")
 INFERENCE_ORDER = ("5A", "5B", "5C")
@@ -58,14 +58,14 @@ def map_labels(t: Callable[[str], str]) -> dict[str, str]:
         "map.arrow_load_weights",
         "map.map_title",
         *(f"band.{b}" for b in BANDS),
-        *(f"nav.{page}" for page in LIVE_PAGES),
+        *(p.title_key for p in PAGES),
     ]
     return {key: t(key) for key in keys}
 
 
-def live_href(page: str, lang: str) -> str:
+def live_href(page: str, lang: str, anchor: str = "") -> str:
     """The app's own URL of a live page, keeping the language (relative: it also works under a base path)."""
-    return f"{page}?lang={lang}"
+    return f"{page}?lang={lang}" + (f"#{anchor}" if anchor else "")
 
 
 def script_json(value: Any) -> str:
@@ -101,7 +101,7 @@ def _cell_button(cell: dict[str, Any], lang: str, band: str, labels: dict[str, s
     cid = escape(cell["id"])
     text = cell[lang]
     state = "" if band == "all" else (" hl" if cell["band"] == band else " dim")
-    live = '<span class="dlm-live-mark" aria-hidden="true">▶</span>' if cell.get("live") else ""
+    live = '<span class="dlm-live-mark" aria-hidden="true">▶</span>' if live_views(cell["id"]) else ""
     return (
         f'<button type="button" class="dlm-cell dlm-b{escape(cell["band"])}{state}" data-cell="{cid}" '
         f'data-band="{escape(cell["band"])}" aria-haspopup="dialog" aria-controls="dlm-pop-{cid}" '
@@ -123,10 +123,9 @@ def _popover(cell: dict[str, Any], lang: str, labels: dict[str, str]) -> str:
         for part in PARTS
     )
     links = "".join(
-        f'<a class="dlm-live" href="{escape(live_href(page, lang))}" target="_self" data-page="{escape(page)}">'
-        f"{escape(labels['map.open_live'])}: {escape(labels['nav.' + page])} →</a>"
-        for page in cell.get("live", [])
-        if page in LIVE_PAGES
+        f'<a class="dlm-live" href="{escape(live_href(page.url, lang, anchor))}" target="_self" '
+        f'data-page="{escape(page.url)}">{escape(labels["map.open_live"])}: {escape(labels[page.title_key])} →</a>'
+        for page, anchor in live_views(cell["id"])
     )
     live = f'<nav class="dlm-links">{links}</nav>' if links else ""
     return (

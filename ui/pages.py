@@ -1,0 +1,42 @@
+"""The one registry of the app's pages: script, url, title key, icon, and the map cells each one shows live.
+
+app.py builds its navigation from it, the map draws its live links from it, pages link to each other
+through it, and the tests read it. No torch and no Streamlit here: the map page imports it at first paint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PageSpec:
+    url: str        # st.Page url_path, and the page's name in "nav.<url>" / "<url>.title" texts
+    path: str       # the script under app_pages/
+    icon: str
+    # map cell id -> anchor of the part of the page that shows it ("" = the page as a whole)
+    cells: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def title_key(self) -> str:
+        return "nav." + self.url
+
+
+PAGES: tuple[PageSpec, ...] = (
+    PageSpec("map", "app_pages/map.py", ":material/map:"),
+    PageSpec("prefill", "app_pages/prefill.py", ":material/input:",
+             {"1B": "", "2B": "", "5A": "", "5B": ""}),
+    PageSpec("decode", "app_pages/decode.py", ":material/replay:", {"2D": "", "5B": "", "5C": ""}),
+    PageSpec("cache", "app_pages/cache.py", ":material/balance:", {"5B": ""}),
+    PageSpec("flash", "app_pages/flash.py", ":material/bolt:", {"2B": ""}),
+)
+DEFAULT_PAGE = "map"
+
+
+def page(url: str) -> PageSpec:
+    return next(p for p in PAGES if p.url == url)
+
+
+def live_views(cell_id: str) -> list[tuple[PageSpec, str]]:
+    """(page, anchor) of every live view of a map cell, in navigation order."""
+    return [(p, p.cells[cell_id]) for p in PAGES if cell_id in p.cells]
