@@ -73,7 +73,7 @@ if st.session_state.bench_result is not None:
               t("cache.cached_p95"): round(percentile(r.cached_ms, 95), 3),
               t("cache.recompute_p50"): round(percentile(r.recompute_ms, 50), 3),
               t("cache.recompute_p95"): round(percentile(r.recompute_ms, 95), 3),
-              t("cache.speedup"): f"{percentile(r.recompute_ms, 50) / percentile(r.cached_ms, 50):.1f}×"} for r in rows]
+              t("cache.speedup"): f"{r.speedup:.1f}×"} for r in rows]
     left, right = st.columns([3, 2])
     left.plotly_chart(charts.lines([r.context for r in rows], {
         t("cache.cached_p50"): [percentile(r.cached_ms, 50) for r in rows],

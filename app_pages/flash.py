@@ -129,7 +129,7 @@ m1, m2 = st.columns([1, 4])
 m1.metric(t("flash.check_metric"), f"{result.max_abs_diff:.2e}", help=t("flash.check_help"))
 with m2:
     (st.success if passed else st.error)(t(
-        "flash.check_result", verdict=t("flash.pass" if passed else "flash.fail"), block=block, tiles=len(steps),
+        "flash.check_result_pass" if passed else "flash.check_result_fail", block=block, tiles=len(steps),
         skipped=len(steps) - len(read), n=n, diff=f"{result.max_abs_diff:.2e}", tol=TOLERANCE))
     if n % block:
         st.info(t("flash.ragged", n=n, block=block, rest=n % block))

@@ -1,16 +1,28 @@
 """Prefill: the prompt -> tokens -> one pass over all N positions -> causal attention, KV cache, logits."""
 
-import numpy as np
 import streamlit as st
 
 from model.counting import cache_bytes_formula
 from ui import charts
-from ui.i18n import t
+from ui.i18n import number, t
 from ui.session import generation, layer_head_selectors, page_start, prompt_form
-from ui.widgets import md_escape, token_strip
+from ui.widgets import md_escape, probability_bars_html, table_html, token_strip
+
+TOP_BARS = 10
 
 model = page_start("prefill")
 info, tok = model.info, model.tokenizer
+if model.facts is not None:  # cell 5A, "load weights": how this model got into memory
+    facts = model.facts
+    with st.expander(t("load.title")):
+        st.html(table_html([t("load.fact"), t("load.value")], [
+            [t("load.file"), facts.file], [t("load.source"), facts.source],
+            *([[t("load.quantization"), t("load.quantization_value", layers=facts.quantization[0],
+                                          embedding=facts.quantization[1])]] if facts.quantization else []),
+            [t("load.parameters"), f"{facts.parameters:,}"],
+            [t("load.file_bytes"), f"{facts.file_bytes / 1e6:,.1f} MB"],
+            [t("load.memory_bytes"), f"{facts.memory_bytes / 1e6:,.1f} MB"],
+            [t("load.dtype"), f"{facts.dtype} · {facts.device}"], [t("load.time"), f"{facts.load_s:.1f} s"]]))
 prompt_form(model)
 gen = generation(model)
 if gen is None:
@@ -41,18 +53,20 @@ with st.expander(t("prefill.all_heads", layer=layer)):
 
 st.subheader(t("prefill.cache"))
 per_layer_formula = cache_bytes_formula(1, info.n_kv_heads, trace.cache_len, info.d_head, info.bytes_per_element)
-st.dataframe([{t("common.layer"): i, t("prefill.cache_shape"): " × ".join(map(str, shape)),
-               t("prefill.cache_measured"): measured, t("prefill.cache_formula"): per_layer_formula}
-              for i, (shape, measured) in enumerate(zip(trace.layer_shapes, trace.layer_bytes))], hide_index=True)
+st.html(table_html(
+    [t("common.layer"), t("prefill.cache_shape"), t("prefill.cache_measured"), t("prefill.cache_formula"),
+     t("prefill.cache_reserved")],
+    [[i, " × ".join(map(str, shape)), number(held), number(per_layer_formula), number(reserved)]
+     for i, (shape, held, reserved) in enumerate(zip(trace.layer_shapes, trace.layer_bytes,
+                                                      trace.layer_bytes_reserved))]))
 st.markdown(t("prefill.cache_total", layers=info.n_layers, kv=info.n_kv_heads, n=trace.cache_len, d=info.d_head,
-              b=info.bytes_per_element, formula=trace.cache_bytes_formula, measured=trace.cache_bytes))
+              b=info.bytes_per_element, formula=number(trace.cache_bytes_formula), measured=number(trace.cache_bytes)))
+st.caption(t("prefill.cache_reserved_total", reserved=number(trace.cache_bytes_reserved)))
 
 st.subheader(t("prefill.logits"))
 drawn = gen.samples[0]
-top = np.argsort(-drawn.probs, kind="stable")[:10]
-status = ["chosen" if i == drawn.chosen_id else "other" for i in top]
-names = {"chosen": t("sampling.chosen"), "other": t("sampling.other")}
-st.plotly_chart(charts.probability_bars([tok.token(int(i)) for i in top], drawn.probs[top], status, names),
-                key="prefill_probs")
+names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}
+st.html(probability_bars_html([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
+                              list(drawn.top_status[:TOP_BARS]), names))
 st.markdown(t("prefill.first_token", token=md_escape(tok.token(drawn.chosen_id)), id=drawn.chosen_id))
 st.page_link("app_pages/decode.py", label=t("prefill.go_decode"), icon=":material/replay:")

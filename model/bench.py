@@ -33,6 +33,11 @@ class TokenTiming:
     cached_ms: list[float]  # one decode step over a cache of `context` positions
     recompute_ms: list[float]  # the whole sequence of context + 1 positions, no cache
 
+    @property
+    def speedup(self) -> float:
+        """How many times longer the recompute takes than the cached step, p50 over p50."""
+        return percentile(self.recompute_ms, 50) / percentile(self.cached_ms, 50)
+
 
 def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[float]:
     """Milliseconds of each call after one dropped warm-up call."""
@@ -113,8 +118,8 @@ def time_engine(model: LoadedModel, prompt: list[int], new_tokens: int) -> Engin
     return EngineTiming(times[:1], times[1:])
 
 
-def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tokens: int, repeats: int,
-                              device: torch.device) -> None:
+def native_and_transformers(folder: Path, label: str, device: torch.device) -> tuple[NativeModel, LoadedModel]:
+    """The same checkpoint on both engines, ids only."""
     from transformers import LlamaForCausalLM
 
     from model.hf import HFModel
@@ -122,6 +127,14 @@ def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tok
     native = NativeModel(label, Llama.load(folder, device), None, device)
     theirs = HFModel(label, LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").to(device).eval(),
                      None, device)
+    return native, theirs
+
+
+def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tokens: int, repeats: int,
+                              device: torch.device, models: tuple[NativeModel, LoadedModel] | None = None) -> float:
+    """Prefill and decode steps with attention capture on both engines, interleaved; prints the table and
+    returns native / transformers of the decode step's p50."""
+    native, theirs = models or native_and_transformers(folder, label, device)
     prompt = filler_ids(native, prompt_len)
     for model in (native, theirs):
         time_engine(model, prompt, 2)  # warm-up, dropped
@@ -140,9 +153,10 @@ def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tok
     for name, t in runs.items():
         print(f"{name:<14}{percentile(t.prefill_ms, 50):>12.2f}{percentile(t.step_ms, 50):>10.2f}"
               f"{percentile(t.step_ms, 95):>10.2f}")
+    ratio = percentile(n.step_ms, 50) / percentile(h.step_ms, 50)
     print(f"{'native / tf':<14}{percentile(n.prefill_ms, 50) / percentile(h.prefill_ms, 50):>11.2f}×"
-          f"{percentile(n.step_ms, 50) / percentile(h.step_ms, 50):>9.2f}×"
-          f"{percentile(n.step_ms, 95) / percentile(h.step_ms, 95):>9.2f}×")
+          f"{ratio:>9.2f}×{percentile(n.step_ms, 95) / percentile(h.step_ms, 95):>9.2f}×")
+    return ratio
 
 
 def print_cache_vs_recompute(model: LoadedModel, contexts: list[int], repeats: int) -> None:
@@ -150,9 +164,8 @@ def print_cache_vs_recompute(model: LoadedModel, contexts: list[int], repeats: i
     print(f"\ncached vs recomputed step, {info.name}, {info.dtype} on {info.device}, batch 1, {repeats} repeats")
     print(f"{'positions':>9}{'cached p50':>12}{'p95':>8}{'recompute p50':>15}{'p95':>8}{'ratio':>8}   (ms)")
     for r in time_per_token(model, contexts, repeats):
-        cached, full = percentile(r.cached_ms, 50), percentile(r.recompute_ms, 50)
-        print(f"{r.context:>9}{cached:>12.2f}{percentile(r.cached_ms, 95):>8.2f}{full:>15.2f}"
-              f"{percentile(r.recompute_ms, 95):>8.2f}{full / cached:>7.1f}×")
+        print(f"{r.context:>9}{percentile(r.cached_ms, 50):>12.2f}{percentile(r.cached_ms, 95):>8.2f}"
+              f"{percentile(r.recompute_ms, 50):>15.2f}{percentile(r.recompute_ms, 95):>8.2f}{r.speedup:>7.1f}×")
 
 
 def generate_ms_per_token(module, prompt: list[int], new_tokens: int, device: torch.device) -> float:
@@ -168,26 +181,30 @@ def generate_ms_per_token(module, prompt: list[int], new_tokens: int, device: to
     return (run(new_tokens + 1) - run(1)) / new_tokens
 
 
-def compare_with_generate(device: torch.device, quick: bool) -> None:
+def compare_with_generate(device: torch.device, quick: bool, tiny: bool = False) -> None:
     """A GPT-2-small-shaped random model (12 layers, 12 heads, 768 wide, vocab 50257): ms per output token of
-    the transformers backend's decode step with attention capture vs `model.generate`, same weights, greedy."""
+    the transformers backend's decode step with attention capture vs `model.generate`, same weights, greedy.
+    tiny: 2 layers, 64 wide, vocab 512, prompt 16 (a smoke test of the code path, not a measurement)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
     from model.hf import HFModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
+    config = (GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128, bos_token_id=0,
+                         eos_token_id=0) if tiny else
+              GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024))
     module = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(device).eval()
-    model = HFModel("gpt2-small (random)", module, None, device)
-    prompt = filler_ids(model, 128)
-    new_tokens, repeats = (16, 1) if quick else (64, 3)
+    model = HFModel("gpt2-small (random)" if not tiny else "gpt2-tiny (random)", module, None, device)
+    prompt = filler_ids(model, 16 if tiny else 128)
+    new_tokens, repeats = (4, 1) if tiny else (16, 1) if quick else (64, 3)
     time_engine(model, prompt, 2)  # warm-up, dropped
     ours, theirs = [], []
     for _ in range(repeats):  # interleaved, so that both see the same machine load
         ours.append(float(np.mean(time_engine(model, prompt, new_tokens).step_ms)))
         theirs.append(generate_ms_per_token(module, prompt, new_tokens, device))
     step_ms, generate_ms = float(np.median(ours)), float(np.median(theirs))
-    print(f"\nGPT-2-small shape, random weights, {device} {model.info.dtype}, {torch.get_num_threads()} threads, "
+    shape = "GPT-2-tiny" if tiny else "GPT-2-small"
+    print(f"\n{shape} shape, random weights, {device} {model.info.dtype}, {torch.get_num_threads()} threads, "
           f"prompt {len(prompt)}, {new_tokens} new tokens, greedy, median of {repeats}")
     print(f"{'path':<40} {'ms/token':>9}")
     print(f"{'decode step + attention capture':<40} {step_ms:>9.2f}")
@@ -195,14 +212,49 @@ def compare_with_generate(device: torch.device, quick: bool) -> None:
     print(f"{'ratio':<40} {step_ms / generate_ms:>9.2f}")
 
 
-def run_bench(device: str = "auto", quick: bool = False) -> None:
+def tiny_llama_config() -> LlamaConfig:
+    """2 layers, 4 heads over 2 KV heads of 16, vocab 512: the benchmark's code paths in a fraction of a second."""
+    return LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                       tie_word_embeddings=True)
+
+
+def run_bench(device: str = "auto", quick: bool = False, tiny: bool = False) -> None:
+    """tiny: every table of the benchmark on tiny shapes (micro and a 2-layer random Llama), one repeat."""
     dev = pick_device(device)
-    repeats = 1 if quick else 3
-    compare_with_transformers(resolve_path("small"), "small", 24, 32, repeats, dev)
+    repeats = 1 if quick or tiny else 3
+    if tiny:
+        compare_with_transformers(resolve_path("micro"), "micro", 2, 2, repeats, dev)
+    else:
+        compare_with_transformers(resolve_path("small"), "small", 24, 32, repeats, dev)
     torch.manual_seed(0)
+    label = "llama-tiny (random)" if tiny else "llama-124M (random)"
     with tempfile.TemporaryDirectory() as tmp:
-        Llama(gpt2_small_llama_config()).save(tmp)
-        compare_with_transformers(Path(tmp), "llama-124M (random)", 128, 16 if quick else 32, repeats, dev)
-        big = NativeModel("llama-124M (random)", Llama.load(tmp, dev), None, dev)
-        print_cache_vs_recompute(big, [64, 256, 512], 3 if quick else 10)
-    compare_with_generate(dev, quick)
+        Llama(tiny_llama_config() if tiny else gpt2_small_llama_config()).save(tmp)
+        compare_with_transformers(Path(tmp), label, 16 if tiny else 128, 4 if tiny else 16 if quick else 32,
+                                  repeats, dev)
+        big = NativeModel(label, Llama.load(tmp, dev), None, dev)
+        print_cache_vs_recompute(big, [16, 32] if tiny else [64, 256, 512], 1 if tiny else 3 if quick else 10)
+    compare_with_generate(dev, quick, tiny)
+
+
+STEP_RATIO_GOAL = 0.8  # a native step with attention capture against transformers' step with attentions
+
+
+def run_model_bench(name: str, device: str = "auto", quick: bool = False) -> None:
+    """One listed model (smollm2): the native engine's step against transformers' on the same weights, at a
+    short and a long context, then cached against recomputed steps."""
+    from model.catalog import locate
+
+    dev = pick_device(device)
+    location = locate(name)
+    t0 = time.perf_counter()
+    models = native_and_transformers(Path(location.where), name, dev)
+    print(f"{name}: both engines loaded in {time.perf_counter() - t0:.1f} s")
+    repeats, new_tokens = (1, 8) if quick else (3, 16)
+    ratios = [compare_with_transformers(Path(location.where), name, prompt_len, new_tokens, repeats, dev, models)
+              for prompt_len in (30, 200)]
+    verdict = "meets" if max(ratios) <= STEP_RATIO_GOAL else "misses"
+    print(f"\ndecode step native / transformers (p50): {', '.join(f'{r:.2f}' for r in ratios)} at 30 and 200 "
+          f"positions; goal ≤ {STEP_RATIO_GOAL}: {verdict}")
+    print_cache_vs_recompute(models[0], [64, 256, 1024] if not quick else [64, 256], 3 if quick else 5)

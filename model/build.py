@@ -1,12 +1,15 @@
-"""Re-create the bundled models from scratch with a fixed seed: `python -m model build micro|small`.
+"""Re-create the bundled models from scratch with a fixed seed: `python -m model build micro|small|small-draft`.
 
 micro is the course's worked example (8-word vocabulary, "<bos> ăn" -> "cá", <eos>);
-small is trained on the bilingual corpus that model/corpus.py generates.
+small is trained on the bilingual corpus that model/corpus.py generates;
+small-draft is a one-layer model on the same corpus with the same tokenizer: small's draft for speculative decoding.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 
 from model.catalog import BUNDLED, ROOT
 from model.llama import Llama, LlamaConfig
+from model.speculative import DRAFT_MODELS
 from model.tokenizer import SPECIAL_TOKENS, WordTokenizer, build_word_tokenizer
 
 MICRO_VOCAB = ["<pad>", "<bos>", "mèo", "ăn", "cá", "uống", "<eos>", "sữa"]
@@ -30,6 +34,11 @@ def small_config(vocab_size: int) -> LlamaConfig:
     return LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
                        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+
+
+def small_draft_config(vocab_size: int) -> LlamaConfig:
+    """small's width and heads in one layer instead of four."""
+    return dataclasses.replace(small_config(vocab_size), num_hidden_layers=1)
 
 
 def init_weights(model: Llama) -> Llama:
@@ -76,19 +85,28 @@ def build_micro(folder: Path) -> None:
     _save(model, tokenizer, folder)
 
 
-def build_small(folder: Path) -> None:
+def build_on_corpus(folder: Path, config: Callable[[int], LlamaConfig], steps: int) -> None:
+    """A model trained on the bilingual corpus with its word-level tokenizer (the same for every seed-0 build)."""
     from model.corpus import generate_corpus, vocabulary
 
     sentences = generate_corpus(seed=0)
     vocab = list(SPECIAL_TOKENS) + vocabulary(sentences)
     tokenizer = build_word_tokenizer(vocab)
-    cfg = small_config(len(vocab))
+    cfg = config(len(vocab))
     model = init_weights(Llama(cfg))
     data = encode_sentences(WordTokenizer(tokenizer), sentences, cfg.pad_token_id, cfg.eos_token_id)
     print(f"{len(sentences)} sentences, vocabulary {len(vocab)}, {sum(p.numel() for p in model.parameters()):,} "
           "parameters")
-    train(model, data, steps=1200, batch_size=48, lr=5e-3, pad_id=cfg.pad_token_id, log_every=100)
+    train(model, data, steps=steps, batch_size=48, lr=5e-3, pad_id=cfg.pad_token_id, log_every=100)
     _save(model, tokenizer, folder)
+
+
+def build_small(folder: Path) -> None:
+    build_on_corpus(folder, small_config, steps=1200)
+
+
+def build_small_draft(folder: Path) -> None:
+    build_on_corpus(folder, small_draft_config, steps=1200)
 
 
 def _save(model: Llama, tokenizer, folder: Path) -> None:
@@ -103,6 +121,6 @@ def build(name: str) -> None:
     # the matrices are tiny: OpenMP threads spend their time waiting on each other, not computing
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    folder = ROOT / BUNDLED[name]
-    {"micro": build_micro, "small": build_small}[name](folder)
+    folder = ROOT / {**BUNDLED, **DRAFT_MODELS}[name]
+    {"micro": build_micro, "small": build_small, "small-draft": build_small_draft}[name](folder)
     print(f"built {name} in {time.perf_counter() - t0:.0f} s")

@@ -1,21 +1,78 @@
-"""The KV cache, owned by the caller (one per session), never by the shared model."""
+"""The KV cache, owned by the caller (one per session), never by the shared model.
+
+`Cache` is what the steps and the pages use; the native KVCache below and the transformers backend's HFCache
+(model/hf.py) both provide it, and both count bytes the one way written in `LayerBytes`.
+"""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 MIN_CAPACITY = 16
 
 
-class KVCache:
+class Cache(Protocol):
+    @property
+    def length(self) -> int: ...
+
+    def crop(self, n: int) -> None: ...
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+    def layer_shape(self, layer: int) -> tuple[int, ...]: ...
+
+    def layer_bytes(self, layer: int) -> int: ...
+
+    def layer_bytes_reserved(self, layer: int) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+    def nbytes_reserved(self) -> int: ...
+
+
+class LayerBytes:
+    """Shapes and bytes from `layer(i)`, the K and V (B, n_kv, positions, d_head) that layer i holds.
+
+    Held bytes count the positions stored, which is 2 × n_kv × positions × d_head × bytes per layer: the
+    formula. Reserved bytes count the memory those tensors sit in, which is more when a buffer was allocated
+    ahead (the native cache doubles its buffers) or kept after a crop."""
+
+    n_layers: int
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        raise NotImplementedError
+
+    def layer_shape(self, layer: int) -> tuple[int, ...]:
+        kv = self.layer(layer)
+        return () if kv is None else tuple(kv[0].shape)
+
+    def layer_bytes(self, layer: int) -> int:
+        kv = self.layer(layer)
+        return 0 if kv is None else sum(t.numel() * t.element_size() for t in kv)
+
+    def layer_bytes_reserved(self, layer: int) -> int:
+        kv = self.layer(layer)
+        return 0 if kv is None else sum(t.untyped_storage().nbytes() for t in kv)
+
+    def nbytes(self) -> int:
+        return sum(self.layer_bytes(i) for i in range(self.n_layers))
+
+    def nbytes_reserved(self) -> int:
+        return sum(self.layer_bytes_reserved(i) for i in range(self.n_layers))
+
+
+class KVCache(LayerBytes):
     """Per layer, K and V of shape (batch, n_kv_heads, positions, d_head).
 
     Each layer's K and V live in a buffer that doubles when full, so a decode step writes its one new position
     in place instead of copying the whole cache (what torch.cat would do every step). Everything the cache
-    hands out and counts is the first `length` positions of those buffers: the positions it holds.
+    hands out is the first `length` positions of those buffers: the positions it holds.
     """
 
     def __init__(self, n_layers: int):
+        self.n_layers = n_layers
         self._keys: list[torch.Tensor | None] = [None] * n_layers    # (B, n_kv, capacity, d_head)
         self._values: list[torch.Tensor | None] = [None] * n_layers
         self._lengths = [0] * n_layers
@@ -58,15 +115,3 @@ class KVCache:
             return None
         held = self._lengths[layer]
         return self._keys[layer][:, :, :held], self._values[layer][:, :, :held]
-
-    def layer_shape(self, layer: int) -> tuple[int, ...]:
-        kv = self.layer(layer)
-        return () if kv is None else tuple(kv[0].shape)
-
-    def layer_bytes(self, layer: int) -> int:
-        """Bytes of the K and V positions this layer holds."""
-        kv = self.layer(layer)
-        return 0 if kv is None else sum(t.numel() * t.element_size() for t in kv)
-
-    def nbytes(self) -> int:
-        return sum(self.layer_bytes(layer) for layer in range(len(self._keys)))

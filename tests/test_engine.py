@@ -12,7 +12,8 @@ from model.counting import cache_bytes_formula, cumulative_positions, positions_
 from model.errors import InputError
 from model.generate import back, encode_prompt, resample, run_to_end, start, step
 from model.llama import Llama, LlamaConfig
-from model.runtime import NativeModel, load_model
+from model.loading import load_model
+from model.runtime import NativeModel
 from model.sampling import SamplingSettings
 from model.steps import max_abs_logit_diff, recompute
 from model.tokenizer import WordTokenizer, build_word_tokenizer
@@ -156,7 +157,7 @@ def test_resample_reuses_stored_logits(small, monkeypatch):
     first = gen.samples[-1].chosen_id
     resample(small, gen, SamplingSettings(temperature=1.5, top_k=5, seed=7))
     assert gen.samples[-1].chosen_id == first
-    assert len(gen.samples[-1].kept_by_top_k) == 5
+    assert gen.samples[-1].n_kept_top_k == 5
 
 
 def test_stop_max_new_tokens(small):
@@ -249,6 +250,11 @@ def test_cli_trace_table_small():
     ("trace", "--prompt", "con", "--top-p", "1.5"),
     ("trace", "--prompt", "con", "--top-p", "0"),
     ("trace", "--prompt-ids", "1,x"),
+    ("trace", "--prompt-ids", "1,,3"),
+    ("trace", "--prompt-ids", "1_0"),
+    ("trace", "--prompt-ids", "１,３"),  # full-width digits: int() would read them
+    ("trace", "--prompt", "con", "--seed", "-1"),
+    ("trace", "--prompt", "con", "--max-new-tokens", "0"),
 ])
 def test_cli_bad_input_is_one_sentence(args):
     out = run_cli(*args)
@@ -307,10 +313,12 @@ def test_out_of_memory_mid_pass_leaves_the_session_as_it_was(small, monkeypatch)
     assert step(small, gen) is not None and gen.cache.length == before[0] + 1
 
 
-def test_cli_bench_quick_prints_every_table_with_its_conditions():
-    out = subprocess.run([sys.executable, "-m", "model", "bench", "--quick"], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
-    for heading in ("small:", "llama-124M (random):", "cached vs recomputed step", "GPT-2-small shape"):
-        assert heading in out.stdout
-    assert out.stdout.count("float32") >= 4 and "native / tf" in out.stdout and "model.generate" in out.stdout
+def test_cli_bench_tiny_prints_every_table_with_its_conditions(capsys):
+    """The benchmark's every table on tiny shapes, in-process: the code path, not a measurement."""
+    from model import cli
+
+    assert cli.main(["bench", "--tiny"]) == 0
+    out = capsys.readouterr().out
+    for heading in ("micro:", "llama-tiny (random):", "cached vs recomputed step", "GPT-2-tiny shape"):
+        assert heading in out
+    assert out.count("float32") >= 4 and "native / tf" in out and "model.generate" in out

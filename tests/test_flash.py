@@ -90,10 +90,12 @@ def test_tiled_matches_naive_on_random_shapes(n_q, extra_keys, d_head, block_q, 
 
 def test_causal_needs_at_least_as_many_keys_as_queries():
     q, k, v = random_head(4, 3, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"causal attention needs Nq <= Nk; got Nq=4, Nk=3"):
         tiled_attention(q, k, v, 2, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"causal attention needs Nq <= Nk; got Nq=4, Nk=3"):
         naive_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"expected q \(Nq, d\) and k, v \(Nk, d\)"):
+        naive_attention(q, k, v[:, :1], causal=False)
 
 
 # -----------------------------------------------------------------------------
@@ -179,9 +181,9 @@ def test_a_skipped_tile_leaves_the_running_state_unchanged():
 
 def test_bad_block_size_or_no_keys_is_refused():
     q, k, v = random_head(4, 4, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"block sizes must be >= 1; got 0, 2"):
         tiled_attention(q, k, v, 0, 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"attention needs at least one key"):
         tiled_attention(q, k[:0], v[:0], 2, 2, causal=False)
 
 
@@ -235,10 +237,10 @@ def test_naive_traffic_bytes():
 def test_tiled_traffic_bytes():
     # n=4, d=2, Bq=2, fp32 (nd = 8, ⌈4/2⌉ = 2 query blocks):
     # reads  Q 8 + (K 8 + V 8) · 2 = 40 elements · 4 = 160 bytes
-    # writes O 8 + m 4 + ℓ 4       = 16 elements · 4 = 64 bytes
-    # total (8 + 2·8·2 + 8 + 8) · 4 = 224 bytes
+    # writes O 8 + L = m + log ℓ 4  = 12 elements · 4 = 48 bytes (FlashAttention-2 keeps one number per row)
+    # total (8 + 2·8·2 + 8 + 4) · 4 = 208 bytes
     traffic = tiled_traffic_bytes(4, 2, 2, 4)
-    assert (traffic.read_bytes, traffic.written_bytes, traffic.total) == (160, 64, 224)
+    assert (traffic.read_bytes, traffic.written_bytes, traffic.total) == (160, 48, 208)
     # one query block (Bq >= n): K and V are read only once: reads (8 + 16) · 4 = 96
     assert tiled_traffic_bytes(4, 2, 8, 4).read_bytes == 96
 
@@ -249,3 +251,11 @@ def test_tiled_moves_less_than_naive_on_a_long_prompt():
     n = 32768
     assert tiled_traffic_bytes(n, 64, 128, 2).total < naive_traffic_bytes(n, 64, 2).total / 3.9
     assert tiled_traffic_bytes(n, 128, 128, 2).total < naive_traffic_bytes(n, 128, 2).total / 1.9
+
+
+def test_tiled_traffic_still_grows_with_n_squared():
+    # S and P stay on chip, but K and V are read once per query block: doubling n about quadruples the reads
+    # n = 4096, d = 64, Bq = 128, fp16: (4096·64 + 2·4096·64·32) · 2 = 34 078 720 bytes
+    small, large = tiled_traffic_bytes(4096, 64, 128, 2), tiled_traffic_bytes(8192, 64, 128, 2)
+    assert small.read_bytes == 34_078_720
+    assert 3.9 < large.read_bytes / small.read_bytes < 4.0

@@ -1,6 +1,10 @@
 """The Flash Attention page under AppTest (micro and small, vi and en) and in a real browser."""
 
+import dataclasses
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,8 +41,8 @@ def click(at: AppTest, key: str) -> AppTest:
 
 
 def tile_info(at: AppTest) -> str:
-    """The sentence naming the tile being read: 'Ô đọc thứ **2/3** · khối query 1 … × khối key 0 …'."""
-    return next(m.value for m in at.markdown if re.match(r"(Ô đọc thứ|Tile read) \*\*\d+/\d+\*\*", m.value))
+    """The sentence naming the tile being read: 'Đang đọc tile **2/3** · khối query 1 … × khối key 0 …'."""
+    return next(m.value for m in at.markdown if re.match(r"(Đang đọc tile|Tile read) \*\*\d+/\d+\*\*", m.value))
 
 
 def max_abs_diff(at: AppTest) -> float:
@@ -67,7 +71,7 @@ def test_the_page_runs_and_the_tiles_match_the_naive_attention(model, lang):
     assert any(("ĐẠT" if lang == "vi" else "PASS") in s.value for s in at.success)
     n = len(at.session_state["generation"].prompt_ids)
     assert at.selectbox(key="flash_block").value == at.session_state["flash_block"] == default_block_size(n)
-    assert tile_info(at).startswith("Ô đọc thứ **1/" if lang == "vi" else "Tile read **1/")
+    assert tile_info(at).startswith("Đang đọc tile **1/" if lang == "vi" else "Tile read **1/")
 
 
 def test_three_clicks_on_next_walk_three_tiles():
@@ -84,7 +88,7 @@ def test_three_clicks_on_next_walk_three_tiles():
     expected = [(0, 0), (1, 0), (1, 1), (2, 0)]
     for (qb, kb), info in zip(expected, seen, strict=True):
         assert f"khối query {qb} " in info and f"khối key {kb} " in info
-    assert seen[0].startswith("Ô đọc thứ **1/15**") and seen[3].startswith("Ô đọc thứ **4/15**")
+    assert seen[0].startswith("Đang đọc tile **1/15**") and seen[3].startswith("Đang đọc tile **4/15**")
     click(at, "flash_back")
     assert at.session_state["flash_step"] == 2
     click(at, "flash_last")
@@ -115,7 +119,7 @@ def test_changing_the_block_size_restarts_the_walk():
     at.selectbox(key="flash_block").set_value(4).run()
     assert not at.exception
     assert at.session_state["flash_step"] == 0
-    assert tile_info(at).startswith("Ô đọc thứ **1/6**")  # 1 + 2 + 3 tiles of ⌈10/4⌉² = 9 are read
+    assert tile_info(at).startswith("Đang đọc tile **1/6**")  # 1 + 2 + 3 tiles of ⌈10/4⌉² = 9 are read
 
 
 def test_n_not_a_multiple_of_the_block_size():
@@ -149,7 +153,6 @@ def test_memory_and_traffic_for_a_typed_n():
         "3,81 MiB")
 
 
-
 def test_the_helpers_behind_the_page():
     assert block_size_choices(2) == [1, 2]
     assert block_size_choices(10) == [1, 2, 4, 8, 16]  # 16 holds all 10 tokens in one tile
@@ -159,25 +162,72 @@ def test_the_helpers_behind_the_page():
     assert human_bytes(98816) == "96.5 KiB" and human_bytes(98816, ",") == "96,5 KiB"
     assert human_bytes(400) == "400 B"
 
+
+def test_the_check_sentence_follows_the_verdict():
+    """A FAIL must not sit beside a sentence saying the tiles give the same result."""
+    at = open_flash(lang="en")
+    assert [s.value for s in at.success if s.value.startswith("PASS")] and not at.error
+    walk = at.session_state["flash_walk"]
+    at.session_state["flash_walk"] = dataclasses.replace(walk, max_abs_diff=0.5)  # what a broken walk would show
+    at.run()
+    assert not at.exception, at.exception
+    assert max_abs_diff(at) == 0.5
+    assert not [s.value for s in at.success if "same result" in s.value or s.value.startswith("PASS")]
+    (sentence,) = [e.value for e in at.error]
+    assert sentence.startswith("FAIL: the tiled walk (B = 1: 4 tiles, 1 of them skipped) does not give the result")
+    assert "5.00e-01 is above the tolerance 1e-05" in sentence
+
+
+def test_the_pages_live_in_app_pages_not_pages():
+    """A top-level pages/ folder is Streamlit's old multipage convention: on a fresh server a deep link such as
+    /flash would run pages/flash.py on its own, without app.py (no navigation, no sidebar, no session defaults).
+    The app's pages live in app_pages/ and st.navigation in app.py is the only way in."""
+    root = Path(APP).parent
+    assert not (root / "pages").exists()
+    assert (root / PAGE).is_file()
+
+
+@pytest.fixture
+def fresh_app_server():
+    """A server of its own, so that the test's deep link is the very first request it ever serves."""
+    from conftest import ROOT, SERVER_START_TIMEOUT_S, _free_port, _healthy
+
+    base = f"http://127.0.0.1:{_free_port()}"
+    port = base.rsplit(":", 1)[1]
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+                             "--server.port", port, "--server.address", "127.0.0.1",
+                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while not _healthy(base):
+            assert proc.poll() is None and time.monotonic() < deadline, "the app server did not start"
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 @pytest.mark.browser
-def test_the_walk_in_a_real_browser(app_server, browser_page, artifacts):
-    """The real page with the classroom model: prefill, then three clicks on Next move the tile three times."""
+def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_server, browser_page, artifacts):
+    """The first request the server sees is /flash: app.py must run it (navigation, sidebar, language), then
+    prefill and three clicks on Next move the tile three times."""
     from playwright.sync_api import expect
 
     page = browser_page
-    # open the app at its root first: on a fresh server a deep link alone would run the page without app.py
-    page.goto(f"{app_server}/?lang=vi")
-    page.get_by_test_id("stSidebarNav").wait_for()
-    page.goto(f"{app_server}/flash?lang=vi")
+    page.goto(f"{fresh_app_server}/flash?lang=vi")
+    expect(page.get_by_test_id("stSidebarNav")).to_contain_text("Bản đồ 22 ô", timeout=60_000)
+    expect(page.get_by_role("heading", name="Flash Attention, chạy thật")).to_be_visible()
     page.get_by_role("button", name="Chạy prefill").click()
-    tile = page.get_by_text(re.compile(r"^Ô đọc thứ \d+/\d+"))
-    expect(tile).to_contain_text("Ô đọc thứ 1/", timeout=60_000)
+    tile = page.get_by_text(re.compile(r"^Đang đọc tile \d+/\d+"))
+    expect(tile).to_contain_text("Đang đọc tile 1/", timeout=60_000)
     total = int(re.search(r"/(\d+)", tile.inner_text()).group(1))
     assert total >= 4
     for shown in (2, 3, 4):
-        page.get_by_role("button", name="Ô tiếp").click()
-        expect(tile).to_contain_text(f"Ô đọc thứ {shown}/{total}")
-    expect(page.get_by_text(re.compile(r"^ĐẠT: tính theo ô"))).to_be_visible()
+        page.get_by_role("button", name="Tile tiếp").click()
+        expect(tile).to_contain_text(f"Đang đọc tile {shown}/{total}")
+    expect(page.get_by_text(re.compile(r"^ĐẠT: tính theo tile"))).to_be_visible()
     assert page.get_by_test_id("stException").count() == 0
-    page.get_by_role("button", name="Ô tiếp").scroll_into_view_if_needed()
+    page.get_by_role("button", name="Tile tiếp").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "flash-browser-vi.png"))

@@ -1,8 +1,6 @@
 """The transformers backend: tiny random GPT-2, Qwen2 (GQA, q/k/v biases) and GPT-NeoX built in-process, no download."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,11 +15,12 @@ from transformers import (
     Qwen2Config,
 )
 
+from model import cli
 from model.catalog import ROOT, list_models
 from model.errors import InputError
 from model.generate import back, encode_prompt, start, step
 from model.hf import HFModel
-from model.runtime import load_model
+from model.loading import load_model
 from model.sampling import SamplingSettings
 from model.steps import decode, max_abs_logit_diff, recompute
 
@@ -67,6 +66,15 @@ def save_tiny(folder, kind: str):
     return folder
 
 
+@pytest.fixture(scope="module", autouse=True)
+def paths_allowed():
+    """These tests load folders by path, which only the operator's DECODE_LAB_ALLOW_PATHS=1 allows."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DECODE_LAB_ALLOW_PATHS", "1")
+        env.delenv("DECODE_LAB_ALLOW_DOWNLOADS", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def models_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
@@ -98,6 +106,7 @@ def test_every_step_matches_recompute_with_the_native_trace_fields(kind, loaded)
         assert trace.attention.shape == (2, 4, 1, trace.cache_len)
         assert max_abs_logit_diff(trace, recompute(model, gen.ids[: trace.cache_len])) <= TOL
         assert trace.cache_bytes == trace.cache_bytes_formula  # 2 × layers × the model's own n_kv_heads × ...
+        assert trace.cache_bytes_reserved == trace.cache_bytes  # DynamicCache concatenates: no buffer ahead
         assert gen.cache.layer_shape(1) == (1, info.n_kv_heads, trace.cache_len, info.d_head)
         assert gen.cache.layer_bytes(1) * info.n_layers == trace.cache_bytes
 
@@ -111,6 +120,8 @@ def test_back_crops_and_decoding_again_gives_the_same_logits(kind, loaded):
     last = gen.steps[-1]
     assert back(model, gen)
     assert gen.cache.length == gen.steps[-1].cache_len == last.cache_len - 1
+    # crop keeps views of the longer tensors: the positions held shrink, the memory they sit in does not
+    assert gen.cache.nbytes() == gen.steps[-1].cache_bytes < gen.cache.nbytes_reserved() == last.cache_bytes
     again = step(model, gen)
     np.testing.assert_allclose(again.logits, last.logits, atol=1e-5, rtol=0)
     assert again.cache_bytes == last.cache_bytes
@@ -187,22 +198,23 @@ def test_refusals_say_why(tmp_path):
     assert refused("decode-lab-tests/no-such-model").code == "download_disabled"
 
 
-def test_classroom_mode_allows_only_the_listed_models(models_dir, monkeypatch):
+def test_by_default_only_the_listed_models_load(models_dir, monkeypatch, tmp_path):
     monkeypatch.setenv("DECODE_LAB_MODELS_DIR", str(models_dir))
-    monkeypatch.setenv("DECODE_LAB_ALLOW_PATHS", "0")
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(tmp_path))  # no fetched model listed
+    monkeypatch.delenv("DECODE_LAB_ALLOW_PATHS")
     assert list_models(str(models_dir)) == ["small", "micro", "gpt2", "gpt_neox", "qwen2"]
     assert refused(models_dir / "gpt2").code == "path_not_allowed"
+    assert refused("gpt2-medium").code == "path_not_allowed"  # a Hub id is not even looked up
     assert load_model("gpt2", "cpu").info.backend == "transformers"
     assert load_model("micro", "cpu").info.backend == "native"
 
 
-def test_cli_trace_json_on_a_tiny_gpt2(models_dir):
-    out = subprocess.run(
-        [sys.executable, "-m", "model", "trace", "--model", str(models_dir / "gpt2"), "--prompt-ids", "5,6,7",
-         "--max-new-tokens", "4", "--json", "--check", "--device", "cpu"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+def test_cli_trace_json_on_a_tiny_gpt2(models_dir, capsys):
+    code = cli.main(["trace", "--model", str(models_dir / "gpt2"), "--prompt-ids", "5,6,7", "--max-new-tokens", "4",
+                     "--json", "--check", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    report = json.loads(out.out)
     assert {"name", "n_layers", "n_heads", "n_kv_heads", "d_head", "dtype", "device"} <= report["model"].keys()
     assert {"text", "ids", "tokens", "unknown"} <= report["prompt"].keys()
     assert report["counts"] == {"prompt_len": 3, "new_tokens": 4, "positions_with_cache": 6,

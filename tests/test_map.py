@@ -452,3 +452,22 @@ def test_switching_the_language_keeps_the_chosen_band(app_server, browser_page):
     assert [c.get_attribute("data-cell") for c in page.locator(".dlm-cell.hl").all()] == ["3A", "3B", "3C", "3D", "3E"]
     assert page.get_by_text("3 Learning from error", exact=True).is_visible()
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_every_popover_fits_a_projector_screen_without_scrolling(app_server, browser_page, lang):
+    """At 1280×720 each cell's card, live links included, is read whole: a text that grows past it shows here."""
+    page = browser_page
+    open_map(page, app_server, lang, (1280, 720))
+    too_tall = []
+    for cid in IDS:
+        page.locator(f".dlm-cell[data-cell='{cid}']").click()
+        pop = page.locator(f"#dlm-pop-{cid}")
+        pop.wait_for(state="visible")
+        scroll, client = pop.locator(".dlm-pop-box").evaluate("e => [e.scrollHeight, e.clientHeight]")
+        if scroll > client:
+            too_tall.append((cid, scroll, client))
+        page.keyboard.press("Escape")
+        pop.wait_for(state="hidden")
+    assert too_tall == []

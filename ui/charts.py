@@ -79,9 +79,27 @@ def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: 
     traces = [dict(type="scatter", x=x, y=ys, name=name, mode="lines+markers", marker=dict(size=8),
                    line=dict(color=colour, width=3, dash="dash" if name in dashed else "solid"))
               for (name, ys), colour in zip(series.items(), palette)]
-    return figure(traces, height, legend=dict(orientation="h", y=1.15, x=0),
+    # the legend sits in the top margin, above the lines it names
+    return figure(traces, height, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), margin=dict(t=40),
                   xaxis=dict(title=dict(text=x_title), dtick=1 if len(x) <= 20 else None),
                   yaxis=dict(title=dict(text=y_title), rangemode="tozero"))
+
+
+def curve(x: list, y: list, name: str, x_title: str, y_title: str, mark: tuple | None = None,
+          level: tuple[float, str] | None = None, height: int = 320) -> Figure:
+    """One line over many steps (a loss curve, a schedule); mark = (x, y, name) of one point drawn large,
+    level = (y, name) of a dashed horizontal reference line."""
+    few = len(x) <= 30  # a short curve shows its points, or a single step would draw nothing
+    traces = [dict(type="scatter", x=x, y=y, name=name, mode="lines+markers" if few else "lines",
+                   line=dict(color=KEPT, width=3), marker=dict(size=7))]
+    if level is not None:
+        traces.append(dict(type="scatter", x=[x[0], x[-1]], y=[level[0]] * 2, name=level[1], mode="lines",
+                           line=dict(color="#495057", width=2, dash="dash")))
+    if mark is not None:
+        traces.append(dict(type="scatter", x=[mark[0]], y=[mark[1]], name=mark[2], mode="markers",
+                           marker=dict(color=CHOSEN, size=14)))
+    return figure(traces, height, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), margin=dict(t=40),
+                  xaxis=dict(title=dict(text=x_title)), yaxis=dict(title=dict(text=y_title), rangemode="tozero"))
 
 
 # -----------------------------------------------------------------------------

@@ -29,3 +29,9 @@ def labels(prefix: str, options) -> dict:
     """Option -> label, computed now: AppTest calls format_func outside the script run, where the
     session's language cannot be read."""
     return {o: t(prefix + str(o)) for o in options}
+
+
+def number(value: int) -> str:
+    """A whole number as the session's language writes it: 6,144 in English, 6.144 in Vietnamese."""
+    written = f"{value:,}"
+    return written.replace(",", ".") if lang() == "vi" else written

@@ -29,6 +29,11 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("decode", "app_pages/decode.py", ":material/replay:", {"2D": "", "5B": "", "5C": ""}),
     PageSpec("cache", "app_pages/cache.py", ":material/balance:", {"5B": ""}),
     PageSpec("flash", "app_pages/flash.py", ":material/bolt:", {"2B": ""}),
+    PageSpec("speculative", "app_pages/speculative.py", ":material/fast_forward:", {"5B": ""}),
+    PageSpec("train", "app_pages/train.py", ":material/model_training:",
+             {"1A": "cell-1a", "1B": "cell-1b", "1C": "cell-1c", "2A": "cell-2", "2B": "cell-2", "2C": "cell-2",
+              "2D": "cell-2", "3A": "cell-3a", "3B": "cell-3b", "3C": "cell-3c", "3D": "cell-3d", "3E": "cell-3e",
+              "4A": "cell-4a", "4B": "cell-4b", "4C": "cell-4c"}),
 )
 DEFAULT_PAGE = "map"
 

@@ -1,24 +1,51 @@
-"""The shared model (loaded once per process) and this session's generation, in st.session_state."""
+"""The shared models (loaded once per process) and this session's generation, in st.session_state."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import streamlit as st
 
 from model import generate
 from model.errors import InputError
-from model.runtime import LoadedModel, load_model
+from model.loading import load_model, load_session_checkpoint, model_key
+from model.runtime import LoadedModel
 from model.sampling import SamplingSettings
-from ui.i18n import labels, lang, t
+from model.tokenizer import encode_chat
+from ui.i18n import labels, t
+from ui.widgets import choice, md_escape, token_strip
 
 log = logging.getLogger(__name__)
 
+MAX_SHARED_MODELS = 4
+RUN_REDRAW_S = 0.15  # Run to end redraws the token strip at least this often (and stays cancellable)
 
-@st.cache_resource(show_spinner=False, max_entries=4)
+# The shared models live here, not in st.cache_resource: any visitor's websocket can send Streamlit's
+# clear-cache message, which would unload every model for every session.
+_models: OrderedDict[tuple[str, str], LoadedModel] = OrderedDict()
+_models_lock = threading.Lock()
+_loading_locks: dict[tuple[str, str], threading.Lock] = {}
+
+
 def shared_model(name: str, device: str, allow_download: bool = False) -> LoadedModel:
-    return load_model(name, device, allow_download)
+    """The model, loaded by the first session that asks; the others wait for it instead of loading it again."""
+    key = model_key(name, device)
+    with _models_lock:
+        lock = _loading_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _models:
+            loaded = load_model(name, device, allow_download)
+            with _models_lock:
+                _models[key] = loaded
+                while len(_models) > MAX_SHARED_MODELS:
+                    _models.popitem(last=False)  # sessions running it keep their reference until they switch
+        with _models_lock:
+            _models.move_to_end(key)
+        return _models[key]
 
 
 def chosen_model() -> tuple[str, str, bool]:
@@ -27,6 +54,29 @@ def chosen_model() -> tuple[str, str, bool]:
     if s.model_name == "custom":
         return s.model_path.strip(), s.device, bool(s.allow_download)
     return s.model_name, s.device, False
+
+
+def session_checkpoint_model(name: str, device: str) -> LoadedModel:
+    """A checkpoint this session saved on the Train page, loaded once for this session only: no other session
+    can choose it, so it does not take a place among the shared models."""
+    folder = st.session_state.session_checkpoints[name]
+    held = st.session_state.get("checkpoint_model")
+    if held is None or held[:2] != (folder, device):
+        st.session_state.checkpoint_model = (folder, device, load_session_checkpoint(name, folder, device))
+    return st.session_state.checkpoint_model[2]
+
+
+def sidebar_model() -> LoadedModel:
+    """The sidebar's model on the sidebar's device; InputError says why it cannot load."""
+    name, device, allow_download = chosen_model()
+    if name in st.session_state.get("session_checkpoints", {}):
+        return session_checkpoint_model(name, device)
+    return shared_model(name, device, allow_download)
+
+
+def error_sentence(bad: InputError) -> str:
+    """The error in the user's language, with whatever the user typed escaped for markdown."""
+    return t("error." + bad.code, **{k: md_escape(str(v)) for k, v in bad.details.items()})
 
 
 def page_start(page: str) -> LoadedModel:
@@ -43,10 +93,13 @@ def current_model() -> LoadedModel | None:
     """The sidebar's model on the sidebar's device, or None after saying why it cannot load."""
     try:
         with st.spinner(t("state.loading_model")):
-            return shared_model(*chosen_model())
+            return sidebar_model()
     except InputError as bad:
-        st.error(bad.message(lang()))
-        return None
+        st.error(error_sentence(bad))
+    except Exception:
+        log.exception("loading %r failed", chosen_model())
+        st.error(t("error.model_unexpected"))
+    return None
 
 
 def generation(model: LoadedModel) -> generate.Generation | None:
@@ -67,62 +120,86 @@ def guarded(action: Callable[[], object]) -> object | None:
     try:
         return action()
     except InputError as bad:
-        st.error(bad.message(lang()))
+        st.error(error_sentence(bad))
     except Exception:
         log.exception("engine action failed")
         st.error(t("error.unexpected"))
     return None
 
 
-def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> None:
+def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> bool:
     stops = tuple(s for s in st.session_state.stop_text.split("|") if s)
     gen = guarded(lambda: generate.start(model, prompt_ids, sampling_settings(),
                                          int(st.session_state.max_new_tokens), stops))
-    if gen is not None:  # a refused request leaves the previous run in place
-        st.session_state.generation = gen
-        st.session_state.generation_for = (model.info.name, model.info.device)
-        st.session_state.prompt_unknown = unknown
+    if gen is None:  # a refused request leaves the previous run in place
+        return False
+    st.session_state.generation = gen
+    st.session_state.generation_for = (model.info.name, model.info.device)
+    st.session_state.prompt_unknown = unknown
+    return True
 
 
 def reset() -> None:
     st.session_state.generation = None
 
 
-def prompt_form(model: LoadedModel) -> None:
-    """The prompt (text, or ids for the micro example) and the button that runs prefill."""
+def prompt_modes(model: LoadedModel) -> list[str]:
+    return ["text", "ids"] + (["chat"] if model.tokenizer.chat_template is not None else [])
+
+
+def encoded_prompt(model: LoadedModel, mode: str):
+    """(ids, unknown words) of the prompt as the form holds it, or None after saying what is wrong."""
+    s = st.session_state
+    if mode == "ids":
+        ids = guarded(lambda: generate.parse_prompt_ids(model, s.prompt_ids_text))
+        return None if ids is None else (ids, [])
+    if mode == "chat":
+        encoded = guarded(lambda: encode_chat(model, generate.check_prompt_text(s.prompt_text), s.system_text))
+    else:
+        encoded = guarded(lambda: generate.encode_prompt(model, s.prompt_text))
+    return None if encoded is None else (encoded.ids, encoded.unknown)
+
+
+def prompt_form(model: LoadedModel) -> bool:
+    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill.
+    True when the button just started a new run."""
+    modes = prompt_modes(model)
+    if model.info.language == "en":
+        st.caption(t("prompt.english_only"))
     left, right = st.columns([4, 1], vertical_alignment="bottom")
     with right:
-        st.segmented_control(t("prompt.mode"), ["text", "ids"], key="prompt_mode",
-                             format_func=labels("prompt.mode_", ["text", "ids"]).get)
+        mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
+                      format_func=labels("prompt.mode_", modes).get, required=True)
     with left:
-        if st.session_state.prompt_mode == "ids":
+        if mode == "ids":
             st.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
         else:
-            st.text_input(t("prompt.label"), key="prompt_text", max_chars=2000, help=t("prompt.help"))
+            st.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text",
+                          help=t("prompt.help", most=generate.MAX_PROMPT_CHARS))
+    if mode == "chat":
+        st.text_input(t("prompt.system_label"), key="system_text", help=t("prompt.system_help"))
     c1, c2, _ = st.columns([1, 1, 3], vertical_alignment="bottom")
     # the shortest prompt (<bos> and one word) leaves context − 1 new tokens; a value above the widget's
     # maximum would be replaced by its minimum, so keep it inside for small contexts
     most = model.info.context_length - 1
     st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), most)
-    c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most,
-                    key="max_new_tokens")
+    c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most, key="max_new_tokens")
     c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
     if st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:"):
-        if st.session_state.prompt_mode == "ids":
-            ids = guarded(lambda: generate.parse_prompt_ids(model, st.session_state.prompt_ids_text))
-            unknown = []
-        else:
-            encoded = guarded(lambda: generate.encode_prompt(model, st.session_state.prompt_text))
-            ids, unknown = (encoded.ids, encoded.unknown) if encoded is not None else (None, [])
-        if ids is not None:
-            start_generation(model, ids, unknown)
+        prompt = encoded_prompt(model, mode)
+        return prompt is not None and start_generation(model, *prompt)
+    return False
+
+
+def warn_before_leaving() -> None:
+    """A reload or a closed tab starts a new session and loses the run: the browser asks first."""
+    st.html("<script>window.onbeforeunload = () => true;</script>", unsafe_allow_javascript=True)
 
 
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> None:
     gen = st.session_state.generation
     if gen is not None:
-        model = shared_model(*chosen_model())
-        guarded(lambda: action(model, gen))
+        guarded(lambda: action(sidebar_model(), gen))
 
 
 def on_sampling_change() -> None:
@@ -141,9 +218,12 @@ def on_back() -> None:
 def layer_head_selectors(info) -> tuple[int, int]:
     """Layer and query head to show; each head's label names the KV head it reads (GQA)."""
     c1, c2 = st.columns(2)
-    layer = c1.selectbox(t("common.layer"), range(info.n_layers), key="layer")
+    with c1:
+        layer = choice(st.selectbox, t("common.layer"), list(range(info.n_layers)), key="layer", format_func=str)
     head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
-    head = c2.selectbox(t("common.head"), range(info.n_heads), key="head", format_func=head_labels.get)
+    with c2:
+        head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head",
+                      format_func=head_labels.get)
     return layer, head
 
 
@@ -163,17 +243,35 @@ def sampling_controls() -> None:
 def mark_cancelled_run() -> None:
     """A Run-to-end interrupted by a click (Streamlit stops the script between two steps) counts as cancel."""
     gen = st.session_state.generation
-    if st.session_state.get("running") and gen is not None:
-        gen.stop_reason = gen.stop_reason or "cancelled"
+    if st.session_state.get("running") and gen is not None and not gen.finished:
+        gen.stop_reason = "cancelled"
     st.session_state.running = False
 
 
+def strip_tokens(model: LoadedModel, gen: generate.Generation) -> tuple[list[str], list[int], list[str]]:
+    """Tokens, ids and chip kinds of the run's sequence: prompt, new tokens, the newest marked current."""
+    ids = gen.ids
+    kinds = ["" for _ in gen.prompt_ids] + ["new"] * len(gen.new_ids)
+    kinds[-1] = "current"
+    return [model.tokenizer.token(i) for i in ids], ids, kinds
+
+
 def run_to_end(model: LoadedModel, gen: generate.Generation) -> None:
+    """Step to a stop condition, redrawing the growing strip; a click anywhere stops the script between two steps
+    (mark_cancelled_run then records it as a cancel)."""
     st.session_state.running = True
-    bar = st.progress(0.0, text=t("decode.running"))
-    while gen.stop_reason in (None, "cancelled"):
-        if guarded(lambda: generate.step(model, gen)) is None:
-            break
-        bar.progress(min(1.0, len(gen.samples) / gen.max_new_tokens), text=t("decode.running"))
+    strip, bar = st.empty(), st.progress(0.0, text=t("decode.running"))
+    last_drawn = 0.0
+
+    def redraw(g: generate.Generation) -> None:
+        nonlocal last_drawn
+        if time.monotonic() - last_drawn >= RUN_REDRAW_S or g.finished:
+            with strip.container():
+                token_strip(*strip_tokens(model, g))
+            bar.progress(min(1.0, len(g.samples) / g.max_new_tokens), text=t("decode.running"))
+            last_drawn = time.monotonic()
+
+    guarded(lambda: generate.run_to_end(model, gen, on_step=redraw))
+    strip.empty()
     bar.empty()
     st.session_state.running = False

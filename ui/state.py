@@ -1,4 +1,4 @@
-"""Session defaults for every widget key, without importing torch (the map page must paint at once)."""
+"""Session defaults for every key, without importing torch (the map page must paint at once)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import streamlit as st
 
 from ui.i18n import lang
 
+# A model's example prompt. smollm2 speaks English only: its example stays English in the Vietnamese UI.
 DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi": "ăn", "en": "ăn"},
+                   "smollm2": {"vi": "What is the capital of France?", "en": "What is the capital of France?"},
                    "other": {"vi": "Thủ đô của Việt Nam là", "en": "The capital of France is"}}
-SIDEBAR_KEYS = ("model_name", "device")  # drawn on every page, so Streamlit keeps them itself
+PROMPT_MODES = {"micro": "ids", "smollm2": "chat"}  # the mode a model starts in; "text" otherwise
 DEFAULTS = {
     "model_name": "small", "device": "auto", "model_path": "", "allow_download": False,
     "generation": None, "generation_for": None,
-    "prompt_mode": "text", "prompt_ids_text": "1, 3",
+    "prompt_mode": "text", "prompt_ids_text": "1, 3", "system_text": "",
     "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [],
     "count_n": 13, "count_t": 5, "bench_result": None,
@@ -26,16 +28,19 @@ def default_prompt(model_name: str) -> str:
 
 
 def on_model_change() -> None:
-    """A new model starts from its own example prompt (micro reads only its 8 words)."""
-    st.session_state.prompt_text = default_prompt(st.session_state.model_name)
-    st.session_state.prompt_mode = "ids" if st.session_state.model_name == "micro" else "text"
+    """A new model starts from its own example prompt and mode, unless the user typed a prompt of their own."""
+    s = st.session_state
+    examples = {p for prompts in DEFAULT_PROMPTS.values() for p in prompts.values()}
+    if not s.prompt_text.strip() or s.prompt_text in examples:
+        s.prompt_text = default_prompt(s.model_name)
+    s.prompt_mode = PROMPT_MODES.get(s.model_name, "text")
 
 
 def init_state() -> None:
     for key, value in DEFAULTS.items():
         if key not in st.session_state:
             st.session_state[key] = value
-        elif key not in SIDEBAR_KEYS:
+        else:
             # Streamlit forgets a widget's value on a page where the widget is not drawn; re-assigning
             # makes the value the session's own, so it survives page changes.
             st.session_state[key] = st.session_state[key]

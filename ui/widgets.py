@@ -2,32 +2,93 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from html import escape
 
 import streamlit as st
 
-STRIP_CSS = """
+from ui.i18n import lang
+
+CSS = """
 <style>
 .tok-strip{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0 10px 0}
 .tok{border-radius:8px;padding:4px 9px;font-size:18px;line-height:1.35;border:2px solid #343a40;background:#f1f3f5;
-     color:#212529;text-align:center}
+     color:#212529;text-align:center;white-space:pre}
 .tok small{display:block;font-size:12px;color:#495057}
 .tok.new{background:#d0ebff;border-color:#1c7ed6}
 .tok.current{background:#ffe8cc;border-color:#e8590c;font-weight:700}
 .tok.unknown{background:#ffe3e3;border-color:#c92a2a}
 .tok.special{font-family:monospace;font-size:15px}
+.att-row{display:flex;flex-wrap:wrap;gap:3px;margin:2px 0 8px 0}
+.att{border-radius:5px;padding:2px 6px;font-size:15px;line-height:1.25;text-align:center;border:1px solid #ced4da;
+     white-space:pre;min-width:28px}
+.att small{display:block;font-size:11px}
+.bars{display:grid;grid-template-columns:minmax(60px,max-content) 1fr 54px;gap:3px 8px;align-items:center;
+      font-size:16px;margin:4px 0}
+.bars .lbl{white-space:pre;text-align:right;font-family:monospace;overflow:hidden;text-overflow:ellipsis;
+           max-width:220px}
+.bars .track{background:#f1f3f5;border-radius:4px;height:20px}
+.bars .bar{height:20px;border-radius:4px}
+.bars .val{font-variant-numeric:tabular-nums;text-align:right}
+.legend{display:flex;flex-wrap:wrap;gap:14px;font-size:14px;margin:2px 0 6px 0}
+.legend i{display:inline-block;width:14px;height:14px;border-radius:3px;vertical-align:-2px;margin-right:5px}
+.mini-table{border-collapse:collapse;font-size:15px;font-variant-numeric:tabular-nums;margin:4px 0}
+.mini-table th,.mini-table td{border-bottom:1px solid #dee2e6;padding:3px 10px;text-align:right}
+.mini-table th{background:#f8f9fa;font-weight:600}
 </style>
 """
+STATUS_COLOURS = {"chosen": "#e8590c", "kept": "#1f5fbf", "other": "#1f5fbf", "cut_p": "#ffc9a8", "cut_k": "#adb5bd"}
 
 
-def token_strip(tokens: list[str], ids: list[int], kinds: list[str]) -> None:
-    """A row of token chips: word above, position and id below; kinds add CSS classes."""
+def shown(token: str) -> str:
+    """A token as a chip shows it: its own spaces kept (CSS white-space: pre), a newline as ↵."""
+    return token.replace("\n", "↵") if token else "∅"
+
+
+def token_strip_html(tokens: list[str], ids: list[int], kinds: list[str]) -> str:
+    """A row of token chips: token above, position and id below; kinds add CSS classes."""
     chips = []
     for position, (tok, tid, kind) in enumerate(zip(tokens, ids, kinds)):
         special = " special" if tok.startswith("<") and tok.endswith(">") else ""
-        chips.append(f'<div class="tok {escape(kind)}{special}">{escape(tok)}<small>#{position} · id {tid}</small>'
-                     "</div>")
-    st.html(STRIP_CSS + '<div class="tok-strip">' + "".join(chips) + "</div>")
+        chips.append(f'<div class="tok {escape(kind)}{special}">{escape(shown(tok))}'
+                     f"<small>#{position} · id {tid}</small></div>")
+    return CSS + '<div class="tok-strip">' + "".join(chips) + "</div>"
+
+
+def token_strip(tokens: list[str], ids: list[int], kinds: list[str]) -> None:
+    st.html(token_strip_html(tokens, ids, kinds))
+
+
+def attention_row_html(tokens: list[str], weights) -> str:
+    """One query's attention over the cache as chips: each cached token tinted by the weight it gets."""
+    top = float(max(weights.max(), 1e-9))
+    chips = []
+    for position, (tok, w) in enumerate(zip(tokens, weights)):
+        level = float(w) / top  # the largest weight is the darkest, so small rows still read
+        ink = "#fff" if level > 0.55 else "#212529"
+        chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
+                     f'title="#{position}: {float(w):.4f}">{escape(shown(tok))}<small>{float(w):.2f}</small></div>')
+    return CSS + '<div class="att-row">' + "".join(chips) + "</div>"
+
+
+def probability_bars_html(labels: list[str], probs, status: list[str], status_names: dict[str, str]) -> str:
+    """One horizontal bar per candidate, coloured by what the filters did to it, with a legend."""
+    used = [s for s in STATUS_COLOURS if s in status]
+    legend = "".join(f'<span><i style="background:{STATUS_COLOURS[s]}"></i>{escape(status_names[s])}</span>'
+                     for s in used)
+    rows = "".join(
+        f'<div class="lbl">{escape(shown(label))}</div><div class="track"><div class="bar" '
+        f'style="width:{100 * float(p):.1f}%;background:{STATUS_COLOURS[s]}"></div></div>'
+        f'<div class="val">{float(p):.3f}</div>'
+        for label, p, s in zip(labels, probs, status))
+    return CSS + f'<div class="legend">{legend}</div><div class="bars">{rows}</div>'
+
+
+def table_html(headers: list[str], rows: list[list]) -> str:
+    """A small table of numbers (a dataframe widget costs more than it shows here)."""
+    head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return CSS + f'<table class="mini-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 MARKDOWN_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$")
@@ -36,3 +97,26 @@ MARKDOWN_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$")
 def md_escape(text: str) -> str:
     """Text from the model or the user, safe to put inside a markdown sentence."""
     return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+
+
+def choice(widget: Callable, label: str, options: Sequence, key: str, format_func: Callable,
+           on_change: Callable[[], None] | None = None, **kwargs):
+    """A select box, radio or segmented control whose value is a stable id while its labels follow the language.
+
+    Streamlit reads a choice widget's value back from the label the browser shows, so after a language switch
+    the old label would come back as the value itself ("small — song ngữ…" as a model name). The widget's key
+    therefore carries the language; the chosen id lives under `key` and is handed to each language's widget.
+    """
+    if st.session_state.get(key) not in options:
+        st.session_state[key] = options[0]
+    widget_key = f"{key}.{lang()}"
+    st.session_state[widget_key] = st.session_state[key]
+
+    def keep_choice() -> None:
+        if st.session_state[widget_key] is not None:  # a segmented control clicked off keeps its choice
+            st.session_state[key] = st.session_state[widget_key]
+        if on_change is not None:
+            on_change()
+
+    widget(label, options, key=widget_key, format_func=format_func, on_change=keep_choice, **kwargs)
+    return st.session_state[key]

@@ -1,0 +1,204 @@
+"""Speculative decoding: a draft proposes γ tokens, the model checks them in one pass, accepts a prefix and
+crops the rest from both caches; the round's arithmetic, running counts and the measured speed."""
+
+from html import escape
+
+import streamlit as st
+
+from model import speculative
+from ui.i18n import labels, t
+from ui.session import encoded_prompt, guarded, page_start, prompt_modes, sampling_controls, sampling_settings
+from ui.widgets import choice, md_escape, token_strip
+
+PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
+                 "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None}
+ROUND_CSS = """<style>
+.tok.spec-accepted{background:#d3f9d8;border-color:#2b8a3e}
+.tok.spec-target{background:#ffe8cc;border-color:#e8590c;font-weight:700}
+</style>"""
+
+for key, value in PAGE_DEFAULTS.items():  # the session's own values survive a visit to another page
+    st.session_state[key] = st.session_state.get(key, value)
+
+model = page_start("speculative")
+info, tok = model.info, model.tokenizer
+if st.session_state.spec_for != (info.name, info.device):
+    st.session_state.spec_run, st.session_state.spec_speed = None, None
+
+
+def draft_spec() -> str:
+    chosen = st.session_state.spec_draft
+    return f"{speculative.EARLY_EXIT}{st.session_state.spec_exit_layers}" if chosen == "early-exit" else chosen
+
+
+def start_run() -> None:
+    prompt = encoded_prompt(model, st.session_state.prompt_mode)
+    if prompt is None:
+        return
+    run = guarded(lambda: speculative.start(model, draft_spec(), prompt[0], int(st.session_state.spec_gamma),
+                                            sampling_settings(), int(st.session_state.max_new_tokens)))
+    if run is not None and guarded(lambda: speculative.next_round(run)) is not None:
+        st.session_state.spec_run, st.session_state.spec_for = run, (info.name, info.device)
+        st.session_state.spec_speed = None
+
+
+def next_round() -> None:
+    run = st.session_state.spec_run
+    run.settings = sampling_settings()  # the sampling controls apply from the next round on
+    guarded(lambda: speculative.next_round(run))
+
+
+def run_to_end() -> None:
+    run = st.session_state.spec_run
+    run.settings = sampling_settings()
+    guarded(lambda: speculative.run_to_end(run))
+
+
+def reset() -> None:
+    st.session_state.spec_run, st.session_state.spec_speed = None, None
+
+
+# -- settings: draft, γ, prompt, sampling -----------------------------------------------------------------------
+drafts = [d.split(":")[0] for d in speculative.draft_choices(model)]
+if st.session_state.spec_exit_for != info.name:  # each model starts from its own suggested K
+    st.session_state.spec_exit_for = info.name
+    st.session_state.spec_exit_layers = speculative.suggested_exit_layers(model)
+c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
+with c1:
+    draft = choice(st.selectbox, t("speculative.draft"), drafts, key="spec_draft",
+                   format_func=labels("speculative.draft_", drafts).get, help=t("speculative.draft_help"))
+if draft == "early-exit":
+    st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
+    c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1, key="spec_exit_layers",
+                    help=t("speculative.exit_layers_help", n=info.n_layers))
+c3.slider(t("speculative.gamma"), 1, 8, key="spec_gamma", help=t("speculative.gamma_help"))
+st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), info.context_length - 1)
+c4.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=info.context_length - 1, key="max_new_tokens")
+modes = prompt_modes(model)
+p1, p2 = st.columns([4, 1], vertical_alignment="bottom")
+with p2:
+    mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
+                  format_func=labels("prompt.mode_", modes).get, required=True)
+if mode == "ids":
+    p1.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
+else:
+    p1.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text")
+with st.expander(t("speculative.sampling"), expanded=not sampling_settings().greedy):
+    sampling_controls()
+    st.caption(t("speculative.sampling_note"))
+
+run = st.session_state.spec_run
+b1, b2, b3, b4, _ = st.columns([1.2, 1.2, 1.2, 1, 1])
+b1.button(t("speculative.start"), key="spec_start", type="primary" if run is None else "secondary",
+          icon=":material/play_arrow:", width="stretch", on_click=start_run)
+if run is None:
+    st.info(t("speculative.press_start"))
+    st.stop()
+finished = run.stop_reason is not None
+b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
+          disabled=finished, width="stretch", on_click=next_round)
+b3.button(t("speculative.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
+          width="stretch", on_click=run_to_end)
+b4.button(t("speculative.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
+
+# -- the sequence: earlier rounds, then this round's kept proposals and the target's own token -------------------
+last = run.rounds[-1]
+before = len(run.ids) - len(last.new_ids)
+kinds = [""] * len(run.prompt_ids) + ["new"] * (before - len(run.prompt_ids))
+kinds += ["spec-accepted"] * last.accepted + ["spec-target"] * (len(last.new_ids) - last.accepted)
+st.html(ROUND_CSS)
+token_strip([tok.token(i) for i in run.ids], run.ids, kinds)
+st.caption(t("speculative.strip_legend"))
+
+# -- this round ------------------------------------------------------------------------------------------------
+st.subheader(t("speculative.round", n=last.index + 1, k=len(last.checks), gamma=last.gamma, draft=run.draft.name))
+greedy = run.settings.greedy
+rows = []
+for i, c in enumerate(last.checks):
+    verdict = {True: "accepted", False: "rejected", None: "unchecked"}[c.accepted]
+    rows.append({
+        "#": i + 1, t("speculative.col_token"): tok.token(c.id), t("speculative.col_q"): round(c.q, 4),
+        t("speculative.col_p"): round(c.p, 4),
+        t("speculative.col_ratio"): "—" if greedy else f"{c.threshold:.4f}",
+        t("speculative.col_r"): "—" if c.r is None else f"{c.r:.4f}",
+        t("speculative.col_verdict"): t("speculative." + verdict),
+    })
+left, right = st.columns([3, 2])
+with left:
+    if rows:
+        st.dataframe(rows, hide_index=True, width="stretch")
+        st.caption(t("speculative.table_note_greedy" if greedy else "speculative.table_note"))
+    else:
+        st.caption(t("speculative.no_proposal"))
+    if last.next_id is None:
+        st.markdown(t("speculative.next_eos"))
+    else:
+        st.markdown(t("speculative.next_" + last.next_kind, token=md_escape(tok.token(last.next_id)),
+                      id=last.next_id, n=last.accepted, gamma=last.gamma))
+    if last.residual_top:
+        st.caption(t("speculative.residual_caption"))
+        st.dataframe([{t("speculative.col_token"): tok.token(x), t("speculative.col_p"): round(p, 4),
+                       t("speculative.col_q"): round(q, 4), t("speculative.col_residual"): round(rest, 4)}
+                      for x, p, q, rest in last.residual_top], hide_index=True, width="stretch")
+with right:
+    stages = [("col_before", last.target_len_before, last.draft_len_before),
+              ("col_checked", last.target_len_checked, last.draft_len_proposed),
+              ("col_after", last.target_len_after, last.draft_len_after)]
+    has_draft_cache = last.draft_len_before is not None
+    st.dataframe([{t("speculative.col_cache"): t("speculative." + stage), t("speculative.target_cache"): target_len}
+                  | ({t("speculative.draft_cache"): draft_len} if has_draft_cache else {})
+                  for stage, target_len, draft_len in stages], hide_index=True, width="stretch")
+    st.caption(t("speculative.cache_note", dropped=last.target_len_checked - last.target_len_after))
+    st.caption(t("speculative.round_ms", draft=f"{last.draft_ms:.1f}", target=f"{last.target_ms:.1f}",
+                 total=f"{last.total_ms:.1f}", passes=last.draft_passes))
+
+# -- running counts -------------------------------------------------------------------------------------------
+st.subheader(t("speculative.counts"))
+alpha = run.alpha
+m1, m2, m3, m4, m5 = st.columns(5)
+m1.metric(t("speculative.tokens"), len(run.new_ids))
+m2.metric(t("speculative.target_passes"), run.target_passes, help=t("speculative.target_passes_help"))
+m3.metric(t("speculative.draft_passes"), run.draft_passes)
+m4.metric(t("speculative.alpha"), "—" if alpha is None else f"{alpha:.2f}",
+          help=t("speculative.alpha_help", accepted=run.accepted, proposed=run.proposed))
+m5.metric(t("speculative.per_pass"), f"{run.tokens_per_pass:.2f}",
+          delta=None if alpha is None else t("speculative.expected",
+                                                value=f"{speculative.expected_tokens_per_pass(alpha, run.gamma):.2f}"),
+          delta_color="off", help=t("speculative.per_pass_help", gamma=run.gamma))
+st.dataframe([{t("speculative.col_round"): r.index + 1,
+               t("speculative.col_proposed"): " ".join(tok.token(c.id) for c in r.checks) or "—",
+               t("speculative.col_kept"): r.accepted,
+               t("speculative.col_next"): "—" if r.next_id is None else tok.token(r.next_id),
+               t("speculative.col_after"): r.target_len_after, "ms": round(r.total_ms, 1)} for r in run.rounds],
+             hide_index=True, width="stretch", height=min(36 * (len(run.rounds) + 1) + 2, 250))
+
+# -- speed against plain decoding -----------------------------------------------------------------------------
+st.subheader(t("speculative.speed"))
+if st.button(t("speculative.measure"), key="spec_measure", icon=":material/timer:"):
+    with st.spinner(t("speculative.measuring")):
+        st.session_state.spec_speed = guarded(lambda: speculative.compare_speed(
+            model, run.draft.name, run.prompt_ids, run.gamma, run.settings, run.max_new_tokens))
+speed = st.session_state.spec_speed
+if speed is None:
+    st.caption(t("speculative.measure_help"))
+else:
+    s1, s2, s3 = st.columns(3)
+    s1.metric(t("speculative.plain_ms"), f"{speed.plain_ms_per_token:.2f} ms")
+    s2.metric(t("speculative.spec_ms"), f"{speed.speculative_ms_per_token:.2f} ms")
+    s3.metric(t("speculative.speedup"), f"{speed.speedup:.2f}×")
+    st.caption(t("speculative.conditions", model=info.name, draft=run.draft.name, gamma=run.gamma,
+                 plain=speed.plain_tokens, spec=speed.speculative_tokens, passes=speed.target_passes,
+                 repeats=speed.repeats, device=speed.device, dtype=speed.dtype, threads=speed.threads))
+    st.markdown(t("speculative.speed_verdict_" + ("faster" if speed.speedup > 1 else "slower")))
+    if speed.alpha is not None and speed.cost_ratio is not None:
+        st.caption(t("speculative.predicted", alpha=f"{speed.alpha:.2f}", gamma=run.gamma,
+                     c=f"{speed.cost_ratio:.2f}",
+                     value=f"{speculative.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio):.2f}"))
+
+st.subheader(t("speculative.answer"))
+st.markdown(t("speculative.answer_text", text=md_escape(tok.decode(run.new_ids)) or "∅", n=len(run.new_ids)))
+if finished:
+    st.info(t("speculative.stopped", reason=t("stop." + run.stop_reason)))
+with st.expander(t("speculative.how")):
+    st.markdown(t("speculative.how_text"))
+    st.html('<p style="font-size:13px;color:#495057">' + escape(t("speculative.sources")) + "</p>")

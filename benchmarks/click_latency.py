@@ -1,0 +1,274 @@
+"""Click → settled in a real browser: a bare one-button Streamlit page against the app's clicks.
+
+    .venv/bin/python benchmarks/click_latency.py [--clicks 20] [--prompt "my mother"] [--app-root DIR]
+    .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200      # the real model, if fetched
+
+Starts its own servers on free ports (the bare page and the app, both under the project's .streamlit config)
+and the system Chromium, headless, 1280×720, in a fresh profile. Settled: the script run has finished (its
+"script finished" message reached the page), Streamlit's status widget is gone, every plotly chart is drawn,
+the expected text is shown, and no DOM mutation happened for QUIET_MS. The time is taken inside the page:
+from the click's (or key press's) event time to the last DOM mutation before the quiet period. Printed per
+action: p50, p95, p95 ÷ the bare page's p95, and the median time from the click to "script finished".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from conditions import ROOT, p50_p95, print_conditions
+from playwright.sync_api import Page, sync_playwright
+from ws_client import StreamlitServer
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+VIEWPORT = {"width": 1280, "height": 720}
+QUIET_MS = 100
+SETTLE_TIMEOUT_MS = 120_000
+
+BARE_PAGE = """
+import streamlit as st
+
+st.session_state.setdefault("clicks", 0)
+
+
+def count():
+    st.session_state.clicks += 1
+
+
+st.button("Click", key="click", on_click=count)
+st.write(f"clicks: {st.session_state.clicks}")
+"""
+
+# Before any page script: the time of each click / key press, of the last DOM mutation, and of each "script
+# finished" message on Streamlit's websocket (ForwardMsg field 6, read with a minimal protobuf field scanner).
+INSTRUMENT_JS = """
+(() => {
+  const lat = window.__lat = {input: null, last: performance.now(), finished: 0, finishedAt: null, bytes: 0};
+  const mark = e => { lat.input = e.timeStamp; };
+  window.addEventListener('click', mark, true);
+  window.addEventListener('keydown', mark, true);
+  const watch = () => new MutationObserver(() => { lat.last = performance.now(); }).observe(
+    document.documentElement, {subtree: true, childList: true, attributes: true, characterData: true});
+  if (document.documentElement) watch(); else document.addEventListener('DOMContentLoaded', watch);
+
+  const varint = (bytes, at) => {
+    let value = 0, scale = 1;
+    for (;;) { const b = bytes[at++]; value += (b & 127) * scale; scale *= 128; if (b < 128) return [value, at]; }
+  };
+  const scriptFinished = bytes => {  // the ScriptFinishedStatus, or null for any other ForwardMsg
+    let at = 0;
+    while (at < bytes.length) {
+      let tag, value;
+      [tag, at] = varint(bytes, at);
+      const field = Math.floor(tag / 8), wire = tag & 7;
+      if (wire === 0) { [value, at] = varint(bytes, at); if (field === 6) return value; }
+      else if (wire === 2) { [value, at] = varint(bytes, at); at += value; }
+      else if (wire === 1) at += 8;
+      else if (wire === 5) at += 4;
+      else return null;
+    }
+    return null;
+  };
+  const Native = window.WebSocket;
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener('message', ev => {
+        if (!(ev.data instanceof ArrayBuffer)) return;
+        lat.bytes += ev.data.byteLength;
+        const status = scriptFinished(new Uint8Array(ev.data));
+        if (status === 0 || status === 1 || status === 3) { lat.finished += 1; lat.finishedAt = performance.now(); }
+      });
+    }
+  };
+})();
+"""
+
+@dataclass
+class Click:
+    settled_ms: float   # click → settled, in the page
+    finished_ms: float  # click → the page's main thread handled "script finished"
+    server_cpu_ms: float  # the server process's CPU time meanwhile
+    kib: float          # websocket bytes the page received meanwhile
+
+
+SETTLED_JS = """
+([quiet, finishedBefore, expect]) => {
+  const lat = window.__lat;
+  if (lat.finished <= finishedBefore || performance.now() - lat.last < quiet) return false;
+  if (document.querySelector('[data-testid="stStatusWidget"]')) return false;
+  const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+  if (!charts.every(c => c.querySelector('.main-svg'))) return false;
+  return !expect || new RegExp(expect).test(document.body.textContent);
+}
+"""
+
+
+class Timer:
+    """Runs one user action; returns a Click: the page's times, the server's CPU time, the bytes it sent."""
+
+    def __init__(self, page: Page, server: StreamlitServer):
+        self.page, self.server = page, server
+
+    def __call__(self, action, expect: str | None = None) -> Click:
+        before = self.page.evaluate("[window.__lat.finished, window.__lat.bytes]")
+        cpu = self.server.cpu_seconds()
+        action()
+        self.page.wait_for_function(SETTLED_JS, arg=[QUIET_MS, before[0], expect], polling=20,
+                                    timeout=SETTLE_TIMEOUT_MS)
+        lat = self.page.evaluate("window.__lat")
+        return Click(lat["last"] - lat["input"], lat["finishedAt"] - lat["input"],
+                     1000 * (self.server.cpu_seconds() - cpu), (lat["bytes"] - before[1]) / 1024)
+
+
+def button(page: Page, key: str):
+    return page.locator(f".st-key-{key} button").first
+
+
+def enabled(page: Page, key: str) -> bool:
+    return button(page, key).is_enabled()
+
+
+def cache_length(page: Page) -> int:
+    return int(re.search(r"cache: (\d+) positions", page.locator("body").text_content()).group(1))
+
+
+def engine_ms(page: Page) -> float:
+    """The engine step's own time, as the step summary prints it."""
+    return float(re.search(r"([\d.]+) ms on ", page.locator("body").text_content()).group(1))
+
+
+def measure_bare(page: Page, server: StreamlitServer, clicks: int) -> list[Click]:
+    page.goto(server.url)
+    timer = Timer(page, server)
+    page.get_by_text("clicks: 0").wait_for()
+    times = [timer(button(page, "click").click, expect=f"clicks: {k}\\b") for k in range(1, clicks + 3)]
+    return times[2:]  # two warm-up clicks
+
+
+def set_text(timer: Timer, key: str, value: str) -> None:
+    """Type into a text or number input and commit it (Enter), then wait for the rerun."""
+    box = timer.page.locator(f".st-key-{key} input").first
+    if box.input_value() != value:  # an unchanged value starts no run
+        timer(lambda: (box.fill(value), box.press("Enter")))
+
+
+def choose_model(timer: Timer, name: str) -> None:
+    """Type the name into the sidebar's model box (it filters its options) and take the first match."""
+    box = timer.page.locator("[class*='st-key-model_name'] input").first
+    box.click()
+    box.fill(name)
+    timer(lambda: box.press("Enter"))
+
+
+def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, model: str) -> dict:
+    page.goto(server.url + "/decode?lang=en")
+    timer = Timer(page, server)
+    button(page, "run_prefill").wait_for()
+    if model != "small":
+        choose_model(timer, model)
+    set_text(timer, "max_new_tokens", str(clicks + 5))
+    set_text(timer, "prompt_text", prompt)
+    times: dict[str, list[Click]] = {k: [] for k in ("Prefill", "first Next after prefill", "Decode Next", "Back",
+                                              "sampling change", "Flash Next")}
+    engine: list[float] = []
+    for _ in range(clicks):  # the decode page shows the prompt form only before a run: Reset first
+        times["Prefill"].append(timer(button(page, "run_prefill").click, expect=r"cache: \d+ positions"))
+        start = cache_length(page)
+        times["first Next after prefill"].append(
+            timer(button(page, "next").click, expect=f"cache: {start + 1} positions"))
+        timer(button(page, "reset").click)
+    timer(button(page, "run_prefill").click, expect=r"cache: \d+ positions")
+    context = cache_length(page)
+    for series, key, other, change in (("Decode Next", "next", "back", 1), ("Back", "back", "next", -1)):
+        while len(times[series]) < clicks:
+            if not enabled(page, key):  # the run ended (end of text) or is back at the prefill: one unmeasured step
+                n = cache_length(page)
+                timer(button(page, other).click, expect=f"cache: {n - change} positions")
+            n = cache_length(page)
+            times[series].append(timer(button(page, key).click, expect=f"cache: {n + change} positions"))
+            if key == "next":
+                engine.append(engine_ms(page))
+    slider = page.locator(".st-key-temperature input[type='range']").first
+    for _ in range(clicks):  # 0.05 per key press, 0 → 1 in 20 presses
+        slider.focus()
+        times["sampling change"].append(timer(lambda: page.keyboard.press("ArrowRight")))
+    timer(page.locator("[data-testid='stSidebarNav'] a[href$='/flash']").first.click)
+    button(page, "flash_next").wait_for()
+    for _ in range(clicks):
+        if not enabled(page, "flash_next"):  # the walk's last tile: back to the first, unmeasured
+            timer(button(page, "flash_first").click)
+        times["Flash Next"].append(timer(button(page, "flash_next").click))
+    return {"times": times, "engine": engine, "context": context}
+
+
+def long_prompt(model_name: str, context: int) -> str:
+    """English text of at least `context` tokens for the model (its tokenizer counts)."""
+    from model import generate
+    from model.loading import load_model
+
+    model = load_model(model_name, "cpu")
+    sentence = "The students watch the model write one token at a time, and the cache grows by one position. "
+    text = sentence
+    while len(generate.encode_prompt(model, text).ids) < context:
+        text += sentence
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clicks", type=int, default=20)
+    parser.add_argument("--prompt", default="my mother")
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--context", type=int, default=0, help="make the prompt this many tokens long")
+    parser.add_argument("--app-root", type=Path, default=ROOT)
+    args = parser.parse_args()
+    prompt = long_prompt(args.model, args.context) if args.context else args.prompt
+    executable = shutil.which("chromium") or "/usr/bin/chromium"
+    browser_version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.strip()
+    print_conditions(args.app_root, browser=f"{browser_version}, headless, at "
+                     f"{VIEWPORT['width']}×{VIEWPORT['height']}, server and browser on this machine",
+                     model=f"{args.model} (float32, device 'auto' = cpu)",
+                     prompt=repr(prompt if len(prompt) < 60 else prompt[:57] + "..."),
+                     settled=f"script finished, no status widget, charts drawn, then {QUIET_MS} ms without a "
+                             "DOM mutation; time from the click's event to the last mutation")
+    bare_script = Path(tempfile.mkdtemp(prefix="bare-page-")) / "bare.py"
+    bare_script.write_text(BARE_PAGE)
+    with (StreamlitServer(bare_script) as bare, StreamlitServer("app.py", root=args.app_root) as app,
+          tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile, sync_playwright() as p):
+        context = p.chromium.launch_persistent_context(profile, executable_path=executable, headless=True,
+                                                       args=CHROMIUM_ARGS, viewport=VIEWPORT, locale="en-US")
+        context.add_init_script(INSTRUMENT_JS)
+        page = context.pages[0] if context.pages else context.new_page()
+        page.set_default_timeout(SETTLE_TIMEOUT_MS)
+        bare_times = measure_bare(page, bare, args.clicks)
+        result = measure_app(page, app, args.clicks, prompt, args.model)
+        context.close()
+    print(f"context after prefill: {result['context']} positions; load average after the run: "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    _, bare95 = p50_p95([c.settled_ms for c in bare_times])
+    print(f"{'action':<25} {'clicks':>6} {'p50 ms':>7} {'p95 ms':>7} {'p95/bare':>8}   {'→finished':>9} "
+          f"{'server CPU':>10} {'received':>9}")
+    print(f"{'':<25} {'':>6} {'':>7} {'':>7} {'':>8}   {'p50 ms':>9} {'p50 ms':>10} {'p50 KiB':>9}")
+    for name, rows in [("bare page", bare_times), *result["times"].items()]:
+        if not rows:
+            print(f"{name:<25} {0:>6} (not measured)")
+            continue
+        s50, s95 = p50_p95([c.settled_ms for c in rows])
+        f50, cpu50, kib50 = (p50_p95([getattr(c, f) for c in rows])[0] for f in ("finished_ms", "server_cpu_ms", "kib"))
+        print(f"{name:<25} {len(rows):>6} {s50:>7.0f} {s95:>7.0f} {s95 / bare95:>7.2f}×   {f50:>9.0f} {cpu50:>10.0f} "
+              f"{kib50:>9.1f}")
+    if result["engine"]:
+        e50, e95 = p50_p95(result["engine"])
+        print(f"engine decode step alone (the page's step summary): p50 {e50:.1f} ms, p95 {e95:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""What a benchmark prints beside its numbers: the machine, its load, the versions, the code measured."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the project, and the websocket client beside the tests
+
+from model.bench import percentile  # noqa: E402
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def code_version(app_root: Path) -> str:
+    """The commit of the measured tree, '+ uncommitted changes' when its files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if app_root.resolve() != ROOT:
+        return f"copy at {app_root}"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return git("log", "-1", "--format=%h %s")[:70] + (" + uncommitted changes" if dirty else "")
+
+
+def print_conditions(app_root: Path, **details) -> None:
+    """Printed before the run, so that the load average is the machine's, not the benchmark's own."""
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, load average before the run {load} (1, 5, 15 min)")
+    print("versions: python {}, streamlit {}, plotly {}, torch {}, playwright {}".format(
+        platform.python_version(), version("streamlit"), version("plotly"), version("torch"), version("playwright")))
+    print(f"code: {code_version(app_root)}")
+    for name, value in details.items():
+        print(f"{name.replace('_', ' ')}: {value}")
+
+
+def p50_p95(values: list[float]) -> tuple[float, float]:
+    return percentile(values, 50), percentile(values, 95)

@@ -1,0 +1,197 @@
+"""Loading a model: where it is (model/catalog.py), checks before any weight is read, then the native Llama
+(model/runtime.py) or transformers (model/hf.py).
+
+Every way loading can fail ends as an InputError, a sentence in the user's language; the details (paths,
+the library's exception) go to the server log. Checked before loading: the operator's settings, a config
+that parses, a causal LM, safetensors weights only, and the size (parameters × 4 bytes, counted on
+the meta device, which allocates nothing) against DECODE_LAB_MAX_MODEL_BYTES.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from model.catalog import (
+    SAFETENSORS,
+    SOURCE_FILE,
+    Location,
+    language,
+    list_models,
+    locate,
+    read_config,
+    runs_native,
+    settings,
+)
+from model.errors import InputError
+from model.llama import Llama, LlamaConfig
+from model.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
+from model.tokenizer import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+FLOAT32_BYTES = 4
+
+
+def model_key(name: str, device: str = "auto") -> tuple[str, str]:
+    """One key per real model, so that a process caches one copy of each: a listed name as it is, a folder as
+    its absolute path (no trailing slash, no "~", no ".."), and the device "auto" resolves to ("cpu", "cuda")."""
+    name = name.strip()
+    if name not in list_models(settings().models_dir) and Path(name).expanduser().exists():
+        name = str(Path(name).expanduser().resolve())
+    return name, pick_device(device).type
+
+
+def load_model(name: str = "small", device: str = "auto", allow_download: bool = False) -> LoadedModel:
+    """A listed name, a model folder, or a Hugging Face Hub id (a download only when the operator allows it and
+    `allow_download` asks for it). Llama checkpoints the native model can run load there, the rest in
+    transformers."""
+    return _load_reporting_failures(lambda: locate(name, allow_download), name, device)
+
+
+def load_session_checkpoint(name: str, folder: str, device: str = "auto") -> LoadedModel:
+    """A checkpoint the Train page saved for one session: a folder the server wrote itself, so it loads without
+    DECODE_LAB_ALLOW_PATHS (the same size and format checks apply)."""
+    return _load_reporting_failures(lambda: Location(name, str(Path(folder).resolve()), True, False), name, device)
+
+
+def _load_reporting_failures(where: Callable[[], Location], name: str, device: str) -> LoadedModel:
+    """Every failure becomes an InputError sentence; the details go to the server log."""
+    t0 = time.perf_counter()
+    try:
+        location = where()
+        model = _load(location, device)
+    except InputError:
+        raise
+    except torch.OutOfMemoryError:
+        log.exception("loading %r ran out of memory", name)
+        raise InputError("out_of_memory", device=device) from None
+    except Exception as failed:
+        log.exception("loading %r failed", name)
+        raise InputError("load_failed", path=name, reason=type(failed).__name__) from None
+    model.facts = load_facts(model, location, time.perf_counter() - t0)
+    return model
+
+
+def _load(location: Location, device: str) -> LoadedModel:
+    name = location.name
+    config = read_config(_config_path(location), name)
+    native = runs_native(location, config)
+    if not native:
+        from model import hf
+
+        hf.check_causal_lm(location, config)
+        hf.check_safetensors(location)
+    parameters = count_parameters(config, native, name)
+    check_size(parameters, name)
+    if location.local:
+        check_weights_readable(Path(location.where), name)
+    dev = pick_device(device)
+    if native:
+        folder = Path(location.where)
+        try:
+            tokenizer = load_tokenizer(folder)
+        except Exception:
+            log.exception("tokenizer of %r", name)
+            raise InputError("no_tokenizer", path=name) from None
+        return warmed_up(NativeModel(name, Llama.load(folder, dev), tokenizer, dev, language(name)))
+    from model import hf
+
+    return warmed_up(hf.load_transformers(location, dev, language(name)))
+
+
+def _config_path(location: Location) -> Path:
+    if location.local:
+        return Path(location.where) / "config.json"
+    from model import hf
+
+    return hf.hub_file(location, "config.json")
+
+
+def count_parameters(config: dict, native: bool, name: str) -> int:
+    """Distinct parameters (a tied LM head once) of the model this config describes, built on the meta device:
+    shapes without memory, so a config asking for 64 GiB costs nothing to check."""
+    try:
+        if native:
+            with torch.device("meta"):
+                module = Llama(LlamaConfig.from_hf_dict(config))
+        else:
+            from model import hf
+
+            module = hf.empty_module(config)
+        return sum(p.numel() for p in module.parameters())
+    except Exception:
+        log.exception("config of %r does not describe a model", name)
+        raise InputError("bad_config", path=name) from None
+
+
+def check_size(parameters: int, name: str) -> None:
+    limit = settings().max_model_bytes
+    needed = parameters * FLOAT32_BYTES
+    if needed > limit:
+        raise InputError("too_big", path=name, parameters=f"{parameters:,}", gb=f"{needed / 1e9:.1f}",
+                         limit_gb=f"{limit / 1e9:.1f}")
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: one model.safetensors, or the shards an index lists."""
+    single, index = folder / SAFETENSORS[0], folder / SAFETENSORS[1]
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        shards = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()
+        return [folder / shard for shard in sorted(set(shards))]
+    return []
+
+
+def check_weights_readable(folder: Path, name: str) -> None:
+    """Open each safetensors file's header (a few KB): a truncated or corrupt file is refused before loading."""
+    from safetensors import safe_open
+
+    try:
+        files = weight_files(folder)
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                f.keys()
+    except Exception:
+        log.exception("weights of %r are unreadable", name)
+        raise InputError("corrupt_weights", path=name) from None
+    if not files:
+        raise InputError("no_safetensors", path=name)
+
+
+def load_facts(model: LoadedModel, location: Location, seconds: float) -> LoadFacts:
+    """What cell 5A shows: the file, where it came from, its size and the parameters it became."""
+    folder = Path(location.where) if location.local else None
+    files = weight_files(folder) if folder is not None else []
+    parameters = sum(p.numel() for p in model.module.parameters())
+    return LoadFacts(
+        file=", ".join(f.name for f in files),
+        source=_source(folder, location.name), quantization=_quantization(folder), parameters=parameters,
+        file_bytes=sum(f.stat().st_size for f in files), memory_bytes=parameters * model.info.bytes_per_element,
+        dtype=model.info.dtype, device=model.info.device, load_s=seconds,
+    )
+
+
+def _fetched_source(folder: Path | None) -> dict | None:
+    """A fetched model's source.json: what it was made from."""
+    path = folder / SOURCE_FILE if folder is not None else None
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+
+
+def _source(folder: Path | None, name: str) -> str:
+    """A fetched model's package and file; else the folder's name (not the server's path)."""
+    fetched = _fetched_source(folder)
+    if fetched is not None:
+        return f"{fetched['package']} (PyPI): {fetched['gguf']} ({fetched['gguf_bytes']:,} B)"
+    return folder.name if folder is not None else name
+
+
+def _quantization(folder: Path | None) -> tuple[str, str] | None:
+    fetched = _fetched_source(folder)
+    return None if fetched is None else (fetched["quantization"], fetched["embedding_quantization"])

@@ -1,0 +1,185 @@
+"""What a class does to one server: strict input, escaped sentences, stable choices across languages, the
+per-session memory budget and its formula, one shared copy per model."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import streamlit as st
+import torch
+from streamlit.testing.v1 import AppTest
+
+from model.errors import InputError
+from model.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start
+from model.llama import Llama, LlamaConfig
+from model.loading import load_model
+from model.runtime import NativeModel
+from model.sampling import SHOWN_CANDIDATES, SamplingSettings
+from model.steps import max_abs_logit_diff, recompute
+from model.texts import text
+from model.tokenizer import WordTokenizer, build_word_tokenizer
+from ui.session import model_key, shared_model
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+GREEDY = SamplingSettings()
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_model("small", "cpu")
+
+
+@pytest.fixture(scope="module")
+def micro():
+    return load_model("micro", "cpu")
+
+
+@pytest.fixture(scope="module")
+def endless():
+    """A random model whose vocabulary has no <eos>: only the token limit ends its runs."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    tok = WordTokenizer(build_word_tokenizer(["<pad>", "<bos>"] + [f"w{i}" for i in range(38)]))
+    return NativeModel("endless", Llama(cfg).eval().requires_grad_(False), tok, torch.device("cpu"))
+
+
+# -----------------------------------------------------------------------------
+# input
+
+
+@pytest.mark.parametrize(("typed", "ids"), [("1, 3", [1, 3]), ("1,3", [1, 3]), (" 1 , 3 ", [1, 3]), ("7", [7])])
+def test_prompt_ids_read_plain_comma_separated_integers(micro, typed, ids):
+    assert parse_prompt_ids(micro, typed) == ids
+
+
+@pytest.mark.parametrize("typed", ["1,,3", "1_0", "１,３", "1 3", "", ",1", "1,", "+1", "-1", "8", "1;3"])
+def test_prompt_ids_refuse_anything_else(micro, typed):
+    with pytest.raises(InputError) as bad:
+        parse_prompt_ids(micro, typed)
+    assert bad.value.code == "bad_prompt_ids"
+
+
+def open_page(page: str, model: str = "small", lang: str = "vi") -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["lang"] = lang
+    at.session_state["model_name"] = model
+    at.session_state["device"] = "cpu"
+    at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
+    at.run()
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_an_error_sentence_shows_typed_markdown_as_text():
+    at = open_page("app_pages/prefill.py", model="micro")
+    at.text_input(key="prompt_ids_text").set_value("![x](http://198.51.100.1/x.png)").run()
+    at.button(key="run_prefill").click().run()
+    sentence = at.error[0].value
+    assert "![x](http" not in sentence
+    assert r"\!\[x\]\(http" in sentence
+
+
+def test_a_prompt_over_the_limit_is_a_sentence_and_the_run_stays():
+    at = open_page("app_pages/decode.py")
+    at.button(key="run_prefill").click().run()
+    gen = at.session_state["generation"]
+    at.switch_page("app_pages/prefill.py")
+    at.run()
+    at.text_input(key="prompt_text").set_value("con " * 501).run()
+    at.button(key="run_prefill").click().run()
+    assert "2004" in at.error[0].value and "2000" in at.error[0].value
+    assert at.session_state["generation"] is gen
+    assert at.text_input(key="prompt_text").value == "con " * 501
+
+
+# -----------------------------------------------------------------------------
+# choices keep their ids when the language changes
+
+
+def test_three_language_switches_keep_the_model_the_device_and_the_run():
+    at = open_page("app_pages/decode.py", model="micro")
+    at.button(key="run_prefill").click().run()
+    gen = at.session_state["generation"]
+    for lang in ("en", "vi", "en"):
+        at.radio(key="lang").set_value(lang).run()
+        assert not at.exception and not at.error
+        assert at.selectbox(key=f"model_name.{lang}").value == "micro"
+        assert at.selectbox(key=f"device.{lang}").value == "cpu"
+        assert at.session_state["model_name"] == "micro" and at.session_state["generation"] is gen
+
+
+def test_choosing_another_model_keeps_a_typed_prompt_and_replaces_an_example():
+    at = open_page("app_pages/prefill.py")
+    assert at.text_input(key="prompt_text").value == "con mèo"  # small's example
+    at.selectbox(key="model_name.vi").set_value("micro").run()
+    assert at.session_state["prompt_text"] == "ăn"  # an example follows the model
+    at.session_state["prompt_text"] = "con chó ăn cá"
+    at.selectbox(key="model_name.vi").set_value("small").run()
+    assert at.session_state["prompt_text"] == "con chó ăn cá"
+
+
+def test_the_prompt_mode_cannot_be_left_empty():
+    at = open_page("app_pages/prefill.py")
+    at.button_group(key="prompt_mode.vi").set_value(None).run()
+    assert at.session_state["prompt_mode"] == "text"
+    assert at.text_input(key="prompt_text").value == "con mèo"
+
+
+# -----------------------------------------------------------------------------
+# memory
+
+
+def formula_bytes(info, prompt_len: int, new_tokens: int) -> int:
+    """README: 2·L·H·(N² + Σ cache_len) bytes of float16 attention + 4·V·LOGITS_KEPT bytes of float32 logits
+    + 8·SHOWN_CANDIDATES bytes per draw (int32 id + float32 probability)."""
+    cache_lens = [prompt_len + k for k in range(1, new_tokens)]  # each decode step's cache after it
+    attention = 2 * info.n_layers * info.n_heads * (prompt_len**2 + sum(cache_lens))
+    logits = 4 * info.vocab_size * min(LOGITS_KEPT, new_tokens)
+    return attention + logits + 8 * SHOWN_CANDIDATES * new_tokens
+
+
+@pytest.mark.parametrize("new_tokens", [1, 2, 30])
+def test_a_run_keeps_exactly_the_readme_formula(endless, new_tokens):
+    gen = start(endless, [1, 5, 6, 7, 8], SamplingSettings(temperature=1.0, seed=2), new_tokens)
+    run_to_end(endless, gen)
+    assert len(gen.samples) == new_tokens
+    assert gen.nbytes == formula_bytes(endless.info, len(gen.prompt_ids), new_tokens)
+
+
+def test_past_the_budget_the_oldest_attention_goes_and_back_still_rewinds(endless):
+    prompt, sampled = [1, 5, 6, 7, 8], SamplingSettings(temperature=1.0, seed=4)
+    whole = start(endless, prompt, sampled, 60)
+    logits_seen = {0: whole.steps[0].logits.copy()}
+    run_to_end(endless, whole, on_step=lambda g: logits_seen.setdefault(len(g.steps) - 1, g.steps[-1].logits.copy()))
+    # room for 12 steps' attention, every draw and the KV cache buffers of the whole run (128 positions reserved)
+    budget = formula_bytes(endless.info, len(prompt), 12) + 8 * SHOWN_CANDIDATES * 60 + whole.cache.nbytes_reserved()
+    gen = start(endless, prompt, sampled, 60, budget_bytes=budget)
+    run_to_end(endless, gen)
+    assert gen.new_ids == whole.new_ids and gen.stop_reason == "max_new_tokens"
+    assert gen.memory_bytes <= budget and gen.attention_dropped > 0
+    assert gen.steps[1].attention is None and gen.steps[-1].attention is not None
+    for _ in range(5):  # older logits were dropped: Back runs the step again and gets them back
+        back(endless, gen)
+        np.testing.assert_allclose(gen.steps[-1].logits, logits_seen[len(gen.steps) - 1], atol=1e-5)
+        assert max_abs_logit_diff(gen.steps[-1], recompute(endless, gen.ids[: gen.steps[-1].cache_len])) < 1e-4
+
+
+def test_a_prefill_over_the_budget_stops_with_a_sentence(small):
+    gen = start(small, [1, 5, 6, 7, 8], GREEDY, 20, budget_bytes=1000)
+    assert gen.stop_reason == "memory_budget"
+    assert text("stop.memory_budget", "vi") and text("stop.memory_budget", "en")
+
+
+# -----------------------------------------------------------------------------
+# the shared models
+
+
+def test_auto_and_cpu_share_one_copy_and_clearing_streamlits_cache_keeps_it():
+    assert model_key("small", "auto") == model_key("small", "cpu")
+    first = shared_model("small", "auto")
+    st.cache_resource.clear()  # what any visitor's websocket can ask for
+    assert shared_model("small", "cpu") is first

@@ -1,0 +1,170 @@
+"""The speculative decoding page under AppTest (rounds, crops, counts, language switch, bad input) and in
+headless Chromium (screenshots at 1280×720 and 1440×900, vi and en)."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from model import generate
+from model.loading import load_model
+from model.sampling import SamplingSettings
+from model.texts import text
+
+TIMEOUT = 60
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PAGE = "app_pages/speculative.py"
+
+
+def open_page(lang: str = "vi", prompt: str = "my mother cooks", draft: str = "small-draft", gamma: int = 4) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["lang"] = lang
+    at.session_state["model_name"] = "small"
+    at.session_state["device"] = "cpu"
+    at.session_state["prompt_mode"] = "text"
+    at.session_state["prompt_text"] = prompt
+    at.session_state["spec_draft"] = draft
+    at.session_state["spec_gamma"] = gamma
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_page_runs_before_and_after_a_round(lang):
+    at = open_page(lang)
+    assert at.session_state["spec_run"] is None and not at.error
+    click(at, "spec_start")
+    run = at.session_state["spec_run"]
+    assert len(run.rounds) == 1 and not at.error
+    assert run.cache.length == len(run.ids) - 1  # cropped to the accepted tokens
+    heading = {"vi": "Vòng 1: small-draft đề xuất 4 token (γ = 4)",
+               "en": "Round 1: small-draft proposes 4 tokens (γ = 4)"}[lang]
+    assert heading in [h.value for h in at.subheader]
+
+
+def test_rounds_to_the_end_give_plain_greedy_output():
+    at = click(open_page("en", gamma=1), "spec_start")  # at most 2 tokens a round: the answer takes 3 or more
+    run = at.session_state["spec_run"]
+    click(at, "spec_next")
+    assert len(run.rounds) == 2
+    click(at, "spec_run_to_end")
+    assert run.stop_reason == "eos" and at.button(key="spec_next").disabled
+    small = load_model("small", "cpu")
+    plain = generate.start(small, run.prompt_ids, SamplingSettings(), 20)
+    generate.run_to_end(small, plain)
+    assert run.new_ids == plain.new_ids
+    assert any("noodle soup for me" in m.value for m in at.markdown)
+    counts = {m.label: m.value for m in at.metric}
+    assert counts["target passes"] == str(len(run.rounds))
+    assert counts["tokens produced"] == str(len(plain.new_ids))
+
+
+def test_measure_prints_both_times_and_the_conditions():
+    at = click(click(open_page("en"), "spec_start"), "spec_measure")
+    speed = at.session_state["spec_speed"]
+    assert speed.plain_ms_per_token > 0 and speed.speculative_ms_per_token > 0
+    labels = [m.label for m in at.metric]
+    assert "plain decoding, per token" in labels and "speculative, per token" in labels
+    assert any(c.value.startswith("Conditions: model small, draft small-draft, γ = 4;") for c in at.caption)
+
+
+def test_early_exit_and_lookup_drafts():
+    at = open_page("en", prompt="the cat eats fish . the cat", draft="early-exit")
+    assert at.number_input(key="spec_exit_layers").value == 2  # two thirds of small's 4 layers
+    at.number_input(key="spec_exit_layers").set_value(1).run()
+    click(at, "spec_start")
+    assert at.session_state["spec_run"].draft.name == "early-exit:1"
+    at = click(open_page("en", prompt="the cat eats fish . the cat", draft="lookup"), "spec_start")
+    run = at.session_state["spec_run"]
+    # the last two words "the cat" occurred before: lookup copies "eats fish . the", the target keeps the first
+    # three and ends the sentence itself
+    first = run.rounds[0]
+    assert [run.target.tokenizer.token(c.id) for c in first.checks] == ["eats", "fish", ".", "the"]
+    assert [c.accepted for c in first.checks] == [True, True, True, False]
+    assert (first.next_kind, first.next_id) == ("corrected", run.target.info.eos_id)
+    assert run.stop_reason == "eos" and len(run.rounds) == 1
+
+
+def test_sampled_round_shows_r_and_the_resampling_distribution():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in {"lang": "en", "model_name": "small", "device": "cpu", "prompt_mode": "text",
+                       "prompt_text": "con mèo", "temperature": 1.0, "seed": 0}.items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    click(at, "spec_start")
+    first = at.session_state["spec_run"].rounds[0]
+    # seed 0: the draft's first word "ngủ" (q 0.148) gets p 0.130 from the target, and r 0.883 ≥ p/q 0.877
+    assert (first.checks[0].accepted, first.next_kind) == (False, "resampled")
+    proposals, residual = at.dataframe[0].value, at.dataframe[1].value
+    assert list(proposals["r ~ U[0, 1)"]) == ["0.8831", "—", "—", "—"]
+    assert proposals["min(1, p/q)"].iloc[0] == f"{first.checks[0].threshold:.4f}" == "0.8768"
+    assert list(proposals["verdict"]) == ["✗ rejected", "· dropped", "· dropped", "· dropped"]
+    assert "max(0, p − q) normalised" in residual.columns
+    assert residual["max(0, p − q) normalised"].sum() <= 1.0 + 1e-9
+    assert not at.error
+
+
+def test_micro_course_example_with_the_drafts_it_can_use():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in {"lang": "vi", "model_name": "micro", "device": "cpu", "prompt_mode": "ids",
+                       "prompt_ids_text": "1, 3"}.items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert at.selectbox(key="spec_draft.vi").options == [
+        "Tra cứu trong prompt (chép n-gram)", "Thoát sớm: K lớp đầu của mô hình"]  # small-draft: another vocabulary
+    click(at, "spec_start")
+    click(at, "spec_run_to_end")
+    run = at.session_state["spec_run"]
+    assert run.new_ids == [4, 6] and run.stop_reason == "eos"  # "cá", then <eos>, as plain decoding
+    assert not at.error
+
+
+def test_language_switch_keeps_the_run():
+    at = click(click(open_page("vi"), "spec_start"), "spec_next")
+    run = at.session_state["spec_run"]
+    before = (len(run.rounds), run.new_ids)
+    at.radio(key="lang").set_value("en").run()
+    assert not at.exception
+    after = at.session_state["spec_run"]
+    assert (len(after.rounds), after.new_ids) == before
+
+
+def test_bad_prompt_gets_a_sentence_and_keeps_the_run():
+    at = click(open_page("en"), "spec_start")
+    run = at.session_state["spec_run"]
+    at.text_input(key="prompt_text").set_value("   ").run()
+    click(at, "spec_start")
+    assert [e.value for e in at.error] == [text("error.empty_prompt", "en")]
+    assert at.session_state["spec_run"] is run
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize(("lang", "size"), [("vi", (1280, 720)), ("en", (1440, 900))])
+def test_browser_rounds(app_server, browser_page, artifacts, lang, size):
+    page = browser_page
+    page.set_viewport_size({"width": size[0], "height": size[1]})
+    page.goto(f"{app_server}/speculative?lang={lang}")
+    start = {"vi": "Bắt đầu (vòng 1)", "en": "Start (round 1)"}[lang]
+    page.get_by_role("button", name=start).click(timeout=90_000)  # the first visit loads the model
+    round_2 = {"vi": "Vòng 2:", "en": "Round 2:"}[lang]
+    page.get_by_role("button", name={"vi": "Vòng kế tiếp", "en": "Next round"}[lang]).click()
+    page.get_by_text(round_2).first.wait_for(timeout=30_000)
+    page.screenshot(path=str(artifacts / f"speculative-{lang}-{size[0]}.png"))
+    page.get_by_role("button", name={"vi": "Đo: suy đoán", "en": "Measure: speculative"}[lang]).click()
+    page.get_by_text({"vi": "Điều kiện: mô hình small", "en": "Conditions: model small"}[lang]).wait_for(timeout=60_000)
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.set_viewport_size({"width": size[0], "height": 2600})  # the app scrolls inside: a tall window shows it all
+    page.screenshot(path=str(artifacts / f"speculative-{lang}-{size[0]}-tall.png"))

@@ -1,0 +1,157 @@
+"""The Train page under AppTest (one step, N steps, save, side-by-side, memory) and in a real browser."""
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ui.pages import page
+
+TIMEOUT = 120
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PAGE = "app_pages/train.py"
+
+
+def open_train(lang: str = "vi", model: str = "micro") -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["lang"] = lang
+    at.session_state["device"] = "cpu"
+    at.session_state["train_model"] = model
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def click(at: AppTest, key: str) -> AppTest:
+    at.button(key=key).click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_train_page_before_and_after_one_step(lang):
+    at = open_train(lang)
+    assert at.session_state["train_trainer"].steps_done == 0
+    assert metric(at, "Số câu" if lang == "vi" else "Sentences") == "4"
+    click(at, "train_one")
+    trainer = at.session_state["train_trainer"]
+    assert trainer.steps_done == 1
+    assert metric(at, "Loss") == f"{trainer.last.loss:.4f}"
+    assert metric(at, "ln V") == f"{math.log(8):.4f}"  # micro: 8 tokens, ln 8 = 2.0794
+    assert any("<td>-100</td>" in h.proto.body for h in at.get("html"))  # the ignored label value in the 1C grid
+
+
+def test_every_cell_of_the_registry_has_its_anchor_on_the_page():
+    at = click(open_train(), "train_one")
+    anchors = {h.proto.anchor for h in at.subheader}
+    assert set(page("train").cells.values()) <= anchors
+    assert set(page("train").cells) == {"1A", "1B", "1C", "2A", "2B", "2C", "2D", "3A", "3B", "3C", "3D", "3E",
+                                        "4A", "4B", "4C"}
+
+
+def test_run_n_steps_then_reset():
+    at = open_train()
+    at.number_input(key="train_n").set_value(5).run()
+    click(at, "train_run")
+    trainer = at.session_state["train_trainer"]
+    assert trainer.steps_done == 5 and [p.step for p in trainer.history] == [1, 2, 3, 4, 5]
+    click(at, "train_reset")
+    assert at.session_state["train_trainer"].steps_done == 0
+
+
+def test_settings_apply_from_the_next_step_and_a_new_seed_starts_again():
+    at = click(open_train(), "train_one")
+    at.number_input(key="train_clip").set_value(0.3).run()
+    click(at, "train_one")
+    trainer = at.session_state["train_trainer"]
+    assert trainer.steps_done == 2 and trainer.last.clip == 0.3
+    at.number_input(key="train_seed").set_value(5).run()
+    assert at.session_state["train_trainer"].steps_done == 0
+
+
+def test_save_checkpoint_records_it_for_the_session_and_compares_greedy_answers():
+    at = open_train("en")
+    at.number_input(key="train_n").set_value(3).run()
+    click(at, "train_run")
+    click(at, "train_save")
+    checkpoints = at.session_state["session_checkpoints"]
+    assert list(checkpoints) == ["micro-random-seed0-step3"]
+    folder = Path(checkpoints["micro-random-seed0-step3"])
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    click(at, "train_compare_run")
+    (bundled, bundled_text), (saved, _) = at.session_state["train_compare"]
+    assert (bundled, saved) == ("micro", "micro-random-seed0-step3")
+    assert bundled_text == "cá"  # the course example: greedy on "ăn" answers "cá", then <eos>
+
+
+def test_memory_measure_shows_both_savers():
+    at = click(click(open_train("en"), "train_one"), "train_measure")
+    fp32, bf16, ckpt = at.session_state["train_memory"][0]
+    assert ckpt.loss == pytest.approx(fp32.loss, abs=1e-6) and bf16.loss != fp32.loss
+    assert at.session_state["train_trainer"].steps_done == 1  # measuring trains nothing
+
+
+def test_bad_settings_are_a_sentence():
+    at = open_train("en")
+    at.number_input(key="train_seq_len").set_value(30).run()  # micro's context holds 16 positions
+    assert not at.exception
+    assert at.error and "sequence length 1–16" in at.error[0].value
+
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_browser_one_step_shows_the_loss(app_server, browser_page, artifacts, lang):
+    page_, words = browser_page, {"vi": ("Một bước", "Làm lại"), "en": ("One step", "Reset")}[lang]
+    page_.goto(f"{app_server}/train?lang={lang}")
+    page_.get_by_role("button", name=words[0]).first.click()
+    loss = page_.locator('[data-testid="stMetric"]').filter(has_text=re.compile(r"^Loss")).first
+    loss.wait_for(timeout=90_000)
+    value = float(re.search(r"\d+\.\d{4}", loss.inner_text()).group())
+    assert abs(value - math.log(525)) < 0.1  # small from random weights: near ln V
+    assert page_.locator("[data-testid='stException']").count() == 0
+    page_.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page_.screenshot(path=str(artifacts / f"train-1440x900-{lang}.png"))
+    page_.set_viewport_size({"width": 1280, "height": 720})
+    page_.screenshot(path=str(artifacts / f"train-1280x720-{lang}.png"))
+
+
+@pytest.mark.browser
+def test_browser_cancel_keeps_the_steps_done(app_server, browser_page):
+    page_ = browser_page
+    page_.goto(f"{app_server}/train?lang=en")
+    page_.get_by_label("N steps").fill("500")
+    page_.get_by_label("N steps").press("Enter")
+    page_.get_by_role("button", name="Run 500 steps").click()
+    page_.get_by_text(re.compile(r"Step \d+/500")).first.wait_for(timeout=90_000)  # the progress bar moves
+    page_.get_by_role("button", name="Cancel").click()
+    stopped = page_.get_by_text(re.compile(r"Stopped after \d+ of 500 steps")).first
+    stopped.wait_for(timeout=90_000)
+    done = int(re.search(r"after (\d+) of", stopped.inner_text()).group(1))
+    assert 1 <= done < 500
+    assert page_.get_by_text(f"Steps done: {done} ").count() == 1
+
+
+def test_a_saved_checkpoint_is_a_sidebar_model_that_the_decode_page_runs():
+    """3E → 5A: the checkpoint this session saved is listed in the sidebar (for this session) and decodes."""
+    at = click(click(open_train(model="micro"), "train_one"), "train_save")
+    name = next(iter(at.session_state["session_checkpoints"]))
+    assert any(name in label for label in at.selectbox(key="model_name.vi").options)
+    at.selectbox(key="model_name.vi").set_value(name).run()
+    at.switch_page("app_pages/decode.py")
+    at.run()
+    at.session_state["prompt_mode"] = "ids"
+    at.run()
+    click(at, "run_prefill")
+    gen = at.session_state["generation"]
+    assert at.session_state["generation_for"][0] == name and gen.prompt_ids == [1, 3]
+    assert gen.cache.length == 2

@@ -1,0 +1,250 @@
+"""Sessions without browsers: a Streamlit server of our own on a free port, and a client of Streamlit's websocket
+protocol (protobuf BackMsg / ForwardMsg over /_stcore/stream), for the burst, isolation and load measurements.
+
+    with StreamlitServer("app.py") as server:
+        s = Session(server.ws_url, page="decode", query="lang=en")
+        await s.connect(); await s.run()                   # the first run sends the page's widgets
+        s.set_value("prompt_text", "my mother")            # widgets are found by their user key
+        seconds = await s.run("run_prefill")               # press a button; wait until the run has finished
+
+A click on a widget inside an st.fragment reruns only that fragment, as the browser does. `page` models what
+the browser shows: the last element at each delta path. Written against Streamlit 1.67; a measuring tool, not
+part of the product. Adapted from the team's shared/tools/streamlit_ws_client.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import websockets
+from streamlit.proto.BackMsg_pb2 import BackMsg
+from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT_S = 90
+WIDGET_KINDS = ("button", "text_input", "number_input", "slider", "checkbox", "selectbox", "radio",
+                "button_group", "toggle", "text_area")
+FINISHED = {0: "ok", 1: "compile error", 3: "fragment ok"}  # ForwardMsg.ScriptFinishedStatus; 2 = stopped for a rerun
+WEIGHTS_LINE = "decode-lab-test: weights read from "
+
+# Run by the server process when counting is asked for: every safetensors read prints one line to stderr, so a
+# test sees each model load (the app's own caching, whatever its shape, cannot hide a real reload).
+_COUNTING_LAUNCHER = f"""
+import sys
+import safetensors, safetensors.torch
+
+def counted(original):
+    def read(path, *args, **kwargs):
+        print({WEIGHTS_LINE!r} + str(path), file=sys.stderr, flush=True)
+        return original(path, *args, **kwargs)
+    return read
+
+safetensors.torch.load_file = counted(safetensors.torch.load_file)
+safetensors.safe_open = counted(safetensors.safe_open)
+from streamlit.web.cli import main
+sys.argv = ["streamlit", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StreamlitServer:
+    """`streamlit run <script>` on a free port of 127.0.0.1, from the project root (so its .streamlit/config.toml
+    applies; `root` runs another copy of the project, e.g. an older commit for a before/after measurement), until
+    the `with` block ends. count_weight_reads: log every safetensors read (see weight_reads)."""
+
+    def __init__(self, script: str | Path = "app.py", *options: str, count_weight_reads: bool = False,
+                 env: dict[str, str] | None = None, root: Path = ROOT):
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/_stcore/stream"
+        launcher = ["-c", _COUNTING_LAUNCHER] if count_weight_reads else ["-m", "streamlit"]
+        self.command = [sys.executable, *launcher, "run", str(script), "--server.headless", "true",
+                        "--server.port", str(self.port), "--server.address", "127.0.0.1",
+                        "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none", *options]
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(tempfile.mkstemp(prefix="streamlit-", suffix=".log")[1])
+
+    def __enter__(self) -> StreamlitServer:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.command, cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"streamlit did not start (exit {self.proc.returncode}):\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self.log_path.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/_stcore/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def weight_reads(self) -> list[str]:
+        return [line[len(WEIGHTS_LINE):] for line in self.log().splitlines() if line.startswith(WEIGHTS_LINE)]
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far (all its threads), from /proc/<pid>/stat."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
+class Session:
+    """One browser tab's worth of protocol: the page's widgets, the values this session set, the shown elements."""
+
+    def __init__(self, ws_url: str, page: str = "decode", query: str = "lang=en"):
+        self.ws_url, self.page_name, self.query = ws_url, page, query
+        self.ws = None
+        self.page_hash = ""
+        self.widgets: dict[str, tuple[str, str, str]] = {}  # user key -> (widget id, kind, fragment id)
+        self.values: dict[str, tuple[str, object]] = {}      # widget id -> (WidgetState field, value)
+        self.page: dict[tuple[int, ...], tuple[str, str]] = {}  # delta path -> (element kind, text)
+        self.exceptions: list[str] = []  # of the last run
+        self.status = ""
+
+    async def connect(self) -> None:
+        self.ws = await websockets.connect(self.ws_url, subprotocols=["streamlit"], max_size=2**27,
+                                           open_timeout=60, ping_interval=None)
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    async def send_clear_cache(self) -> None:
+        """What the ⋮ menu's "Clear cache" sends (st.cache_data and st.cache_resource are process-wide)."""
+        msg = BackMsg()
+        msg.clear_cache = True
+        await self.ws.send(msg.SerializeToString())
+
+    def key_of(self, widget_id: str) -> str:
+        return widget_id.split("-", 2)[2] if widget_id.startswith("$$ID-") else widget_id  # "$$ID-<hash>-<key>"
+
+    def set_value(self, key: str, value) -> None:
+        widget_id, kind, _ = self.widgets[key]
+        field = {"text_input": "string_value", "text_area": "string_value", "checkbox": "bool_value",
+                 "toggle": "bool_value", "slider": "double_array_value", "number_input": "double_value",
+                 "selectbox": "string_value", "radio": "string_value"}[kind]
+        if kind == "number_input" and isinstance(value, int):
+            field = "int_value"
+        self.values[widget_id] = (field, value)
+
+    def _rerun_message(self, trigger: str | None) -> BackMsg:
+        msg = BackMsg()
+        rerun = msg.rerun_script
+        rerun.query_string = self.query
+        rerun.page_script_hash = self.page_hash
+        rerun.page_name = "" if self.page_hash else self.page_name
+        for widget_id, (field, value) in self.values.items():
+            state = rerun.widget_states.widgets.add()
+            state.id = widget_id
+            if field == "double_array_value":
+                state.double_array_value.data.extend(value if isinstance(value, list) else [value])
+            else:
+                setattr(state, field, value)
+        if trigger is not None:
+            widget_id, _, fragment = self.widgets[trigger]
+            state = rerun.widget_states.widgets.add()
+            state.id, state.trigger_value = widget_id, True
+            rerun.fragment_id = fragment
+        return msg
+
+    async def run(self, trigger: str | None = None, timeout: float = 300) -> float:
+        """Rerun (pressing the button with user key `trigger`, if given); seconds until the run finished."""
+        msg = self._rerun_message(trigger)
+        if not msg.rerun_script.fragment_id:
+            self.page = {}
+        self.exceptions = []
+        t0 = time.monotonic()
+        await self.ws.send(msg.SerializeToString())
+        await asyncio.wait_for(self._read_until_finished(), timeout)
+        return time.monotonic() - t0
+
+    async def _read_until_finished(self) -> None:
+        while True:
+            fm = ForwardMsg()
+            fm.ParseFromString(await self.ws.recv())
+            kind = fm.WhichOneof("type")
+            if kind == "navigation":
+                for p in fm.navigation.app_pages:
+                    if p.url_pathname == self.page_name:
+                        self.page_hash = p.page_script_hash
+            elif kind == "delta":
+                self._delta(tuple(fm.metadata.delta_path), fm.delta)
+            elif kind == "script_finished" and fm.script_finished in FINISHED:
+                self.status = FINISHED[fm.script_finished]
+                return
+
+    def _delta(self, path: tuple[int, ...], delta) -> None:
+        if delta.WhichOneof("type") != "new_element":
+            return
+        element = delta.new_element
+        kind = element.WhichOneof("type")
+        if kind == "markdown":
+            self.page[path] = (kind, element.markdown.body)
+        elif kind == "html":
+            self.page[path] = (kind, element.html.body)
+        elif kind == "alert":
+            self.page[path] = (kind, element.alert.body)
+        elif kind == "exception":
+            e = element.exception
+            text = "\n".join([e.type, e.message, *e.stack_trace])
+            self.page[path] = (kind, text)
+            self.exceptions.append(text)
+        elif kind == "plotly_chart":
+            self.page[path] = (kind, "")
+        elif kind in WIDGET_KINDS:
+            widget = getattr(element, kind)
+            self.widgets[self.key_of(widget.id)] = (widget.id, kind, delta.fragment_id)
+
+    def texts(self, kind: str = "markdown") -> list[str]:
+        return [text for k, text in self.page.values() if k == kind]
+
+    def cache_len(self) -> int | None:
+        """The cache length in the decode page's step summary (vi or en)."""
+        for text in self.texts():
+            found = re.search(r"cache: \*\*(\d+) (?:positions|vị trí)", text)
+            if found:
+                return int(found.group(1))
+        return None
+
+    def strip_ids(self) -> list[int] | None:
+        """Token ids of the token strip, in order."""
+        for body in self.texts("html"):
+            if "tok-strip" in body:
+                return [int(x) for x in re.findall(r"id (\d+)</small>", body)]
+        return None
