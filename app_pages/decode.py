@@ -25,7 +25,7 @@ from ui.session import (
     strip_tokens,
     warn_before_leaving,
 )
-from ui.widgets import attention_row_html, md_escape, probability_bars_html, table_html, token_strip
+from ui.widgets import attention_row_html, md_escape, probability_bars_html, shown, table_html, token_strip
 
 CHECK_TOLERANCE = 1e-4
 TOP_BARS = 12
@@ -78,7 +78,7 @@ def step_view() -> None:
         if gen.attention_dropped:
             st.caption(t("decode.attention_dropped", n=gen.attention_dropped,
                          mb=round(gen.budget_bytes / 2**20)))
-        labels = [f"{p}:{w}" for p, w in enumerate(cached)]
+        labels = [f"{p}:{shown(w)}" for p, w in enumerate(cached)]
         st.plotly_chart(charts.attention_heatmap(generate.attention_history(gen, layer, head), labels, labels,
                                                  height=max(300, min(560, 60 + 26 * len(labels)))),
                         key="decode_history")

@@ -6,7 +6,7 @@ from model.counting import cache_bytes_formula
 from ui import charts
 from ui.i18n import number, t
 from ui.session import generation, layer_head_selectors, page_start, prompt_form
-from ui.widgets import md_escape, probability_bars_html, table_html, token_strip
+from ui.widgets import md_escape, probability_bars_html, shown, table_html, token_strip
 
 TOP_BARS = 10
 
@@ -43,7 +43,7 @@ st.markdown(t("prefill.one_pass", n=n, ms=f"{trace.ms:.1f}", device=info.device,
 
 st.subheader(t("prefill.attention"))
 layer, head = layer_head_selectors(info)
-labels = [f"{p}:{w}" for p, w in enumerate(prompt_tokens)]
+labels = [f"{p}:{shown(w)}" for p, w in enumerate(prompt_tokens)]
 weights = trace.attention[layer, head]  # (N, N)
 st.plotly_chart(charts.attention_heatmap(weights, labels, labels, height=max(320, min(640, 60 + 34 * n))),
                 key="prefill_heatmap")

@@ -1,12 +1,14 @@
 """Thirty students on one server: sessions over Streamlit's websocket protocol (no browsers, so only the server is
 measured), each with its own prompt, all pressing Next together several times.
 
-    .venv/bin/python benchmarks/classroom_load.py [--sessions 30] [--rounds 5] [--model small] [--app-root DIR]
+    .venv/bin/python benchmarks/classroom_load.py [--sessions 30] [--rounds 5] [--app-root DIR]
+                                                  [--option runner.postScriptGC=false]
 
 Prints the time from a Next message to "script finished" (p50/p95 over every session and round), the server's
 CPU milliseconds per click (/proc/<pid>/stat of the server process over the rounds), one session's Next alone,
 and the isolation check: every session's tokens equal its solo run on the engine. --app-root measures another
-copy of the project (e.g. `git archive HEAD | tar -x -C /tmp/before` for a before/after pair).
+copy of the project (e.g. `git archive HEAD | tar -x -C /tmp/before` for a before/after pair); --option tries
+a Streamlit setting without editing .streamlit/config.toml.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from conditions import ROOT, p50_p95, print_conditions
+from conditions import ROOT, p50_p95, print_conditions, server_options
 from ws_client import Session, StreamlitServer
 
 from model import generate
@@ -53,9 +55,7 @@ async def open_session(server: StreamlitServer, prompt: str) -> Session:
     return session
 
 
-async def measure(server: StreamlitServer, prompts: list[str], rounds: int, model_name: str) -> dict:
-    if model_name != "small":
-        raise SystemExit("only the default model is measured here: the page's model box would need a widget value")
+async def measure(server: StreamlitServer, prompts: list[str], rounds: int) -> dict:
     solo = await open_session(server, prompts[0])  # also warms the server up: imports, model load
     await solo.run("run_prefill")
     alone = [await solo.run("next") for _ in range(SOLO_CLICKS)]
@@ -80,18 +80,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--model", default="small")
     parser.add_argument("--app-root", type=Path, default=ROOT)
+    parser.add_argument("--option", action="append", default=[], metavar="SECTION.NAME=VALUE",
+                        help="a Streamlit option for the app server, e.g. runner.postScriptGC=false (repeatable)")
     args = parser.parse_args()
-    model = load_model(args.model, "cpu")
+    model = load_model("small", "cpu")
     prompts = prompts_for(model, args.sessions)
-    print_conditions(args.app_root, model=f"{args.model} ({model.info.dtype}, server device 'auto' = cpu)",
+    print_conditions(args.app_root, streamlit_options=" ".join(args.option) or "the project's config",
+                     model=f"small ({model.info.dtype}, server device 'auto' = cpu)",
                      sessions=f"{args.sessions}, each its own two-word prompt (e.g. {prompts[0]!r}), "
                               f"{args.rounds} rounds of Next pressed by all together; the client runs on the "
                               "same machine")
-    with StreamlitServer("app.py", root=args.app_root) as server:
+    with StreamlitServer("app.py", *server_options(args.option), root=args.app_root) as server:
         started = time.monotonic()
-        result = asyncio.run(measure(server, prompts, args.rounds, args.model))
+        result = asyncio.run(measure(server, prompts, args.rounds))
         wall = time.monotonic() - started
     print(f"wall time: {wall:.1f} s; load average after the run: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     a50, a95 = p50_p95(result["alone"])

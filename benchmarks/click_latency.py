@@ -2,13 +2,16 @@
 
     .venv/bin/python benchmarks/click_latency.py [--clicks 20] [--prompt "my mother"] [--app-root DIR]
     .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200      # the real model, if fetched
+    .venv/bin/python benchmarks/click_latency.py --option runner.postScriptGC=false  # try a Streamlit setting
 
 Starts its own servers on free ports (the bare page and the app, both under the project's .streamlit config)
 and the system Chromium, headless, 1280×720, in a fresh profile. Settled: the script run has finished (its
 "script finished" message reached the page), Streamlit's status widget is gone, every plotly chart is drawn,
 the expected text is shown, and no DOM mutation happened for QUIET_MS. The time is taken inside the page:
 from the click's (or key press's) event time to the last DOM mutation before the quiet period. Printed per
-action: p50, p95, p95 ÷ the bare page's p95, and the median time from the click to "script finished".
+action: p50, p95, p95 ÷ the bare page's p95; and as medians, to tell the server's share from the browser's: the
+time until the page's main thread handled "script finished" (it waits behind the rendering of earlier
+messages), the server process's CPU time meanwhile (/proc, 10 ms ticks) and the websocket bytes received.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from conditions import ROOT, p50_p95, print_conditions
+from conditions import ROOT, p50_p95, print_conditions, server_options
 from playwright.sync_api import Page, sync_playwright
 from ws_client import StreamlitServer
 
@@ -140,9 +143,10 @@ def cache_length(page: Page) -> int:
     return int(re.search(r"cache: (\d+) positions", page.locator("body").text_content()).group(1))
 
 
-def engine_ms(page: Page) -> float:
-    """The engine step's own time, as the step summary prints it."""
-    return float(re.search(r"([\d.]+) ms on ", page.locator("body").text_content()).group(1))
+def engine_ms(page: Page) -> float | None:
+    """The engine step's own time, as the step summary prints it ("… · 2.41 ms on cpu, float32")."""
+    found = re.search(r"([\d.]+) ms on ", page.locator("body").text_content())
+    return float(found.group(1)) if found else None
 
 
 def measure_bare(page: Page, server: StreamlitServer, clicks: int) -> list[Click]:
@@ -194,7 +198,7 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
                 timer(button(page, other).click, expect=f"cache: {n - change} positions")
             n = cache_length(page)
             times[series].append(timer(button(page, key).click, expect=f"cache: {n + change} positions"))
-            if key == "next":
+            if key == "next" and engine_ms(page) is not None:
                 engine.append(engine_ms(page))
     slider = page.locator(".st-key-temperature input[type='range']").first
     for _ in range(clicks):  # 0.05 per key press, 0 → 1 in 20 presses
@@ -229,11 +233,14 @@ def main() -> None:
     parser.add_argument("--model", default="small")
     parser.add_argument("--context", type=int, default=0, help="make the prompt this many tokens long")
     parser.add_argument("--app-root", type=Path, default=ROOT)
+    parser.add_argument("--option", action="append", default=[], metavar="SECTION.NAME=VALUE",
+                        help="a Streamlit option for the servers, e.g. runner.postScriptGC=false (repeatable)")
     args = parser.parse_args()
     prompt = long_prompt(args.model, args.context) if args.context else args.prompt
     executable = shutil.which("chromium") or "/usr/bin/chromium"
     browser_version = subprocess.run([executable, "--version"], capture_output=True, text=True).stdout.strip()
-    print_conditions(args.app_root, browser=f"{browser_version}, headless, at "
+    print_conditions(args.app_root, streamlit_options=" ".join(args.option) or "the project's config",
+                     browser=f"{browser_version}, headless, at "
                      f"{VIEWPORT['width']}×{VIEWPORT['height']}, server and browser on this machine",
                      model=f"{args.model} (float32, device 'auto' = cpu)",
                      prompt=repr(prompt if len(prompt) < 60 else prompt[:57] + "..."),
@@ -241,7 +248,9 @@ def main() -> None:
                              "DOM mutation; time from the click's event to the last mutation")
     bare_script = Path(tempfile.mkdtemp(prefix="bare-page-")) / "bare.py"
     bare_script.write_text(BARE_PAGE)
-    with (StreamlitServer(bare_script) as bare, StreamlitServer("app.py", root=args.app_root) as app,
+    options = server_options(args.option)  # for both servers: the bare page runs under the same settings
+    with (StreamlitServer(bare_script, *options) as bare,
+          StreamlitServer("app.py", *options, root=args.app_root) as app,
           tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile, sync_playwright() as p):
         context = p.chromium.launch_persistent_context(profile, executable_path=executable, headless=True,
                                                        args=CHROMIUM_ARGS, viewport=VIEWPORT, locale="en-US")
@@ -265,6 +274,9 @@ def main() -> None:
         f50, cpu50, kib50 = (p50_p95([getattr(c, f) for c in rows])[0] for f in ("finished_ms", "server_cpu_ms", "kib"))
         print(f"{name:<25} {len(rows):>6} {s50:>7.0f} {s95:>7.0f} {s95 / bare95:>7.2f}×   {f50:>9.0f} {cpu50:>10.0f} "
               f"{kib50:>9.1f}")
+    first = result["times"]["Prefill"][0]
+    print(f"the page's first Prefill (its first charts: the browser loads plotly.js): {first.settled_ms:.0f} ms "
+          "(included above)")
     if result["engine"]:
         e50, e95 = p50_p95(result["engine"])
         print(f"engine decode step alone (the page's step summary): p50 {e50:.1f} ms, p95 {e95:.1f} ms")

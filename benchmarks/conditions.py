@@ -43,5 +43,10 @@ def print_conditions(app_root: Path, **details) -> None:
         print(f"{name.replace('_', ' ')}: {value}")
 
 
+def server_options(assignments: list[str]) -> list[str]:
+    """["runner.postScriptGC=false"] -> ["--runner.postScriptGC", "false"]: command-line options for streamlit run."""
+    return [part for a in assignments for part in ("--" + a.split("=", 1)[0], a.split("=", 1)[1])]
+
+
 def p50_p95(values: list[float]) -> tuple[float, float]:
     return percentile(values, 50), percentile(values, 95)

@@ -1,12 +1,12 @@
 """What a class does to one server: strict input, escaped sentences, stable choices across languages, the
 per-session memory budget and its formula, one shared copy per model."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import streamlit as st
 import torch
+from apptest import open_app
 from streamlit.testing.v1 import AppTest
 
 from model.errors import InputError
@@ -20,8 +20,6 @@ from model.texts import text
 from model.tokenizer import WordTokenizer, build_word_tokenizer
 from ui.session import model_key, shared_model
 
-ROOT = Path(__file__).resolve().parent.parent
-APP = str(ROOT / "app.py")
 GREEDY = SamplingSettings()
 
 
@@ -62,16 +60,7 @@ def test_prompt_ids_refuse_anything_else(micro, typed):
 
 
 def open_page(page: str, model: str = "small", lang: str = "vi") -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.session_state["lang"] = lang
-    at.session_state["model_name"] = model
-    at.session_state["device"] = "cpu"
-    at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
-    at.run()
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_app(page, lang=lang, model_name=model, device="cpu", prompt_mode="ids" if model == "micro" else "text")
 
 
 def test_an_error_sentence_shows_typed_markdown_as_text():

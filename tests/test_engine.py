@@ -3,11 +3,13 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
+from model import cli
 from model.counting import cache_bytes_formula, cumulative_positions, positions_with_cache, positions_without_cache
 from model.errors import InputError
 from model.generate import back, encode_prompt, resample, run_to_end, start, step
@@ -212,17 +214,39 @@ def test_bad_requests(micro):
         assert bad.value.message("vi") and bad.value.message("en")
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "model", *args], capture_output=True, text=True, timeout=120)
+@dataclass
+class CliRun:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_cli_count():
+@pytest.fixture
+def run_cli(capsys):
+    """`python -m model ARGS` in this process (what the entry point calls), its exit status and output."""
+    def run(*args: str) -> CliRun:
+        try:
+            code = cli.main(list(args))
+        except SystemExit as exit_:  # argparse refusing an option
+            code = exit_.code
+        out = capsys.readouterr()
+        return CliRun(code, out.out, out.err)
+    return run
+
+
+def test_cli_count(run_cli):
     out = run_cli("count", "13", "5")
     assert out.returncode == 0
     assert "17" in out.stdout and "75" in out.stdout
 
 
-def test_cli_trace_json_micro():
+def test_the_module_entry_point_runs_the_cli():
+    out = subprocess.run([sys.executable, "-m", "model", "count", "2", "4"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "5" in out.stdout and "14" in out.stdout
+
+
+def test_cli_trace_json_micro(run_cli):
     out = run_cli("trace", "--model", "micro", "--prompt-ids", "1,3", "--json", "--check")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -237,7 +261,7 @@ def test_cli_trace_json_micro():
     assert set(report["timing"]["itl_ms"]) == {"p50", "p95", "p99"}
 
 
-def test_cli_trace_table_small():
+def test_cli_trace_table_small(run_cli):
     out = run_cli("trace", "--prompt", "con mèo", "--max-new-tokens", "3")
     assert out.returncode == 0, out.stderr
     assert "prefill" in out.stdout and "decode" in out.stdout and "stop: max_new_tokens" in out.stdout
@@ -256,7 +280,7 @@ def test_cli_trace_table_small():
     ("trace", "--prompt", "con", "--seed", "-1"),
     ("trace", "--prompt", "con", "--max-new-tokens", "0"),
 ])
-def test_cli_bad_input_is_one_sentence(args):
+def test_cli_bad_input_is_one_sentence(run_cli, args):
     out = run_cli(*args)
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
@@ -313,12 +337,11 @@ def test_out_of_memory_mid_pass_leaves_the_session_as_it_was(small, monkeypatch)
     assert step(small, gen) is not None and gen.cache.length == before[0] + 1
 
 
-def test_cli_bench_tiny_prints_every_table_with_its_conditions(capsys):
+def test_cli_bench_tiny_prints_every_table_with_its_conditions(run_cli):
     """The benchmark's every table on tiny shapes, in-process: the code path, not a measurement."""
-    from model import cli
-
-    assert cli.main(["bench", "--tiny"]) == 0
-    out = capsys.readouterr().out
+    run = run_cli("bench", "--tiny")
+    assert run.returncode == 0
+    out = run.stdout
     for heading in ("micro:", "llama-tiny (random):", "cached vs recomputed step", "GPT-2-tiny shape"):
         assert heading in out
     assert out.count("float32") >= 4 and "native / tf" in out and "model.generate" in out

@@ -1,31 +1,13 @@
 """Each page under AppTest: no exception, Next/Back move the cache by ±1, language switch keeps state."""
 
-from pathlib import Path
 
 import pytest
+from apptest import click, open_app
 from streamlit.testing.v1 import AppTest
-
-TIMEOUT = 60
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 def open_page(page: str, model: str = "micro", lang: str = "vi") -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["lang"] = lang
-    at.session_state["model_name"] = model
-    at.session_state["device"] = "cpu"
-    at.session_state["prompt_mode"] = "ids" if model == "micro" else "text"
-    at.run()
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def click(at: AppTest, key: str) -> AppTest:
-    at.button(key=key).click().run()
-    assert not at.exception, at.exception
-    return at
+    return open_app(page, lang=lang, model_name=model, device="cpu", prompt_mode="ids" if model == "micro" else "text")
 
 
 def cache_len(at: AppTest) -> int:

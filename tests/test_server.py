@@ -21,6 +21,7 @@ from model.sampling import SamplingSettings
 from model.texts import text
 
 BURST_SESSIONS = 12
+BURST_SPREAD_S = 0.5
 ISOLATION_PROMPTS = ["the dog", "my mother", "con mèo", "the cat eats"]
 NEXT_CLICKS = 3
 GREEDY = SamplingSettings(temperature=0.0, top_k=None, top_p=1.0, seed=0)  # the page's defaults
@@ -31,8 +32,9 @@ def ws_url(http_url: str) -> str:
     return http_url.replace("http://", "ws://") + "/_stcore/stream"
 
 
-async def open_sessions(url: str, count: int, page: str = "decode") -> list[Session]:
-    sessions = [Session(url, page=page, query="lang=en") for _ in range(count)]
+async def open_sessions(url: str, count: int) -> list[Session]:
+    """`count` sessions on the decode page in English, each past its first run (so its widgets are known)."""
+    sessions = [Session(url, page="decode", query="lang=en") for _ in range(count)]
     await asyncio.gather(*(s.connect() for s in sessions))
     await asyncio.gather(*(s.run() for s in sessions))  # the first page loads, all at once
     return sessions
@@ -43,10 +45,16 @@ async def close_all(sessions: list[Session]) -> None:
 
 
 def test_a_first_burst_of_prefills_on_a_fresh_server_shows_no_exception():
-    """Issue 13.1: twelve students open the decode page and press Run prefill together on a just-started server."""
+    """Issue 13.1: twelve students open the decode page and press Run prefill within half a second on a just-started
+    server. Spread over the half second, not all at once: a late thread then reaches plotly's serialisation
+    while an earlier one is inside the first import of pandas (the race seen in class)."""
+    async def press_prefill(session: Session, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        await session.run("run_prefill")
+
     async def burst(server: StreamlitServer) -> list[Session]:
         sessions = await open_sessions(server.ws_url, BURST_SESSIONS)
-        await asyncio.gather(*(s.run("run_prefill") for s in sessions))  # sent within a few milliseconds
+        await asyncio.gather(*(press_prefill(s, i * BURST_SPREAD_S / BURST_SESSIONS) for i, s in enumerate(sessions)))
         await close_all(sessions)
         return sessions
 

@@ -1,9 +1,9 @@
 """The speculative decoding page under AppTest (rounds, crops, counts, language switch, bad input) and in
 headless Chromium (screenshots at 1280×720 and 1440×900, vi and en)."""
 
-from pathlib import Path
 
 import pytest
+from apptest import APP, click, open_app
 from streamlit.testing.v1 import AppTest
 
 from model import generate
@@ -12,30 +12,12 @@ from model.sampling import SamplingSettings
 from model.texts import text
 
 TIMEOUT = 60
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGE = "app_pages/speculative.py"
 
 
 def open_page(lang: str = "vi", prompt: str = "my mother cooks", draft: str = "small-draft", gamma: int = 4) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["lang"] = lang
-    at.session_state["model_name"] = "small"
-    at.session_state["device"] = "cpu"
-    at.session_state["prompt_mode"] = "text"
-    at.session_state["prompt_text"] = prompt
-    at.session_state["spec_draft"] = draft
-    at.session_state["spec_gamma"] = gamma
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def click(at: AppTest, key: str) -> AppTest:
-    at.button(key=key).click().run()
-    assert not at.exception, at.exception
-    return at
+    return open_app(PAGE, TIMEOUT, lang=lang, model_name="small", device="cpu", prompt_mode="text", prompt_text=prompt,
+                    spec_draft=draft, spec_gamma=gamma)
 
 
 @pytest.mark.parametrize("lang", ["vi", "en"])

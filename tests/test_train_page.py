@@ -5,25 +5,17 @@ import re
 from pathlib import Path
 
 import pytest
+from apptest import open_app
 from streamlit.testing.v1 import AppTest
 
 from ui.pages import page
 
 TIMEOUT = 120
-APP = str(Path(__file__).resolve().parent.parent / "app.py")
 PAGE = "app_pages/train.py"
 
 
 def open_train(lang: str = "vi", model: str = "micro") -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["lang"] = lang
-    at.session_state["device"] = "cpu"
-    at.session_state["train_model"] = model
-    at.run()
-    at.switch_page(PAGE)
-    at.run()
-    assert not at.exception, at.exception
-    return at
+    return open_app(PAGE, TIMEOUT, lang=lang, device="cpu", train_model=model)
 
 
 def click(at: AppTest, key: str) -> AppTest:

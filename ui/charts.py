@@ -12,7 +12,7 @@ Figure = dict
 HEAT = "YlGnBu"
 FONT = dict(size=15, color="#212529")
 TICKS = dict(size=14, color="#212529")
-KEPT, CHOSEN, CUT_K, CUT_P = "#1f5fbf", "#e8590c", "#adb5bd", "#ffc9a8"
+KEPT, CHOSEN = "#1f5fbf", "#e8590c"
 
 
 def figure(data: list[dict], height: int, xaxis: dict | None = None, yaxis: dict | None = None,
@@ -26,15 +26,15 @@ def figure(data: list[dict], height: int, xaxis: dict | None = None, yaxis: dict
 
 def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str],
                       height: int = 420) -> Figure:
-    """weights (queries, keys); masked (future) cells are exact zeros and shown blank."""
-    keys, queries = list(range(len(key_labels))), list(range(len(query_labels)))
-    heat = dict(type="heatmap", z=np.where(weights > 0, weights, np.nan), x=keys, y=queries, zmin=0, zmax=1,
-                colorscale=HEAT, colorbar=dict(thickness=14), xgap=1, ygap=1,
-                customdata=np.array([[f"{q} → {k}" for k in key_labels] for q in query_labels]),
-                hovertemplate="%{customdata}<br>%{z:.3f}<extra></extra>")
-    return figure([heat], height,
-                  xaxis=dict(tickvals=keys, ticktext=key_labels, side="top", tickangle=-45),
-                  yaxis=dict(tickvals=queries, ticktext=query_labels, autorange="reversed"))
+    """weights (queries, keys); masked (future) cells are exact zeros and shown blank. The labels are the axes'
+    categories, so a hover names its query and key without a label per cell (a 300-position triangle would send
+    90,000 of them on every click), and plotly thins the tick labels when they crowd."""
+    z = np.where(weights > 0, np.round(weights, 3), np.nan)
+    heat = dict(type="heatmap", z=z, x=key_labels, y=query_labels, zmin=0, zmax=1, colorscale=HEAT,
+                colorbar=dict(thickness=14), xgap=1 if len(key_labels) <= 64 else 0,
+                ygap=1 if len(query_labels) <= 64 else 0, hovertemplate="%{y} → %{x}<br>%{z:.3f}<extra></extra>")
+    return figure([heat], height, xaxis=dict(type="category", side="top", tickangle=-45),
+                  yaxis=dict(type="category", autorange="reversed"))
 
 
 def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figure:
@@ -53,24 +53,6 @@ def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figur
                            xanchor="center", yanchor="bottom", showarrow=False))
     return figure(data, height, xaxis=axes.pop("xaxis"), yaxis=axes.pop("yaxis"), annotations=titles,
                   margin=dict(t=30), **axes)  # the top margin holds the head titles
-
-
-def probability_bars(labels: list[str], probs: np.ndarray, status: list[str], status_names: dict[str, str],
-                     height: int = 380) -> Figure:
-    """One bar per candidate; status is 'chosen', 'kept', 'cut_k', 'cut_p' or 'other' (greedy)."""
-    colours = {"chosen": CHOSEN, "kept": KEPT, "cut_k": CUT_K, "cut_p": CUT_P, "other": KEPT}
-    bars = []
-    for kind in ("chosen", "kept", "other", "cut_p", "cut_k"):
-        idx = [i for i, s in enumerate(status) if s == kind]
-        if idx:
-            bars.append(dict(type="bar", x=[labels[i] for i in idx], y=probs[idx], name=status_names[kind],
-                             marker=dict(color=colours[kind]), text=[f"{probs[i]:.2f}" for i in idx],
-                             textposition="outside", cliponaxis=False,  # a bar at 100 % keeps its label
-                             hovertemplate="%{x}: %{y:.4f}<extra></extra>"))
-    # the top margin holds the legend and the labels of the tallest bars
-    return figure(bars, height, barmode="overlay", legend=dict(orientation="h", y=1.2, x=0), margin=dict(t=60),
-                  xaxis=dict(categoryorder="array", categoryarray=labels),
-                  yaxis=dict(range=[0, min(1.0, float(probs.max()) * 1.25 + 0.02)], tickformat=".0%"))
 
 
 def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: int = 340,
