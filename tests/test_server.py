@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,6 +27,13 @@ ISOLATION_PROMPTS = ["the dog", "my mother", "con mèo", "the cat eats"]
 NEXT_CLICKS = 3
 GREEDY = SamplingSettings(temperature=0.0, top_k=None, top_p=1.0, seed=0)  # the page's defaults
 PAGE_NEW_TOKENS = 20  # the page's default "max new tokens"
+
+
+def run_async(coroutine):
+    """asyncio.run in a thread of its own: Playwright's sync API (the browser tests of the same pytest run) keeps an
+    event loop running in the main thread, where asyncio.run refuses to start another."""
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(asyncio.run, coroutine).result()
 
 
 def ws_url(http_url: str) -> str:
@@ -59,7 +67,7 @@ def test_a_first_burst_of_prefills_on_a_fresh_server_shows_no_exception():
         return sessions
 
     with StreamlitServer("app.py") as server:
-        sessions = asyncio.run(burst(server))
+        sessions = run_async(burst(server))
     failed = [s.exceptions[0] for s in sessions if s.exceptions]
     assert failed == [], f"{len(failed)} of {BURST_SESSIONS} sessions saw an exception, e.g.:\n{failed[0]}"
     assert [s.cache_len() for s in sessions] == [3] * BURST_SESSIONS  # "<bos> the dog": the run is shown
@@ -84,7 +92,7 @@ def test_sessions_clicking_together_each_see_exactly_their_solo_run(app_server):
         await close_all(sessions)
         return shown
 
-    shown = asyncio.run(together())
+    shown = run_async(together())
     model = load_model("small", "cpu")
     assert shown == [solo_ids(model, p, NEXT_CLICKS) for p in ISOLATION_PROMPTS]
 
@@ -105,7 +113,7 @@ def test_a_visitors_clear_cache_message_does_not_unload_the_model():
         return reads_before, len(server.weight_reads())
 
     with StreamlitServer("app.py", count_weight_reads=True) as server:
-        before, after = asyncio.run(clear_then_use(server))
+        before, after = run_async(clear_then_use(server))
     assert before >= 1  # the model was read from disk once: the counting works
     assert after == before, f"the clear-cache message made the server read the weights again ({after - before}×)"
 
@@ -124,7 +132,7 @@ def test_streamlits_error_details_are_not_sent_to_visitors():
         return session.exceptions
 
     with StreamlitServer(script) as server:  # run from the project root: its .streamlit/config.toml applies
-        exceptions = asyncio.run(visit(server))
+        exceptions = run_async(visit(server))
     assert len(exceptions) == 1  # the script did fail, and the visitor was told so
     assert secret not in exceptions[0] and str(script) not in exceptions[0] and "Traceback" not in exceptions[0]
     assert "raises.py" not in exceptions[0]

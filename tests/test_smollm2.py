@@ -208,6 +208,8 @@ def test_browser_chat_with_smollm2_shows_template_tokens_and_the_answer(app_serv
     page.goto(f"{app_server}/prefill?lang={lang}")
     page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
     page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    # the rerun that the choice starts has drawn the chat box: a click before it would send the old prompt along
+    page.get_by_text(text("prompt.chat_label", lang)).wait_for(timeout=180_000)
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=180_000)
     page.get_by_role("button", name=run).first.click()
     # the strip is whole once it holds every prompt token (a strip still being redrawn may hold fewer)
