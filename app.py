@@ -14,7 +14,7 @@ from model.catalog import BUNDLED, FETCHED, list_models, settings
 from ui.i18n import init_language, labels, lang, t
 from ui.pages import DEFAULT_PAGE, PAGES
 from ui.state import init_state, on_model_change
-from ui.widgets import choice
+from ui.widgets import choice, warn_before_leaving
 
 st.set_page_config(page_title="Decode Lab", page_icon="assets/favicon.png", layout="wide")
 # projector-friendly: less empty space above the title, so a 720-pixel-high screen shows more of each page
@@ -45,6 +45,7 @@ with st.sidebar:
     if "smollm2" not in MODELS:
         st.caption(t("model.smollm2_missing"))
 st.query_params["lang"] = lang()
+warn_before_leaving(st.session_state.generation is not None)
 
 pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path=p.url, default=p.url == DEFAULT_PAGE)
          for p in PAGES]

@@ -23,7 +23,6 @@ from ui.session import (
     run_to_end,
     sampling_controls,
     strip_tokens,
-    warn_before_leaving,
 )
 from ui.widgets import attention_row_html, md_escape, probability_bars_html, shown, table_html, token_strip
 
@@ -39,7 +38,6 @@ if generation(model) is None and prompt_form(model):
 if generation(model) is None:
     st.info(t("decode.press_prefill"))
     st.stop()
-warn_before_leaving()
 
 
 @st.fragment

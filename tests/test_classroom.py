@@ -172,3 +172,17 @@ def test_auto_and_cpu_share_one_copy_and_clearing_streamlits_cache_keeps_it():
     first = shared_model("small", "auto")
     st.cache_resource.clear()  # what any visitor's websocket can ask for
     assert shared_model("small", "cpu") is first
+
+
+@pytest.mark.browser
+def test_the_browser_asks_before_a_reload_drops_the_run(app_server, browser_page):
+    """A reload is a new session: while a run is held the page sets a beforeunload handler, and Reset clears it."""
+    page = browser_page
+    idle = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
+    page.goto(f"{app_server}/decode?lang=en")
+    page.wait_for_function(idle)
+    assert page.evaluate("window.onbeforeunload") is None
+    page.locator(".st-key-run_prefill button").click()
+    page.wait_for_function("window.onbeforeunload !== null", timeout=60_000)
+    page.locator(".st-key-reset button").click()
+    page.wait_for_function("window.onbeforeunload === null", timeout=60_000)

@@ -191,11 +191,6 @@ def prompt_form(model: LoadedModel) -> bool:
     return False
 
 
-def warn_before_leaving() -> None:
-    """A reload or a closed tab starts a new session and loses the run: the browser asks first."""
-    st.html("<script>window.onbeforeunload = () => true;</script>", unsafe_allow_javascript=True)
-
-
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> None:
     gen = st.session_state.generation
     if gen is not None:

@@ -120,3 +120,9 @@ def choice(widget: Callable, label: str, options: Sequence, key: str, format_fun
 
     widget(label, options, key=widget_key, format_func=format_func, on_change=keep_choice, **kwargs)
     return st.session_state[key]
+
+
+def warn_before_leaving(run_held: bool) -> None:
+    """A reload or a closed tab starts a new session and loses the run: while there is one, the browser asks first."""
+    handler = "() => true" if run_held else "null"
+    st.html(f"<script>window.onbeforeunload = {handler};</script>", unsafe_allow_javascript=True)
