@@ -6,7 +6,6 @@ The same engine as the Train page and `python -m model train`, with the page's d
 """
 
 import argparse
-import math
 import os
 import platform
 import sys
@@ -34,7 +33,7 @@ def main() -> None:
     print(f"{args.model} from random weights, {args.steps} steps, float32 on cpu, 1 thread, "
           f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch {torch.__version__}")
     print("settings:", asdict(settings))
-    print(f"ln V = ln {trainer.config.vocab_size} = {math.log(trainer.config.vocab_size):.4f}")
+    print(f"ln V = ln {trainer.config.vocab_size} = {trainer.ln_vocab:.4f}")
     t0 = time.perf_counter()
     for _ in range(args.steps):
         trainer.step()

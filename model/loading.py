@@ -169,10 +169,12 @@ def load_facts(model: LoadedModel, location: Location, seconds: float) -> LoadFa
     """What cell 5A shows: the file, where it came from, its size and the parameters it became."""
     folder = Path(location.where) if location.local else None
     files = weight_files(folder) if folder is not None else []
+    fetched = _fetched_source(folder)
     parameters = sum(p.numel() for p in model.module.parameters())
     return LoadFacts(
-        file=", ".join(f.name for f in files),
-        source=_source(folder, location.name), quantization=_quantization(folder), parameters=parameters,
+        file=", ".join(f.name for f in files), source=_source(fetched, folder, location.name),
+        quantization=None if fetched is None else (fetched["quantization"], fetched["embedding_quantization"]),
+        parameters=parameters,
         file_bytes=sum(f.stat().st_size for f in files), memory_bytes=parameters * model.info.bytes_per_element,
         dtype=model.info.dtype, device=model.info.device, load_s=seconds,
     )
@@ -184,14 +186,8 @@ def _fetched_source(folder: Path | None) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
 
 
-def _source(folder: Path | None, name: str) -> str:
+def _source(fetched: dict | None, folder: Path | None, name: str) -> str:
     """A fetched model's package and file; else the folder's name (not the server's path)."""
-    fetched = _fetched_source(folder)
     if fetched is not None:
         return f"{fetched['package']} (PyPI): {fetched['gguf']} ({fetched['gguf_bytes']:,} B)"
     return folder.name if folder is not None else name
-
-
-def _quantization(folder: Path | None) -> tuple[str, str] | None:
-    fetched = _fetched_source(folder)
-    return None if fetched is None else (fetched["quantization"], fetched["embedding_quantization"])

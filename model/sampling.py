@@ -95,7 +95,6 @@ def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Sam
 # what a session keeps of each draw: a few numbers, not four vocabulary-sized arrays
 
 SHOWN_CANDIDATES = 20  # the most probable ids kept per step for the views (the page draws 12, the CLI 5)
-STATUSES = ("chosen", "kept", "cut_p", "cut_k", "other")  # "other": greedy, where no filter runs
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class Draw:
     n_kept_top_p: int
     top_ids: np.ndarray       # (SHOWN_CANDIDATES,) int32, most probable first (ties by id)
     top_probs: np.ndarray     # (SHOWN_CANDIDATES,) float32, before the filters
-    top_status: tuple[str, ...]  # per top id: which of STATUSES it ended in
+    top_status: tuple[str, ...]  # per top id: chosen, kept, cut_p, cut_k, or other (greedy: no filter ran)
 
     @property
     def nbytes(self) -> int:

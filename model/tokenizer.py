@@ -161,13 +161,6 @@ class SubwordTokenizer:
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
 
-    @classmethod
-    def load(cls, folder: str | Path) -> SubwordTokenizer:
-        folder = Path(folder)
-        config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        return cls(Tokenizer.from_file(str(folder / "tokenizer.json")), config if isinstance(config, dict) else {})
-
     def encode(self, text: str) -> Encoded:
         """Ids as the tokenizer makes them; special-token names in the text become those tokens."""
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -191,8 +184,17 @@ class SubwordTokenizer:
         return self._tok.decode(ids, skip_special_tokens=True)
 
 
+def read_tokenizer_config(folder: Path) -> dict:
+    """tokenizer_config.json as a dict; {} where there is none."""
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return config if isinstance(config, dict) else {}
+
+
 def load_tokenizer(folder: str | Path) -> WordTokenizer | SubwordTokenizer:
-    """The word-level tokenizer of the bundled models, or a subword one."""
-    tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
-    kind = json.loads(tokenizer.to_str())["model"]["type"]
-    return WordTokenizer(tokenizer) if kind == "WordLevel" else SubwordTokenizer.load(folder)
+    """The word-level tokenizer of the bundled models, or a subword one (tokenizer.json is read once)."""
+    folder = Path(folder)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    if isinstance(tokenizer.model, models.WordLevel):
+        return WordTokenizer(tokenizer)
+    return SubwordTokenizer(tokenizer, read_tokenizer_config(folder))

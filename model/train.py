@@ -253,8 +253,6 @@ class StepReport:
     lr: float
     weight_decay: float
     update_ratios: list[float]         # per group ||Δθ|| / ||θ|| of this step
-    bf16_autocast: bool
-    activation_checkpointing: bool
     ms: float                          # wall time of the whole step, device synchronised
 
 
@@ -280,6 +278,8 @@ class Trainer:
         self.corpus = load_corpus(settings.model)
         self.named_params = list(self.module.named_parameters())  # the tied LM head appears once, as embed_tokens
         self.optimizer = AdamW(self.named_params, settings.weight_decay)
+        self.groups = list(dict.fromkeys(group_of(n) for n, _ in self.named_params))
+        self.group_params = [[p for n, p in self.named_params if group_of(n) == g] for g in self.groups]
         self.history: list[HistoryPoint] = []
         self.last: StepReport | None = None
 
@@ -353,9 +353,7 @@ class Trainer:
             self.module.zero_grad(set_to_none=True)  # nothing was updated: the session keeps its step
             raise InputError("train_out_of_memory", device=str(self.device)) from None
         params = [p for _, p in self.named_params]
-        groups = list(dict.fromkeys(group_of(n) for n, _ in self.named_params))
-        members = [[p for n, p in self.named_params if group_of(n) == g] for g in groups]
-        group_norms = [float(global_norm([p.grad for p in ps])) for ps in members]
+        group_norms = [float(global_norm([p.grad for p in ps])) for ps in self.group_params]
         before, after = clip_gradients(params, s.clip)
         old = [p.detach().clone() for p in params]
         self.optimizer.step(lr)
@@ -363,7 +361,7 @@ class Trainer:
         ms = (time.perf_counter() - t0) * 1000
         with torch.no_grad():
             change = {id(p): p - o for p, o in zip(params, old)}
-            ratios = [float(global_norm([change[id(p)] for p in ps]) / global_norm(ps)) for ps in members]
+            ratios = [float(global_norm([change[id(p)] for p in ps]) / global_norm(ps)) for ps in self.group_params]
         real = (labels != IGNORE).cpu().numpy()
         loss_np = per_position.cpu().numpy()
         token_loss = np.where(real, loss_np, np.nan)
@@ -373,9 +371,9 @@ class Trainer:
             logits_shape=(s.batch_size, s.seq_len, self.config.vocab_size),
             token_loss=token_loss, prob_right=np.exp(-token_loss), loss=float(loss_np.sum() / real.sum()),
             micro_losses=[float(loss_np[r].sum() / max(1, c)) for r, c in zip(micro_rows, counts)],
-            micro_tokens=counts, groups=groups, group_grad_norms=group_norms, grad_norm=before,
-            grad_norm_clipped=after, clip=s.clip, lr=lr, weight_decay=s.weight_decay, update_ratios=ratios,
-            bf16_autocast=s.bf16_autocast, activation_checkpointing=s.activation_checkpointing, ms=ms)
+            micro_tokens=counts, groups=self.groups, group_grad_norms=group_norms, grad_norm=before,
+            grad_norm_clipped=after, clip=s.clip, lr=lr, weight_decay=s.weight_decay,
+            update_ratios=ratios, ms=ms)
         self.history.append(HistoryPoint(report.step, report.loss, before, after, lr, ms))
         self.last = report
         return report
@@ -496,7 +494,7 @@ def run_cli(args) -> int:
                   "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads, "d_head": cfg.head_dim,
                   "vocab_size": cfg.vocab_size, "parameters": sum(p.numel() for _, p in trainer.named_params),
                   "dtype": "float32", "device": str(trainer.device)},
-        "settings": asdict(settings), "clip": settings.clip, "ln_vocab": math.log(cfg.vocab_size),
+        "settings": asdict(settings), "clip": settings.clip, "ln_vocab": trainer.ln_vocab,
         "steps": points, "checkpoint": checkpoint_dir,
     }
     if args.json:

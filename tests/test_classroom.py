@@ -116,6 +116,11 @@ def test_the_prompt_mode_cannot_be_left_empty():
     at.button_group(key="prompt_mode.vi").set_value(None).run()
     assert at.session_state["prompt_mode"] == "text"
     assert at.text_input(key="prompt_text").value == "con mèo"
+    # from a mode other than the first option: a click that empties the control keeps that mode
+    at.button_group(key="prompt_mode.vi").set_value("ids").run()
+    at.button_group(key="prompt_mode.vi").set_value(None).run()
+    assert at.session_state["prompt_mode"] == "ids"
+    assert at.text_input(key="prompt_ids_text").value == "1, 3"
 
 
 # -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
 from model import catalog
-from model.catalog import ROOT, Settings, locate, settings
+from model.catalog import ROOT, Location, Settings, locate, runs_native, settings
 from model.errors import InputError
 from model.llama import Llama, LlamaConfig
 from model.loading import load_model, model_key
@@ -204,6 +204,19 @@ def test_native_cache_buffers_double_when_full():
     assert trace.cache_len == 17 and trace.cache_bytes_reserved == 65_536 and trace.cache_bytes == 34_816
     cache.crop(3)
     assert (cache.nbytes(), cache.nbytes_reserved()) == (6_144, 65_536)  # Back keeps the buffers
+
+
+def test_llama_configs_the_native_model_lacks_run_on_transformers(tmp_path):
+    """Llama 3's rope scaling, biases or another activation on the native engine would give wrong logits."""
+    (tmp_path / "model.safetensors").touch()
+    (tmp_path / "tokenizer.json").touch()
+    folder, llama = Location("x", str(tmp_path), True, False), {"model_type": "llama"}
+    assert runs_native(folder, llama)
+    assert runs_native(folder, {**llama, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    for extra in ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, {"rope_parameters": {"type": "linear"}},
+                  {"attention_bias": True}, {"mlp_bias": True}, {"hidden_act": "gelu"}):
+        assert not runs_native(folder, {**llama, **extra}), extra
+    assert not runs_native(Location("x", "HuggingFaceTB/x", False, False), llama)
 
 
 # -- structure: the layers import one way, and the catalog without torch ------------------------------------------

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.sampling import SamplingSettings, check_settings, sample, softmax, top_k_ids, top_p_ids
+from model.sampling import SamplingSettings, check_settings, draw, sample, softmax, top_k_ids, top_p_ids
 
 # probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 at temperature 1
 LOGITS = np.log(np.array([0.0625, 0.5, 0.125, 0.25, 0.0625]))
@@ -87,3 +87,14 @@ def test_chosen_id_always_survives_every_filter(logits, temperature, k, p, seed)
     assert result.chosen_id in result.kept_by_top_p
     assert set(result.kept_by_top_p) <= set(result.kept_by_top_k)
     assert result.final_probs.sum() == pytest.approx(1.0)
+
+
+def test_a_draw_keeps_the_top_candidates_with_what_each_filter_did():
+    """softmax([3, 2, 1, 0, -1]) = .636, .234, .086, .032, .012: top-k 3 keeps ids 0-2, top-p 0.8 then keeps 0 and 1
+    (.636 + .234 ≥ .8); id 0 is drawn with .636 / .870 = .731."""
+    drawn = draw(np.array([3.0, 2.0, 1.0, 0.0, -1.0]), SamplingSettings(temperature=1.0, top_k=3, top_p=0.8, seed=0))
+    assert drawn.top_ids.tolist() == [0, 1, 2, 3, 4]
+    assert drawn.top_status == ("chosen", "kept", "cut_p", "cut_k", "cut_k")
+    assert (drawn.n_kept_top_k, drawn.n_kept_top_p) == (3, 2)
+    assert drawn.chosen_prob == pytest.approx(0.63641, abs=1e-5)
+    assert drawn.chosen_final_prob == pytest.approx(0.73106, abs=1e-5)

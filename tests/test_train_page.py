@@ -99,7 +99,6 @@ def test_bad_settings_are_a_sentence():
     assert at.error and "sequence length 1–16" in at.error[0].value
 
 
-
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_browser_one_step_shows_the_loss(app_server, browser_page, artifacts, lang):

@@ -63,7 +63,7 @@ def lines(x: list, series: dict[str, list], x_title: str, y_title: str, height: 
               for (name, ys), colour in zip(series.items(), palette)]
     # the legend sits in the top margin, above the lines it names
     return figure(traces, height, legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), margin=dict(t=40),
-                  xaxis=dict(title=dict(text=x_title), dtick=1 if len(x) <= 20 else None),
+                  xaxis=dict(title=dict(text=x_title), tickvals=x if len(x) <= 20 else None),
                   yaxis=dict(title=dict(text=y_title), rangemode="tozero"))
 
 

@@ -22,7 +22,7 @@ from ui.widgets import choice, md_escape, token_strip
 log = logging.getLogger(__name__)
 
 MAX_SHARED_MODELS = 4
-RUN_REDRAW_S = 0.15  # Run to end redraws the token strip at least this often (and stays cancellable)
+RUN_REDRAW_S = 0.15  # Run to end redraws the strip after a step once this long has passed since the last redraw
 
 # The shared models live here, not in st.cache_resource: any visitor's websocket can send Streamlit's
 # clear-cache message, which would unload every model for every session.
@@ -213,8 +213,7 @@ def on_back() -> None:
 def layer_head_selectors(info) -> tuple[int, int]:
     """Layer and query head to show; each head's label names the KV head it reads (GQA)."""
     c1, c2 = st.columns(2)
-    with c1:
-        layer = choice(st.selectbox, t("common.layer"), list(range(info.n_layers)), key="layer", format_func=str)
+    layer = c1.selectbox(t("common.layer"), range(info.n_layers), key="layer")  # numbers: no label to translate
     head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
     with c2:
         head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head",
