@@ -14,11 +14,11 @@ from model.catalog import BUNDLED, FETCHED, list_models, settings
 from ui.i18n import init_language, labels, lang, t
 from ui.pages import DEFAULT_PAGE, PAGES
 from ui.state import init_state, on_model_change
-from ui.widgets import choice, warn_before_leaving
+from ui.widgets import CSS, choice, warn_before_leaving
 
 st.set_page_config(page_title="Decode Lab", page_icon="assets/favicon.png", layout="wide")
-# projector-friendly: less empty space above the title, so a 720-pixel-high screen shows more of each page
-st.html("<style>[data-testid='stMainBlockContainer']{padding-top:2.5rem}</style>")
+# the pages' shared style sheet, once per run (it also trims the space above the title for 720-pixel projectors)
+st.html(CSS)
 init_language()
 init_state()
 

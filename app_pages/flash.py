@@ -63,11 +63,10 @@ if st.session_state.flash_for != tuple(ids) or st.session_state.flash_block not 
     # a new prompt: a block size scaled to it, and the walk from its first tile
     st.session_state.flash_block, st.session_state.flash_step = default_block_size(n), 0
     st.session_state.flash_for = tuple(ids)
-c1, c2 = st.columns([2, 1], vertical_alignment="bottom")
-with c1:
+with st.container(horizontal=True, vertical_alignment="bottom"):
     layer, head = layer_head_selectors(info)
-block = c2.selectbox(t("flash.block"), choices, key="flash_block", format_func={b: f"{b} × {b}" for b in choices}.get,
-                     on_change=go_to, args=(0,), help=t("flash.block_help"))
+    block = st.selectbox(t("flash.block"), choices, key="flash_block", width=200, on_change=go_to, args=(0,),
+                         format_func={b: f"{b} × {b}" for b in choices}.get, help=t("flash.block_help"))
 walk_for = (info.name, info.device, tuple(ids), layer, head, block)
 if st.session_state.flash_walk_for != walk_for:  # Next/Back redraw the same walk: compute it once
     st.session_state.flash_walk = guarded(lambda: walk_head(model, ids, layer, head, block))

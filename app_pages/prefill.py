@@ -42,7 +42,8 @@ if unknown:
 st.markdown(t("prefill.one_pass", n=n, ms=f"{trace.ms:.1f}", device=info.device, dtype=info.dtype))
 
 st.subheader(t("prefill.attention"))
-layer, head = layer_head_selectors(info)
+with st.container(horizontal=True):
+    layer, head = layer_head_selectors(info)
 labels = [f"{p}:{shown(w)}" for p, w in enumerate(prompt_tokens)]
 weights = trace.attention[layer, head]  # (N, N)
 st.plotly_chart(charts.attention_heatmap(weights, labels, labels, height=max(320, min(640, 60 + 34 * n))),

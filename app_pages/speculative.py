@@ -84,7 +84,8 @@ if mode == "ids":
 else:
     p1.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text")
 with st.expander(t("speculative.sampling"), expanded=not sampling_settings().greedy):
-    sampling_controls()
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        sampling_controls()
     st.caption(t("speculative.sampling_note"))
 
 run = st.session_state.spec_run

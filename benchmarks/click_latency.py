@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/click_latency.py [--clicks 20] [--prompt "my mother"] [--app-root DIR]
     .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200      # the real model, if fetched
+    .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200 --without-check
     .venv/bin/python benchmarks/click_latency.py --option runner.postScriptGC=false  # try a Streamlit setting
 
 Starts its own servers on free ports (the bare page and the app, both under the project's .streamlit config)
 and the system Chromium, headless, 1280×720, in a fresh profile. Settled: the script run has finished (its
-"script finished" message reached the page), Streamlit's status widget is gone, every plotly chart is drawn,
+"script finished" message reached the page), Streamlit's status widget is gone, every chart is drawn (plotly's,
+and the decoded SVG images),
 the expected text is shown, and no DOM mutation happened for QUIET_MS. The time is taken inside the page:
 from the click's (or key press's) event time to the last DOM mutation before the quiet period. Printed per
 action: p50, p95, p95 ÷ the bare page's p95; and as medians, to tell the server's share from the browser's: the
@@ -109,6 +111,7 @@ SETTLED_JS = """
   if (document.querySelector('[data-testid="stStatusWidget"]')) return false;
   const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
   if (!charts.every(c => c.querySelector('.main-svg'))) return false;
+  if (![...document.querySelectorAll('img.dl-chart')].every(i => i.complete && i.naturalWidth > 0)) return false;
   return !expect || new RegExp(expect).test(document.body.textContent);
 }
 """
@@ -149,6 +152,12 @@ def engine_ms(page: Page) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def recompute_ms(page: Page) -> float | None:
+    """The check's recompute without the cache, as the page prints it ("… without the cache took 10.5 ms; …")."""
+    found = re.search(r"without the cache took ([\d.]+) ms", page.locator("body").text_content())
+    return float(found.group(1)) if found else None
+
+
 def measure_bare(page: Page, server: StreamlitServer, clicks: int) -> list[Click]:
     page.goto(server.url)
     timer = Timer(page, server)
@@ -172,7 +181,7 @@ def choose_model(timer: Timer, name: str) -> None:
     timer(lambda: box.press("Enter"))
 
 
-def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, model: str) -> dict:
+def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, model: str, check: bool) -> dict:
     page.goto(server.url + "/decode?lang=en")
     timer = Timer(page, server)
     button(page, "run_prefill").wait_for()
@@ -180,9 +189,14 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
         choose_model(timer, model)
     set_text(timer, "max_new_tokens", str(clicks + 5))
     set_text(timer, "prompt_text", prompt)
+    if not check:  # the Decode page's "Check each step" toggle (shown with a run): a recompute per Next
+        timer(button(page, "run_prefill").click, expect=r"cache: \d+ positions")
+        timer(page.locator(".st-key-check_each_step label").first.click, expect="Off: this step")
+        timer(button(page, "reset").click)
     times: dict[str, list[Click]] = {k: [] for k in ("Prefill", "first Next after prefill", "Decode Next", "Back",
                                               "sampling change", "Flash Next")}
     engine: list[float] = []
+    recompute: list[float | None] = []
     for _ in range(clicks):  # the decode page shows the prompt form only before a run: Reset first
         times["Prefill"].append(timer(button(page, "run_prefill").click, expect=r"cache: \d+ positions"))
         start = cache_length(page)
@@ -200,6 +214,7 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
             times[series].append(timer(button(page, key).click, expect=f"cache: {n + change} positions"))
             if key == "next" and engine_ms(page) is not None:
                 engine.append(engine_ms(page))
+                recompute.append(recompute_ms(page))
     slider = page.locator(".st-key-temperature input[type='range']").first
     for _ in range(clicks):  # 0.05 per key press, 0 → 1 in 20 presses
         slider.focus()
@@ -210,7 +225,8 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
         if not enabled(page, "flash_next"):  # the walk's last tile: back to the first, unmeasured
             timer(button(page, "flash_first").click)
         times["Flash Next"].append(timer(button(page, "flash_next").click))
-    return {"times": times, "engine": engine, "context": context}
+    return {"times": times, "engine": engine, "recompute": [r for r in recompute if r is not None],
+            "context": context}
 
 
 def long_prompt(model_name: str, context: int) -> str:
@@ -232,6 +248,8 @@ def main() -> None:
     parser.add_argument("--prompt", default="my mother")
     parser.add_argument("--model", default="small")
     parser.add_argument("--context", type=int, default=0, help="make the prompt this many tokens long")
+    parser.add_argument("--without-check", action="store_true",
+                        help="turn the Decode page's check (a recompute of the whole sequence per Next) off")
     parser.add_argument("--app-root", type=Path, default=ROOT)
     parser.add_argument("--option", action="append", default=[], metavar="SECTION.NAME=VALUE",
                         help="a Streamlit option for the servers, e.g. runner.postScriptGC=false (repeatable)")
@@ -243,6 +261,7 @@ def main() -> None:
                      browser=f"{browser_version}, headless, at "
                      f"{VIEWPORT['width']}×{VIEWPORT['height']}, server and browser on this machine",
                      model=f"{args.model} (float32, device 'auto' = cpu)",
+                     check="off" if args.without_check else "on (the page's default)",
                      prompt=repr(prompt if len(prompt) < 60 else prompt[:57] + "..."),
                      settled=f"script finished, no status widget, charts drawn, then {QUIET_MS} ms without a "
                              "DOM mutation; time from the click's event to the last mutation")
@@ -258,7 +277,7 @@ def main() -> None:
         page = context.pages[0] if context.pages else context.new_page()
         page.set_default_timeout(SETTLE_TIMEOUT_MS)
         bare_times = measure_bare(page, bare, args.clicks)
-        result = measure_app(page, app, args.clicks, prompt, args.model)
+        result = measure_app(page, app, args.clicks, prompt, args.model, check=not args.without_check)
         context.close()
     print(f"context after prefill: {result['context']} positions; load average after the run: "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
@@ -275,11 +294,14 @@ def main() -> None:
         print(f"{name:<25} {len(rows):>6} {s50:>7.0f} {s95:>7.0f} {s95 / bare95:>7.2f}×   {f50:>9.0f} {cpu50:>10.0f} "
               f"{kib50:>9.1f}")
     first = result["times"]["Prefill"][0]
-    print(f"the page's first Prefill (its first charts: the browser loads plotly.js): {first.settled_ms:.0f} ms "
-          "(included above)")
+    print(f"the page's first Prefill: {first.settled_ms:.0f} ms (included above)")
     if result["engine"]:
         e50, e95 = p50_p95(result["engine"])
         print(f"engine decode step alone (the page's step summary): p50 {e50:.1f} ms, p95 {e95:.1f} ms")
+    if result["recompute"]:
+        r50, r95 = p50_p95(result["recompute"])
+        print(f"the check's recompute without the cache, in each Next (the page's check): p50 {r50:.1f} ms, "
+              f"p95 {r95:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
             "ms": round(trace.ms, 3),
         }
         if index in gen.checks:
-            row["max_abs_logit_diff"] = gen.checks[index]
+            row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
         steps.append(row)
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads,

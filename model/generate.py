@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ class Generation:
     steps: list[StepTrace] = field(default_factory=list)
     samples: list[Draw] = field(default_factory=list)  # samples[i] was drawn from steps[i]'s logits
     stop_reason: str | None = None
-    checks: dict[int, float] = field(default_factory=dict)  # step index -> max |Δlogit| against a recompute
+    checks: dict[int, RecomputeCheck] = field(default_factory=dict)  # step index -> its check
     attention_dropped: int = 0    # decode steps (from step 1 on) whose attention rows left to fit the budget
 
     @property
@@ -224,13 +225,23 @@ def resample(model: LoadedModel, gen: Generation, settings: SamplingSettings) ->
     gen.stop_reason = find_stop(model, gen)
 
 
-def check_last_step(model: LoadedModel, gen: Generation) -> float:
-    """max |Δlogit| between the last step's cached logits and recomputing its whole sequence without a cache.
+@dataclass(frozen=True)
+class RecomputeCheck:
+    """A step's cached logits against recomputing its whole sequence without a cache."""
+    max_abs_diff: float  # max |Δlogit| at the last position
+    ms: float            # the recompute's own time: the work the cache saved at this step
+
+
+def check_last_step(model: LoadedModel, gen: Generation) -> RecomputeCheck:
+    """Recompute the last step's whole sequence without a cache and compare the logits.
     Done once per step: the page redraws often (sliders, selectors), the answer does not change."""
     index = len(gen.steps) - 1
     if index not in gen.checks:
         trace = gen.steps[index]
-        gen.checks[index] = max_abs_logit_diff(trace, recompute(model, gen.ids[: trace.cache_len]))
+        start = time.perf_counter()
+        logits = recompute(model, gen.ids[: trace.cache_len])
+        ms = 1000 * (time.perf_counter() - start)
+        gen.checks[index] = RecomputeCheck(max_abs_logit_diff(trace, logits), ms)
     return gen.checks[index]
 
 

@@ -15,11 +15,14 @@ LABELS = {
 
 
 def wait_for_charts(page):
-    """Plotly draws after the script run; a screenshot before that shows empty frames."""
+    """Plotly draws after the script run and an SVG image decodes after it arrives; a screenshot before that shows
+    empty frames. Every page waited on has at least one chart."""
     wait_idle(page)
     page.wait_for_function("""() => {
-        const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-        return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
+        const plotly = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+        const images = [...document.querySelectorAll('img.dl-chart')];
+        return plotly.length + images.length > 0 && plotly.every(c => c.querySelector('.main-svg'))
+            && images.every(i => i.complete && i.naturalWidth > 0);
     }""", timeout=60_000)
 
 

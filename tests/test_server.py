@@ -98,6 +98,31 @@ def test_sessions_clicking_together_each_see_exactly_their_solo_run(app_server):
     assert shown == [solo_ids(model, p, NEXT_CLICKS) for p in ISOLATION_PROMPTS]
 
 
+def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
+    """Issue 12: the browser's work per click grows with the number of elements redrawn. Next, Back, a sampling
+    change and a head change send the step view's four buttons and its one piece of HTML; nothing of the sidebar,
+    the title or the controls."""
+    step_view = ["button"] * 4 + ["html"]
+
+    async def clicks() -> list[list[str]]:
+        [s] = await open_sessions(ws_url(app_server), 1)
+        await s.run("run_prefill")
+        sent = []
+        for action in ("next", "next", "back"):
+            await s.run(action)
+            sent.append(s.drawn)
+        s.set_value("temperature", 0.5)
+        await s.run()
+        sent.append(s.drawn)
+        s.set_value("head.en", "head 1 (reads KV head 0)")  # a select box sends the label it shows
+        await s.run()
+        sent.append(s.drawn)
+        await close_all([s])
+        return sent
+
+    assert run_async(clicks()) == [step_view] * 5
+
+
 def test_a_visitors_clear_cache_message_does_not_unload_the_model():
     """Issue 13.5: Streamlit's "Clear cache" (any websocket can send it) must not make anyone reload a model.
     Every safetensors read of the server process is logged, so a reload shows whatever the caching looks like."""
@@ -192,8 +217,11 @@ def test_every_request_stays_on_the_server(app_server, browser_page):
     page.goto(f"{app_server}/decode?lang=en")
     page.locator(".st-key-run_prefill button").click()
     page.get_by_text(cache_pattern("en", 3)).first.wait_for()
-    page.wait_for_function("""() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
-        .every(c => c.querySelector('.main-svg'))""")
+    page.get_by_role("link", name="Prefill").first.click()  # the same session's run, drawn by plotly
+    page.wait_for_function("""() => {
+        const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+        return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
+    }""")
     wait_idle(page)
     linked = page.evaluate("""() => [...document.querySelectorAll('link[href], script[src], img[src]')]
         .map(e => e.href || e.src)""")

@@ -136,6 +136,7 @@ class Session:
         self.values: dict[str, tuple[str, object]] = {}      # widget id -> (WidgetState field, value)
         self.page: dict[tuple[int, ...], tuple[str, str]] = {}  # delta path -> (element kind, text)
         self.exceptions: list[str] = []  # of the last run
+        self.drawn: list[str] = []  # the kinds of the elements the last run sent, in order
         self.status = ""
 
     async def connect(self) -> None:
@@ -188,7 +189,7 @@ class Session:
         msg = self._rerun_message(trigger)
         if not msg.rerun_script.fragment_id:
             self.page = {}
-        self.exceptions = []
+        self.exceptions, self.drawn = [], []
         t0 = time.monotonic()
         await self.ws.send(msg.SerializeToString())
         await asyncio.wait_for(self._read_until_finished(), timeout)
@@ -214,6 +215,7 @@ class Session:
             return
         element = delta.new_element
         kind = element.WhichOneof("type")
+        self.drawn.append(kind)
         if kind == "markdown":
             self.page[path] = (kind, element.markdown.body)
         elif kind == "html":
@@ -235,9 +237,9 @@ class Session:
         return [text for k, text in self.page.values() if k == kind]
 
     def cache_len(self) -> int | None:
-        """The cache length in the decode page's step summary (vi or en)."""
-        for text in self.texts():
-            found = re.search(r"cache: \*\*(\d+) (?:positions|vị trí)", text)
+        """The cache length in the decode page's step summary (vi or en), drawn as HTML."""
+        for text in self.texts("html"):
+            found = re.search(r"cache: <b>(\d+) (?:positions|vị trí)", text)
             if found:
                 return int(found.group(1))
         return None
@@ -245,6 +247,6 @@ class Session:
     def strip_ids(self) -> list[int] | None:
         """Token ids of the token strip, in order."""
         for body in self.texts("html"):
-            if "tok-strip" in body:
+            if 'class="tok-strip"' in body:
                 return [int(x) for x in re.findall(r"id (\d+)</small>", body)]
         return None

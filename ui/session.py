@@ -191,15 +191,26 @@ def prompt_form(model: LoadedModel) -> bool:
     return False
 
 
-def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> None:
+def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> bool:
+    """Run an engine action on this session's run; False when there is none or the action failed (said why)."""
     gen = st.session_state.generation
-    if gen is not None:
-        guarded(lambda: action(sidebar_model(), gen))
+    if gen is None:
+        return False
+    done = guarded(lambda: action(sidebar_model(), gen) or True)
+    return done is not None
 
 
-def on_sampling_change() -> None:
+def redraw_only(fragment: str | None) -> None:
+    """From a widget callback: rerun only the named fragment instead of the whole page (None: the whole page).
+    A click that interrupted Run to end reruns the whole page, which clears the run's progress bar."""
+    if fragment is not None and not st.session_state.get("running"):
+        st.rerun(fragment)
+
+
+def on_sampling_change(redraw: str | None = None) -> None:
     """New sampling controls re-draw the current step from its stored logits; the model does not run."""
-    _with_generation(lambda model, gen: generate.resample(model, gen, sampling_settings()))
+    if _with_generation(lambda model, gen: generate.resample(model, gen, sampling_settings())):
+        redraw_only(redraw)
 
 
 def on_next() -> None:
@@ -210,28 +221,30 @@ def on_back() -> None:
     _with_generation(generate.back)
 
 
-def layer_head_selectors(info) -> tuple[int, int]:
-    """Layer and query head to show; each head's label names the KV head it reads (GQA)."""
-    c1, c2 = st.columns(2)
-    layer = c1.selectbox(t("common.layer"), range(info.n_layers), key="layer")  # numbers: no label to translate
+def layer_head_selectors(info, redraw: str | None = None) -> tuple[int, int]:
+    """Layer and query head to show; each head's label names the KV head it reads (GQA). Drawn into the caller's
+    container, a row (st.container(horizontal=True)): st.columns on a page cost each later click more.
+    `redraw` names the fragment that draws the attention, when only it should rerun on a change."""
     head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
-    with c2:
-        head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head",
-                      format_func=head_labels.get)
+    layer = st.selectbox(t("common.layer"), range(info.n_layers), key="layer", width=90,  # numbers only
+                         on_change=redraw_only, args=(redraw,))
+    head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head", width=220,
+                  format_func=head_labels.get, on_change=lambda: redraw_only(redraw))
     return layer, head
 
 
-def sampling_controls() -> None:
-    c1, c2, c3, c4 = st.columns(4)
-    c1.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="temperature", on_change=on_sampling_change,
-              help=t("sampling.temperature_help"))
-    with c2:
-        st.toggle(t("sampling.top_k_on"), key="top_k_on", on_change=on_sampling_change)
-        st.number_input(t("sampling.top_k"), min_value=1, max_value=1000, key="top_k",
-                        on_change=on_sampling_change, disabled=not st.session_state.top_k_on)
-    c3.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="top_p", on_change=on_sampling_change,
-              help=t("sampling.top_p_help"))
-    c4.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="seed", on_change=on_sampling_change)
+def sampling_controls(redraw: str | None = None) -> None:
+    """Temperature, top-k, top-p and seed, drawn into the caller's container, a row. `redraw` names the fragment
+    that shows the current step, when only it should rerun on a change."""
+    change = dict(on_change=on_sampling_change, args=(redraw,))
+    st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="temperature", width=200,
+              help=t("sampling.temperature_help"), **change)
+    st.toggle(t("sampling.top_k_on"), key="top_k_on", **change)
+    st.number_input(t("sampling.top_k"), min_value=1, max_value=1000, key="top_k", width=110,
+                    disabled=not st.session_state.top_k_on, **change)
+    st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="top_p", width=200, help=t("sampling.top_p_help"),
+              **change)
+    st.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="seed", width=130, **change)
 
 
 def mark_cancelled_run() -> None:

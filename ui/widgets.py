@@ -1,4 +1,8 @@
-"""Small HTML pieces shared by pages. Every text is escaped before it reaches HTML."""
+"""Small HTML pieces shared by pages. Every text is escaped before it reaches HTML.
+
+Their style sheet, CSS, is put on the page once by app.py, not inside each piece: a <style> element drawn again
+with every click makes the browser recompute the style of the whole page.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from ui.i18n import lang
 
 CSS = """
 <style>
+[data-testid='stMainBlockContainer']{padding-top:2.5rem}
 .tok-strip{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0 10px 0}
 .tok{border-radius:8px;padding:4px 9px;font-size:18px;line-height:1.35;border:2px solid #343a40;background:#f1f3f5;
      color:#212529;text-align:center;white-space:pre}
@@ -35,6 +40,17 @@ CSS = """
 .mini-table{border-collapse:collapse;font-size:15px;font-variant-numeric:tabular-nums;margin:4px 0}
 .mini-table th,.mini-table td{border-bottom:1px solid #dee2e6;padding:3px 10px;text-align:right}
 .mini-table th{background:#f8f9fa;font-weight:600}
+.dl-h{font-size:1.5rem;font-weight:600;line-height:1.2;margin:0.6rem 0 0.5rem 0;padding:0}
+.dl-p{margin:0 0 0.6rem 0;line-height:1.6}
+.dl-caption{font-size:14px;color:rgba(49,51,63,0.6);margin:0 0 0.5rem 0;line-height:1.5}
+.dl-grid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:0.5rem 2.5rem;margin-top:0.5rem}
+@media (max-width:1100px){.dl-grid{grid-template-columns:minmax(0,1fr)}}
+.dl-metric{font-size:14px;color:#31333f}
+.dl-metric b{display:block;font-size:2.1rem;font-weight:400;line-height:1.3;font-variant-numeric:tabular-nums}
+.dl-box{border-radius:0.5rem;padding:0.9rem 1rem;margin:0.5rem 0;line-height:1.5}
+.dl-box.pass{background:rgba(33,195,84,0.1);color:#177233}
+.dl-box.fail{background:rgba(255,43,43,0.09);color:#7d353b}
+.dl-box.note{background:rgba(28,131,225,0.1);color:#004280}
 </style>
 """
 STATUS_COLOURS = {"chosen": "#e8590c", "kept": "#1f5fbf", "other": "#1f5fbf", "cut_p": "#ffc9a8", "cut_k": "#adb5bd"}
@@ -52,7 +68,7 @@ def token_strip_html(tokens: list[str], ids: list[int], kinds: list[str]) -> str
         special = " special" if tok.startswith("<") and tok.endswith(">") else ""
         chips.append(f'<div class="tok {escape(kind)}{special}">{escape(shown(tok))}'
                      f"<small>#{position} · id {tid}</small></div>")
-    return CSS + '<div class="tok-strip">' + "".join(chips) + "</div>"
+    return '<div class="tok-strip">' + "".join(chips) + "</div>"
 
 
 def token_strip(tokens: list[str], ids: list[int], kinds: list[str]) -> None:
@@ -68,7 +84,7 @@ def attention_row_html(tokens: list[str], weights) -> str:
         ink = "#fff" if level > 0.55 else "#212529"
         chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
                      f'title="#{position}: {float(w):.4f}">{escape(shown(tok))}<small>{float(w):.2f}</small></div>')
-    return CSS + '<div class="att-row">' + "".join(chips) + "</div>"
+    return '<div class="att-row">' + "".join(chips) + "</div>"
 
 
 def probability_bars_html(labels: list[str], probs, status: list[str], status_names: dict[str, str]) -> str:
@@ -81,14 +97,14 @@ def probability_bars_html(labels: list[str], probs, status: list[str], status_na
         f'style="width:{100 * float(p):.1f}%;background:{STATUS_COLOURS[s]}"></div></div>'
         f'<div class="val">{float(p):.3f}</div>'
         for label, p, s in zip(labels, probs, status))
-    return CSS + f'<div class="legend">{legend}</div><div class="bars">{rows}</div>'
+    return f'<div class="legend">{legend}</div><div class="bars">{rows}</div>'
 
 
 def table_html(headers: list[str], rows: list[list]) -> str:
     """A small table of numbers (a dataframe widget costs more than it shows here)."""
     head = "".join(f"<th>{escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
-    return CSS + f'<table class="mini-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table class="mini-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 MARKDOWN_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$")
@@ -97,6 +113,37 @@ MARKDOWN_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$")
 def md_escape(text: str) -> str:
     """Text from the model or the user, safe to put inside a markdown sentence."""
     return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in text)
+
+
+def markdown_html(text: str) -> str:
+    """A sentence in the markdown the texts use (**bold**, and md_escape's backslashes) as escaped HTML, for the
+    pieces a page draws as one st.html instead of one element per sentence."""
+    out, bold, i = [], False, 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in MARKDOWN_SPECIAL:
+            out.append(escape(text[i + 1]))
+            i += 2
+        elif text.startswith("**", i):
+            out.append("</b>" if bold else "<b>")
+            bold, i = not bold, i + 2
+        else:
+            out.append(escape(text[i]))
+            i += 1
+    return "".join(out) + ("</b>" if bold else "")
+
+
+def heading_html(text: str) -> str:
+    return f'<div class="dl-h">{escape(text)}</div>'
+
+
+def paragraph_html(sentence: str, kind: str = "dl-p") -> str:
+    """A markdown sentence as a paragraph; kind "dl-caption" for a caption's small grey type."""
+    return f'<p class="{kind}">{markdown_html(sentence)}</p>'
+
+
+def box_html(sentence: str, kind: str) -> str:
+    """A coloured box for a verdict or a note, like st.success / st.error / st.info: kind pass, fail or note."""
+    return f'<div class="dl-box {kind}">{markdown_html(sentence)}</div>'
 
 
 def choice(widget: Callable, label: str, options: Sequence, key: str, format_func: Callable,
