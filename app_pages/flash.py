@@ -75,52 +75,59 @@ result = st.session_state.flash_walk
 if result is None:
     st.stop()
 steps, read = result.walk.steps, result.read_steps  # the walk visits only the tiles it reads
-last = len(read) - 1
-st.session_state.flash_step = index = max(0, min(st.session_state.flash_step, last))
-step = steps[read[index]]
-labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
-rows, cols = span(step.q_rows), span(step.k_cols)
+@st.fragment
+def tile_walk() -> None:
+    """What the tile index changes: First, Back, Next and Last rerun only this part of the page, not the check,
+    the memory and the traffic below, which hold for the whole walk."""
+    last = len(read) - 1
+    st.session_state.flash_step = index = max(0, min(st.session_state.flash_step, last))
+    step = steps[read[index]]
+    labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
+    rows, cols = span(step.q_rows), span(step.k_cols)
 
-st.subheader(t("flash.walk"))
-st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
-b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
-b1.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
-          disabled=index == 0, width="stretch")
-b2.button(t("flash.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
-          disabled=index == 0, width="stretch")
-b3.button(t("flash.next"), key="flash_next", icon=":material/chevron_right:", icon_position="right", type="primary",
-          on_click=shift, args=(1,), disabled=index == last, width="stretch")
-b4.button(t("flash.last"), key="flash_last", icon=":material/last_page:", icon_position="right", on_click=go_to,
-          args=(last,), disabled=index == last, width="stretch")
+    st.subheader(t("flash.walk"))
+    st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
+    with st.container(horizontal=True):
+        st.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
+                  disabled=index == 0, width=150)
+        st.button(t("flash.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
+                  disabled=index == 0, width=150)
+        st.button(t("flash.next"), key="flash_next", icon=":material/chevron_right:", icon_position="right",
+                  type="primary", on_click=shift, args=(1,), disabled=index == last, width=150)
+        st.button(t("flash.last"), key="flash_last", icon=":material/last_page:", icon_position="right", on_click=go_to,
+                  args=(last,), disabled=index == last, width=150)
 
-left, right = st.columns([1, 1])
-with left:
-    names = {s: t("flash.state_" + s) for s in charts.TILE_STATES}
-    names.update(queries=t("flash.axis_queries"), keys=t("flash.axis_keys"))
-    st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 150 + 34 * n))),
-                    key="flash_grid", config={"displayModeBar": False})
-    st.caption(t("flash.grid_caption"))
-    st.latex(t("flash.latex_update"))
-with right:
-    st.markdown(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block, rows=rows,
-                  cols=cols))
-    st.markdown(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0], bk=step.scores.shape[1]))
-    if index == last or steps[read[index + 1]].q_block != step.q_block:
-        st.success(t("flash.block_done", qb=step.q_block, rows=rows))
-    m_before, l_before, alpha = result.before(read[index])
-    st.markdown("**" + t("flash.stats") + "**")
-    st.dataframe([{t("flash.col_query"): labels[r], t("flash.col_tile_max"): number(step.scores[i].max()),
-                   t("flash.col_m"): f"{number(m_before[i])} → {number(step.row_max[i])}",
-                   t("flash.col_alpha"): number(alpha[i]),
-                   t("flash.col_l"): f"{number(l_before[i])} → {number(step.row_sum[i])}"}
-                  for i, r in enumerate(range(*step.q_rows))], hide_index=True,
-                 height=35 * (min(len(alpha), 8) + 1) + 3)
-    st.caption(t("flash.stats_caption"))
-    st.markdown("**" + t("flash.partial") + "**")
-    st.plotly_chart(charts.output_heatmap(step.partial_output, labels[slice(*step.q_rows)],
-                                          height=max(150, min(320, 70 + 30 * len(step.row_max)))),
-                    key="flash_partial", config={"displayModeBar": False})
-    st.caption(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"))
+    left, right = st.columns([1, 1])
+    with left:
+        names = {s: t("flash.state_" + s) for s in charts.TILE_STATES}
+        names.update(queries=t("flash.axis_queries"), keys=t("flash.axis_keys"))
+        st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 150 + 34 * n))),
+                        key="flash_grid", config={"displayModeBar": False})
+        st.caption(t("flash.grid_caption"))
+        st.latex(t("flash.latex_update"))
+    with right:
+        st.markdown(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block, rows=rows,
+                      cols=cols))
+        st.markdown(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0], bk=step.scores.shape[1]))
+        if index == last or steps[read[index + 1]].q_block != step.q_block:
+            st.success(t("flash.block_done", qb=step.q_block, rows=rows))
+        m_before, l_before, alpha = result.before(read[index])
+        st.markdown("**" + t("flash.stats") + "**")
+        st.dataframe([{t("flash.col_query"): labels[r], t("flash.col_tile_max"): number(step.scores[i].max()),
+                       t("flash.col_m"): f"{number(m_before[i])} → {number(step.row_max[i])}",
+                       t("flash.col_alpha"): number(alpha[i]),
+                       t("flash.col_l"): f"{number(l_before[i])} → {number(step.row_sum[i])}"}
+                      for i, r in enumerate(range(*step.q_rows))], hide_index=True,
+                     height=35 * (min(len(alpha), 8) + 1) + 3)
+        st.caption(t("flash.stats_caption"))
+        st.markdown("**" + t("flash.partial") + "**")
+        st.plotly_chart(charts.output_heatmap(step.partial_output, labels[slice(*step.q_rows)],
+                                              height=max(150, min(320, 70 + 30 * len(step.row_max)))),
+                        key="flash_partial", config={"displayModeBar": False})
+        st.caption(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"))
+
+
+tile_walk()
 
 st.subheader(t("flash.check"))
 passed = result.max_abs_diff <= TOLERANCE

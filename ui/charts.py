@@ -88,6 +88,7 @@ def curve(x: list, y: list, name: str, x_title: str, y_title: str, mark: tuple |
 # the Flash Attention tile walk
 
 TILE_STATES = ("masked", "skipped", "todo", "done", "current")  # the order of the codes 0..4 in tile_grid
+HOVER_POSITIONS = 64  # tile_grid names each cell on hover up to this many positions
 TILE_COLOURS = {"masked": "#ffffff", "skipped": "#ffc9c9", "todo": "#dee2e6", "done": "#a5d8ff",
                 "current": "#ffa94d"}
 
@@ -121,13 +122,16 @@ def tile_grid(steps: list, current: int, labels: list[str], names: dict[str, str
             state[r0:r1, c0:c1] = np.where(visible, code["todo"], code["masked"])
     k = len(TILE_STATES)
     scale = [[edge, TILE_COLOURS[s]] for i, s in enumerate(TILE_STATES) for edge in (i / k, (i + 1) / k)]
+    # a hover per cell while cells are big enough to point at: at SmolLM2's 231 positions the labels alone were
+    # 3 MB sent on every click, for cells 2 pixels wide
     hover = np.array([[f"{labels[r]} → {labels[c]}<br>{names[TILE_STATES[state[r, c]]]}"
                        + (f"<br>s = {scores[r, c]:.3f}" if np.isfinite(scores[r, c]) else "")
-                       for c in range(n)] for r in range(n)])
+                       for c in range(n)] for r in range(n)]) if n <= HOVER_POSITIONS else None
     digits = 2 if n <= 6 else 1  # the numbers must fit their cell
     text = np.where(np.isfinite(scores), np.vectorize(lambda x: f"{x:.{digits}f}")(scores), "") if n <= 12 else None
     heat = dict(type="heatmap", z=state, zmin=-0.5, zmax=k - 0.5, colorscale=scale, showscale=False,
-                customdata=hover, hovertemplate="%{customdata}<extra></extra>", text=text,
+                customdata=hover, hovertemplate="%{customdata}<extra></extra>" if hover is not None else None,
+                hoverinfo="skip" if hover is None else None, text=text,
                 texttemplate="%{text}" if text is not None else None, textfont=dict(size=13, color="#212529"),
                 xgap=1, ygap=1)
     legend = [dict(type="scatter", x=[None], y=[None], mode="markers", name=names[s], marker=dict(
