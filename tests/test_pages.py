@@ -64,6 +64,14 @@ def test_language_switch_keeps_state():
     assert "Next" in at.button(key="next").label
 
 
+def test_turning_top_k_on_enables_its_box():
+    """The box sits outside the step view's fragment: the toggle must rerun the page, not only the fragment."""
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
+    assert at.number_input(key="top_k").disabled
+    at.toggle(key="top_k_on").set_value(True).run()
+    assert not at.number_input(key="top_k").disabled and not at.exception
+
+
 def test_bad_prompt_is_a_sentence_and_keeps_the_run():
     at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     click(at, "next")

@@ -239,7 +239,8 @@ def sampling_controls(redraw: str | None = None) -> None:
     change = dict(on_change=on_sampling_change, args=(redraw,))
     st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="temperature", width=200,
               help=t("sampling.temperature_help"), **change)
-    st.toggle(t("sampling.top_k_on"), key="top_k_on", **change)
+    # the whole page reruns: the top-k box beside the toggle, outside the fragment, turns on or off with it
+    st.toggle(t("sampling.top_k_on"), key="top_k_on", on_change=on_sampling_change)
     st.number_input(t("sampling.top_k"), min_value=1, max_value=1000, key="top_k", width=110,
                     disabled=not st.session_state.top_k_on, **change)
     st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="top_p", width=200, help=t("sampling.top_p_help"),
