@@ -23,6 +23,7 @@ from ui.session import (
     page_start,
     prompt_form,
     redraw_only,
+    request_run_to_end,
     reset,
     run_to_end,
     sampling_controls,
@@ -64,6 +65,16 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
               on_change=redraw_only, args=(STEP_VIEW,))
 
 
+if st.session_state.run_to_end_requested:
+    # Run to end runs in a whole-page run, with a Stop button outside any fragment: Streamlit 1.67 lets a click
+    # inside a fragment wait until the running script ends, while a click outside one stops it between two steps
+    # (mark_cancelled_run above then records the cancel).
+    st.session_state.run_to_end_requested = False
+    st.button(t("decode.stop"), key="stop_run", type="primary", icon=":material/stop:")
+    run_to_end(model, generation(model))
+    st.rerun()
+
+
 @st.fragment(key=STEP_VIEW)
 def step_view() -> None:
     mark_cancelled_run()
@@ -75,12 +86,9 @@ def step_view() -> None:
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
                   on_click=on_next)
         st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back)
-        run_clicked = st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:",
-                                disabled=gen.finished)
+        st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
+                  on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
-    if run_clicked:
-        run_to_end(model, gen)
-        st.rerun(scope="fragment")
     st.html(step_html(gen, st.session_state.layer, st.session_state.head))
 
 

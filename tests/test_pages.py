@@ -64,6 +64,14 @@ def test_language_switch_keeps_state():
     assert "Next" in at.button(key="next").label
 
 
+def test_run_to_end_reaches_a_stop_condition():
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
+    click(at, "run_to_end")
+    gen = at.session_state["generation"]
+    assert gen.stop_reason == "eos" and not at.session_state["running"] and not at.error
+    assert at.button(key="next").disabled and not [b for b in at.button if b.key == "stop_run"]
+
+
 def test_turning_top_k_on_enables_its_box():
     """The box sits outside the step view's fragment: the toggle must rerun the page, not only the fragment."""
     at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")

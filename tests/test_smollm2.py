@@ -231,3 +231,36 @@ def test_browser_chat_with_smollm2_shows_template_tokens_and_the_answer(app_serv
     assert page.locator("[data-testid='stException']").count() == 0
     page.set_viewport_size({"width": 1280, "height": 720})
     page.screenshot(path=str(artifacts / f"smollm2-decode-1280x720-{lang}.png"))
+
+
+@needs_model
+@pytest.mark.browser
+def test_browser_run_to_end_grows_the_strip_and_stops_at_a_click(app_server, browser_page):
+    """Issue 12: Run to end shows the strip growing and stays cancellable. A counting prompt does not end soon,
+    so 60 new tokens take seconds: Stop interrupts between two steps, the answer says so, and Next goes on."""
+    page = browser_page
+    page.goto(f"{app_server}/decode?lang=en")
+    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    page.get_by_text(text("prompt.chat_label", "en")).wait_for(timeout=180_000)
+    page.locator("[class*='st-key-prompt_mode'] button").get_by_text("text", exact=True).click()
+    page.get_by_label(text("prompt.label", "en"), exact=True).wait_for()
+    box = page.get_by_label(text("prompt.label", "en"), exact=True)
+    box.fill("1, 2, 3, 4, 5, 6, 7,")
+    box.press("Enter")
+    limit = page.locator(".st-key-max_new_tokens input").first
+    limit.fill("60")
+    limit.press("Enter")
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.locator(".st-key-run_prefill button").click()
+    page.get_by_text("cache: 20 positions").first.wait_for(timeout=180_000)
+    page.locator(".st-key-run_to_end button").click()
+    page.locator(".st-key-stop_run button").wait_for(timeout=60_000)
+    page.wait_for_function("document.querySelectorAll('.tok').length >= 24", timeout=60_000)  # 21 at the prefill
+    page.locator(".st-key-stop_run button").click()
+    page.get_by_text(text("stop.cancelled", "en")).first.wait_for(timeout=60_000)
+    stopped_at = page.locator(".tok").count()
+    assert 24 <= stopped_at < 21 + 60 and page.locator(".st-key-stop_run").count() == 0
+    page.locator(".st-key-next button").click()
+    page.wait_for_function(f"document.querySelectorAll('.tok').length === {stopped_at + 1}", timeout=60_000)
+    assert page.locator("[data-testid='stException']").count() == 0

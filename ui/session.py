@@ -213,6 +213,12 @@ def on_sampling_change(redraw: str | None = None) -> None:
         redraw_only(redraw)
 
 
+def request_run_to_end() -> None:
+    """Run to end happens in a whole-page run, where a click on its Stop button can interrupt it."""
+    st.session_state.run_to_end_requested = True
+    st.rerun()
+
+
 def on_next() -> None:
     _with_generation(generate.step)
 
