@@ -3,7 +3,8 @@
 Everything a step changes sits in one fragment: Next, Back, the sampling controls and the layer and head rerun it
 alone, not the sidebar, the title or the controls. The browser's work per click grows with the number of elements
 it redraws, hardly with their size, so the fragment is the four buttons and one piece of HTML: the strip, the
-attention, the probabilities, the cache (two SVG charts among them), the check and the answer.
+attention, the probabilities, the cache (two SVG charts among them), the check and the answer. Run to end is a
+whole-page run instead, so that its Stop button can interrupt it.
 """
 
 from html import escape

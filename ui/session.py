@@ -271,8 +271,8 @@ def strip_tokens(model: LoadedModel, gen: generate.Generation) -> tuple[list[str
 
 
 def run_to_end(model: LoadedModel, gen: generate.Generation) -> None:
-    """Step to a stop condition, redrawing the growing strip; a click anywhere stops the script between two steps
-    (mark_cancelled_run then records it as a cancel)."""
+    """Step to a stop condition, redrawing the growing strip. Called in a whole-page run: a click on a widget outside
+    any fragment then stops the script between two steps (mark_cancelled_run records it as a cancel)."""
     st.session_state.running = True
     strip, bar = st.empty(), st.progress(0.0, text=t("decode.running"))
     last_drawn = 0.0
