@@ -146,16 +146,14 @@ def cache_length(page: Page) -> int:
     return int(re.search(r"cache: (\d+) positions", page.locator("body").text_content()).group(1))
 
 
-def engine_ms(page: Page) -> float | None:
-    """The engine step's own time, as the step summary prints it ("… · 2.41 ms on cpu, float32")."""
-    found = re.search(r"([\d.]+) ms on ", page.locator("body").text_content())
+def printed_ms(page: Page, pattern: str) -> float | None:
+    """A time the page prints, found by a pattern whose group is the milliseconds: the engine step's own time in
+    the step summary ("… · 2.41 ms on cpu, float32"), the check's recompute ("… without the cache took 10.5 ms")."""
+    found = re.search(pattern, page.locator("body").text_content())
     return float(found.group(1)) if found else None
 
 
-def recompute_ms(page: Page) -> float | None:
-    """The check's recompute without the cache, as the page prints it ("… without the cache took 10.5 ms; …")."""
-    found = re.search(r"without the cache took ([\d.]+) ms", page.locator("body").text_content())
-    return float(found.group(1)) if found else None
+ENGINE_MS, RECOMPUTE_MS = r"([\d.]+) ms on ", r"without the cache took ([\d.]+) ms"
 
 
 def measure_bare(page: Page, server: StreamlitServer, clicks: int) -> list[Click]:
@@ -212,9 +210,9 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
                 timer(button(page, other).click, expect=f"cache: {n - change} positions")
             n = cache_length(page)
             times[series].append(timer(button(page, key).click, expect=f"cache: {n + change} positions"))
-            if key == "next" and engine_ms(page) is not None:
-                engine.append(engine_ms(page))
-                recompute.append(recompute_ms(page))
+            if key == "next" and printed_ms(page, ENGINE_MS) is not None:
+                engine.append(printed_ms(page, ENGINE_MS))
+                recompute.append(printed_ms(page, RECOMPUTE_MS))
     slider = page.locator(".st-key-temperature input[type='range']").first
     for _ in range(clicks):  # 0.05 per key press, 0 → 1 in 20 presses
         slider.focus()

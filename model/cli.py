@@ -147,26 +147,31 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def add_run_arguments(p: argparse.ArgumentParser, model_help: str) -> None:
+    """The prompt, model, length, sampling and device options that trace and speculate share."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
+    src.add_argument("--chat", help="the user's message in the model's chat template (smollm2)")
+    p.add_argument("--model", default="small", help=model_help)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model", description="Decode Lab engine")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("trace", help="run a prompt step by step and print every step")
-    src = t.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
-    src.add_argument("--chat", help="the user's message in the model's chat template (smollm2)")
+    add_run_arguments(t, "micro, small, smollm2, a model folder or a Hugging Face Hub id")
     t.add_argument("--system", default=None, help="with --chat: a system prompt in place of the template's own")
-    t.add_argument("--model", default="small", help="micro, small, smollm2, a model folder or a Hugging Face Hub id")
     t.add_argument("--allow-download", action="store_true", help="let --model download a Hub id (off: offline)")
-    t.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
-    t.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    t.add_argument("--top-k", type=int, default=None)
-    t.add_argument("--top-p", type=float, default=1.0)
-    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     t.add_argument("--check", action="store_true", help="compare each step's logits with a full recompute")
     t.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     t.set_defaults(run=cmd_trace)
@@ -195,20 +200,9 @@ def parser() -> argparse.ArgumentParser:
     tr.set_defaults(run=cmd_train)
 
     sp = sub.add_parser("speculate", help="speculative decoding: a draft proposes, the model checks in one pass")
-    src = sp.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
-    src.add_argument("--chat", help="the user's message in the model's chat template")
-    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
-    sp.add_argument("--model", default="small", help="the target model: small, smollm2, a model folder")
+    add_run_arguments(sp, "the target model: small, smollm2, a model folder")
     sp.add_argument("--draft", default="small-draft", help="small-draft, lookup, or early-exit:K (first K layers)")
     sp.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per round")
-    sp.add_argument("--max-new-tokens", type=int, default=None,
-                    help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
-    sp.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    sp.add_argument("--top-k", type=int, default=None)
-    sp.add_argument("--top-p", type=float, default=1.0)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     sp.add_argument("--compare", action="store_true", help="also time plain decoding of the same prompt")
     sp.add_argument("--json", action="store_true", help="one JSON object instead of one line per round")
     sp.set_defaults(run=cmd_speculate)

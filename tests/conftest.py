@@ -1,4 +1,8 @@
-"""Shared fixtures for the browser tests: the real app on a free port, and a fresh Chromium page.
+"""Shared fixtures: the bundled models, and for the browser tests the real app on a free port and a fresh Chromium
+page.
+
+small, micro (session): the bundled models on the CPU, loaded once for every test module that reads them (a test
+never changes a model's weights).
 
 app_server (session): starts `streamlit run app.py` headless on a free port, waits for /_stcore/health
 and yields the base URL ("http://127.0.0.1:PORT"); the server is stopped at the end of the session.
@@ -30,6 +34,20 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 SERVER_START_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="session")
+def small():
+    from model.loading import load_model  # here, not at the top: the map page's tests check torch is not imported
+
+    return load_model("small", "cpu")
+
+
+@pytest.fixture(scope="session")
+def micro():
+    from model.loading import load_model
+
+    return load_model("micro", "cpu")
 
 
 def _free_port() -> int:

@@ -12,7 +12,6 @@ from streamlit.testing.v1 import AppTest
 from model.errors import InputError
 from model.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start
 from model.llama import Llama, LlamaConfig
-from model.loading import load_model
 from model.runtime import NativeModel
 from model.sampling import SHOWN_CANDIDATES, SamplingSettings
 from model.steps import max_abs_logit_diff, recompute
@@ -21,16 +20,6 @@ from model.tokenizer import WordTokenizer, build_word_tokenizer
 from ui.session import model_key, shared_model
 
 GREEDY = SamplingSettings()
-
-
-@pytest.fixture(scope="module")
-def small():
-    return load_model("small", "cpu")
-
-
-@pytest.fixture(scope="module")
-def micro():
-    return load_model("micro", "cpu")
 
 
 @pytest.fixture(scope="module")

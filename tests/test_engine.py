@@ -25,16 +25,6 @@ GREEDY = SamplingSettings()
 
 
 @pytest.fixture(scope="module")
-def micro():
-    return load_model("micro", "cpu")
-
-
-@pytest.fixture(scope="module")
-def small():
-    return load_model("small", "cpu")
-
-
-@pytest.fixture(scope="module")
 def tiny_random():
     """A random GQA config unlike either bundled model: 3 layers, 6 query heads over 2 KV heads."""
     torch.manual_seed(1)

@@ -44,11 +44,6 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module")
-def small():
-    return load_model("small", "cpu")
-
-
 def tiny_llama(seed: int, n_layers: int = 3) -> NativeModel:
     """A random GQA Llama over 8 words (+ specials): p and q far apart, as a sampling test needs."""
     torch.manual_seed(seed)
