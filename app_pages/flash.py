@@ -1,5 +1,11 @@
 """Flash Attention, live: one head of a real prefill attended tile by tile with an online softmax, checked
-against softmax(QKᵀ/√d_head)·V; then the bytes of the score matrix and of the traffic to main memory."""
+against softmax(QKᵀ/√d_head)·V; then the bytes of the score matrix and of the traffic to main memory.
+
+The tile walk is a fragment of four buttons and one piece of HTML with two SVG charts, as on the Decode page: the
+browser's work per click grows with the number of elements it redraws (benchmarks/click_latency.py).
+"""
+
+from html import escape
 
 import streamlit as st
 
@@ -14,9 +20,10 @@ from model.flash import (
     tiled_traffic_bytes,
     walk_head,
 )
-from ui import charts
+from ui import svg
 from ui.i18n import t
 from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
+from ui.widgets import box_html, paragraph_html, table_html
 
 TOLERANCE = 1e-5
 PRECISIONS = {"float16": 2, "float32": 4}
@@ -75,18 +82,18 @@ result = st.session_state.flash_walk
 if result is None:
     st.stop()
 steps, read = result.walk.steps, result.read_steps  # the walk visits only the tiles it reads
+labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
+st.subheader(t("flash.walk"))
+st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
+
+
 @st.fragment
 def tile_walk() -> None:
-    """What the tile index changes: First, Back, Next and Last rerun only this part of the page, not the check,
-    the memory and the traffic below, which hold for the whole walk."""
+    """What the tile index changes: First, Back, Next and Last rerun only this part of the page, four buttons and
+    one piece of HTML (the grid, the tile's sentences, its statistics and the running output), not the check, the
+    memory and the traffic below, which hold for the whole walk."""
     last = len(read) - 1
     st.session_state.flash_step = index = max(0, min(st.session_state.flash_step, last))
-    step = steps[read[index]]
-    labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
-    rows, cols = span(step.q_rows), span(step.k_cols)
-
-    st.subheader(t("flash.walk"))
-    st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
     with st.container(horizontal=True):
         st.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
                   disabled=index == 0, width=150)
@@ -96,38 +103,41 @@ def tile_walk() -> None:
                   type="primary", on_click=shift, args=(1,), disabled=index == last, width=150)
         st.button(t("flash.last"), key="flash_last", icon=":material/last_page:", icon_position="right", on_click=go_to,
                   args=(last,), disabled=index == last, width=150)
+    st.html(tile_html(index, last))
 
-    left, right = st.columns([1, 1])
-    with left:
-        names = {s: t("flash.state_" + s) for s in charts.TILE_STATES}
-        names.update(queries=t("flash.axis_queries"), keys=t("flash.axis_keys"))
-        st.plotly_chart(charts.tile_grid(steps, read[index], labels, names, height=max(360, min(600, 150 + 34 * n))),
-                        key="flash_grid", config={"displayModeBar": False})
-        st.caption(t("flash.grid_caption"))
-        st.latex(t("flash.latex_update"))
-    with right:
-        st.markdown(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block, rows=rows,
-                      cols=cols))
-        st.markdown(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0], bk=step.scores.shape[1]))
-        if index == last or steps[read[index + 1]].q_block != step.q_block:
-            st.success(t("flash.block_done", qb=step.q_block, rows=rows))
-        m_before, l_before, alpha = result.before(read[index])
-        st.markdown("**" + t("flash.stats") + "**")
-        st.dataframe([{t("flash.col_query"): labels[r], t("flash.col_tile_max"): number(step.scores[i].max()),
-                       t("flash.col_m"): f"{number(m_before[i])} → {number(step.row_max[i])}",
-                       t("flash.col_alpha"): number(alpha[i]),
-                       t("flash.col_l"): f"{number(l_before[i])} → {number(step.row_sum[i])}"}
-                      for i, r in enumerate(range(*step.q_rows))], hide_index=True,
-                     height=35 * (min(len(alpha), 8) + 1) + 3)
-        st.caption(t("flash.stats_caption"))
-        st.markdown("**" + t("flash.partial") + "**")
-        st.plotly_chart(charts.output_heatmap(step.partial_output, labels[slice(*step.q_rows)],
-                                              height=max(150, min(320, 70 + 30 * len(step.row_max)))),
-                        key="flash_partial", config={"displayModeBar": False})
-        st.caption(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"))
+
+def tile_html(index: int, last: int) -> str:
+    """The tile being read: the grid with its legend on the left; its sentences, the rows' m and ℓ and the running
+    output on the right."""
+    step = steps[read[index]]
+    rows, cols = span(step.q_rows), span(step.k_cols)
+    legend = "".join(f'<span><i style="background:{svg.TILE_COLOURS[s]};outline:1px solid #495057"></i>'
+                     f'{escape(t("flash.state_" + s))}</span>' for s in svg.TILE_STATES)
+    grid = (svg.tile_grid_svg(steps, read[index], labels, (t("flash.axis_keys"), t("flash.axis_queries")),
+                              t("flash.walk"))
+            + f'<div class="legend">{legend}</div>' + paragraph_html(t("flash.grid_caption"), "dl-caption"))
+    done = (box_html(t("flash.block_done", qb=step.q_block, rows=rows), "pass")
+            if index == last or steps[read[index + 1]].q_block != step.q_block else "")
+    m_before, l_before, alpha = result.before(read[index])
+    stats = table_html(
+        [t("flash.col_query"), t("flash.col_tile_max"), t("flash.col_m"), t("flash.col_alpha"), t("flash.col_l")],
+        [[labels[r], number(step.scores[i].max()), f"{number(m_before[i])} → {number(step.row_max[i])}",
+          number(alpha[i]), f"{number(l_before[i])} → {number(step.row_sum[i])}"]
+         for i, r in enumerate(range(*step.q_rows))])
+    tile = (paragraph_html(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block,
+                             rows=rows, cols=cols))
+            + paragraph_html(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0],
+                               bk=step.scores.shape[1]))
+            + done + paragraph_html("**" + t("flash.stats") + "**") + stats
+            + paragraph_html(t("flash.stats_caption"), "dl-caption")
+            + paragraph_html("**" + t("flash.partial") + "**")
+            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"))
+            + paragraph_html(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"), "dl-caption"))
+    return f'<div class="dl-grid"><div>{grid}</div><div>{tile}</div></div>'
 
 
 tile_walk()
+st.latex(t("flash.latex_update"))
 
 st.subheader(t("flash.check"))
 passed = result.max_abs_diff <= TOLERANCE

@@ -259,17 +259,3 @@ def test_tiled_traffic_still_grows_with_n_squared():
     small, large = tiled_traffic_bytes(4096, 64, 128, 2), tiled_traffic_bytes(8192, 64, 128, 2)
     assert small.read_bytes == 34_078_720
     assert 3.9 < large.read_bytes / small.read_bytes < 4.0
-
-
-def test_the_tile_grid_names_cells_on_hover_only_while_they_can_be_pointed_at():
-    """At SmolLM2's 231 positions one label per cell was 3 MB sent with every Flash click, for 2-pixel cells."""
-    from ui import charts
-
-    names = {s: s for s in charts.TILE_STATES} | {"queries": "q", "keys": "k"}
-    for n, named in ((8, True), (231, False)):
-        q, k, v = random_head(n, n, 4)
-        walk = tiled_attention(q, k, v, 4, 4, causal=True)
-        heat = charts.tile_grid(walk.steps, 0, [f"p{i}" for i in range(n)], names)["data"][0]
-        assert (heat["customdata"] is not None) == named
-        if named:
-            assert heat["customdata"][1][0].startswith("p1 → p0<br>current<br>s = ")

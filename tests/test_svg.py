@@ -1,4 +1,5 @@
-"""The Decode page's SVG charts and its HTML sentences: exact colours, ticks, positions and escaping."""
+"""The SVG charts of the Decode and Flash pages and their HTML sentences: exact colours, ticks, positions and
+escaping."""
 
 import base64
 import io
@@ -7,6 +8,7 @@ import re
 import numpy as np
 from PIL import Image
 
+from model.flash import tiled_attention
 from ui import svg
 from ui.widgets import markdown_html, md_escape
 
@@ -22,12 +24,17 @@ def test_colours_run_from_the_lightest_stop_to_the_darkest():
     assert rgb.tolist() == [[255, 255, 217], [65, 182, 196], [8, 29, 88], [8, 29, 88]]  # 1.7 is clipped to 1
 
 
+def png_image(inner: str) -> Image.Image:
+    """The (first) PNG inside an SVG."""
+    png = re.search(r'href="data:image/png;base64,([^"]+)"', inner).group(1)
+    return Image.open(io.BytesIO(base64.b64decode(png)))
+
+
 def test_the_triangle_image_has_a_pixel_per_cell_and_white_future():
     weights = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]], dtype=np.float32)
     tag = svg.heatmap_svg(weights, ["0:<bos>", "1:a&b", "2:<script>"], "attention")
     inner = svg_text(tag)
-    png = re.search(r'href="data:image/png;base64,([^"]+)"', inner).group(1)
-    image = Image.open(io.BytesIO(base64.b64decode(png)))
+    image = png_image(inner)
     assert image.size == (3, 3)
     assert image.getpixel((0, 0)) == (8, 29, 88)          # weight 1: the darkest
     assert image.getpixel((1, 0)) == (255, 255, 255)      # above the diagonal: white
@@ -68,3 +75,56 @@ def test_markdown_sentences_become_escaped_html():
     assert markdown_html("Chose **me** (id 3)") == "Chose <b>me</b> (id 3)"
     assert markdown_html("**" + md_escape("<b>*x*</b> a\\b") + "**") == "<b>&lt;b&gt;*x*&lt;/b&gt; a\\b</b>"
     assert markdown_html("an **open bold") == "an <b>open bold</b>"
+
+
+def walk_of(n: int, block: int):
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((n, 4)).astype(np.float32) for _ in range(3))
+    return tiled_attention(q, k, v, block, block, causal=True).steps
+
+
+def test_the_tile_grid_colours_each_cell_by_its_state_and_frames_the_tile_being_read():
+    steps = walk_of(4, 2)  # tiles (0,0) read, (0,1) skipped, (1,0) read, (1,1) read
+    assert [(s.q_block, s.k_block, s.skipped) for s in steps] == [(0, 0, False), (0, 1, True), (1, 0, False),
+                                                                   (1, 1, False)]
+    inner = svg_text(svg.tile_grid_svg(steps, 2, ["0:<s>", "1:a", "2:b", "3:c"], ("keys", "queries"), "walk"))
+    image = png_image(inner)
+    colour = {s: tuple(int(svg.TILE_COLOURS[s][i:i + 2], 16) for i in (1, 3, 5)) for s in svg.TILE_STATES}
+    expected = [["done", "masked", "skipped", "skipped"],
+                ["done", "done", "skipped", "skipped"],
+                ["current", "current", "todo", "masked"],  # (2, 3) lies above the diagonal of a tile not yet read
+                ["current", "current", "todo", "todo"]]
+    assert image.size == (4, 4)
+    assert [[image.getpixel((c, r)) for c in range(4)] for r in range(4)] == [[colour[s] for s in row]
+                                                                              for row in expected]
+    left, top, side = (float(v) for v in re.search(r'<image x="([\d.]+)" y="([\d.]+)" width="([\d.]+)"',
+                                                   inner).groups())
+    cell = side / 4
+    frame = re.search(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="([\d.]+)" fill="none" '
+                      r'stroke="#d9480f"', inner).groups()
+    assert [float(v) for v in frame] == [left, top + 2 * cell, 2 * cell, 2 * cell]  # query block 1 × key block 0
+    assert inner.count(">✕</text>") == 1
+    scores = re.findall(r'font-size="13">(-?\d\.\d\d)</text>', inner)
+    assert len(scores) == 3 + 4  # tile (0,0)'s three visible scores, then the four of the tile being read
+    assert f"{steps[2].scores[1, 0]:.2f}" in scores
+    assert "0:&lt;s&gt;" in inner and "<s>" not in inner
+
+
+def test_a_long_walk_prints_no_scores_and_thins_its_labels():
+    steps = walk_of(40, 8)
+    inner = svg_text(svg.tile_grid_svg(steps, 0, [str(i) for i in range(40)], ("keys", "queries"), "walk"))
+    assert png_image(inner).size == (40, 40)
+    assert not re.findall(r'font-size="13">', inner)
+    assert len(re.findall(r'text-anchor="end" dominant-baseline="middle">\d+</text>', inner)) < 40
+
+
+def test_the_running_output_is_blue_below_zero_white_at_zero_red_above():
+    inner = svg_text(svg.output_svg(np.array([[-2.0, 0.0, 2.0, 1.0]]), ["3:<b>"], "output"))
+    image = png_image(inner)
+    assert image.size == (4, 1)
+    # 1 is three quarters up the scale: halfway between its stops #f4a582 and #d6604d (halves round to even)
+    assert [image.getpixel((j, 0)) for j in range(4)] == [(5, 48, 97), (247, 247, 247), (103, 0, 31),
+                                                           (229, 130, 104)]
+    assert re.findall(r'font-size="13" fill="[^"]+">(-?\d\.\d\d)</text>', inner) == ["-2.00", "0.00", "2.00",
+                                                                                     "1.00"]
+    assert "3:&lt;b&gt;" in inner and ">−2<" in inner

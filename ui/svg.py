@@ -1,9 +1,10 @@
-"""The Decode page's two charts as SVG images: nothing to load or run in the browser but the picture itself.
+"""The charts a click redraws, as SVG images: nothing to load or run in the browser but the picture itself.
 
-A Next click redraws the attention triangle and the bytes per step. As plotly figures they cost the browser more
-than the rest of the click together (benchmarks/click_latency.py); as an <img> of SVG each is one element inside
-a piece of st.html.
-The triangle is one PNG image, a pixel per cell scaled up, so the page does not grow with the square of the context.
+A Decode Next click redraws the attention triangle and the bytes per step; a Flash Next click the tile grid and
+the running output. As plotly figures they cost the browser more than the rest of the click together
+(benchmarks/click_latency.py); as an <img> of SVG each is one element inside a piece of st.html.
+A grid of cells is one PNG image, a pixel per cell scaled up, so the page does not grow with the square of the
+context.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import base64
 import io
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from html import escape
 
 import numpy as np
@@ -21,8 +23,10 @@ from ui.charts import CHOSEN, KEPT
 
 # ColorBrewer's YlGnBu, from light (no attention) to dark (all of it), as in the Prefill page's heatmaps
 SCALE = ("#ffffd9", "#edf8b1", "#c7e9b4", "#7fcdbb", "#41b6c4", "#1d91c0", "#225ea8", "#253494", "#081d58")
-SCALE_RGB = np.array([[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in SCALE], dtype=np.float64)
-INK, GRID_INK = "#212529", "#dee2e6"
+# ColorBrewer's RdBu reversed, for values of either sign: blue below 0, white at 0, red above
+DIVERGING = ("#053061", "#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#f7f7f7", "#fddbc7", "#f4a582", "#d6604d",
+             "#b2182b", "#67001f")
+INK, GRID_INK, MUTED_INK = "#212529", "#dee2e6", "#6c757d"
 FONT_FAMILY = "'Source Sans Pro', 'Source Sans 3', 'Helvetica Neue', Arial, sans-serif"  # an image sees no web font
 FONT_PX, CHAR_PX = 14, 8  # label font size, and the width of one character, to make room for labels
 HEAT_SIDE = (240, 340)  # the triangle's side in pixels, the smallest and the largest
@@ -31,18 +35,24 @@ GAP_FROM_PX = 6  # cells this wide or wider get a white line between them
 LABEL_CHARS = 14
 
 
-def colours(values: np.ndarray) -> np.ndarray:
-    """values in [0, 1] -> (..., 3) uint8 RGB along SCALE, linearly between its stops."""
-    position = np.clip(values, 0.0, 1.0) * (len(SCALE) - 1)
-    low = np.minimum(position.astype(int), len(SCALE) - 2)
+def rgb(hex_colours) -> np.ndarray:
+    """("#rrggbb", ...) -> (n, 3) float RGB."""
+    return np.array([[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in hex_colours], dtype=np.float64)
+
+
+def colours(values: np.ndarray, scale: tuple[str, ...] = SCALE) -> np.ndarray:
+    """values in [0, 1] -> (..., 3) uint8 RGB along the scale's stops, linearly between them."""
+    stops = rgb(scale)
+    position = np.clip(values, 0.0, 1.0) * (len(scale) - 1)
+    low = np.minimum(position.astype(int), len(scale) - 2)
     part = (position - low)[..., None]
-    return np.round(SCALE_RGB[low] * (1 - part) + SCALE_RGB[low + 1] * part).astype(np.uint8)
+    return np.round(stops[low] * (1 - part) + stops[low + 1] * part).astype(np.uint8)
 
 
-def png_data_uri(rgb: np.ndarray) -> str:
+def png_data_uri(pixels: np.ndarray) -> str:
     """(H, W, 3) uint8 -> a data: URI of a PNG (fast compression: these images are flat colour)."""
     buffer = io.BytesIO()
-    Image.fromarray(rgb, "RGB").save(buffer, format="PNG", compress_level=1)
+    Image.fromarray(pixels, "RGB").save(buffer, format="PNG", compress_level=1)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -55,38 +65,189 @@ def _label(text: str) -> str:
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
 
+@dataclass(frozen=True)
+class SquareFrame:
+    """Where a square grid of n × n cells sits, with room for its labels: rows on the left, columns on top,
+    slanted; when labels would crowd, every k-th is shown (ticks)."""
+
+    n: int
+    side: int  # the grid's side in pixels
+    left: int
+    top: int
+    text_px: int  # the longest shown label's width
+    ticks: range
+    labels: list[str]
+
+    @property
+    def cell(self) -> float:
+        return self.side / self.n
+
+    def label_parts(self) -> list[str]:
+        parts = []
+        for i in self.ticks:
+            centre = (i + 0.5) * self.cell
+            text = escape(self.labels[i])
+            parts.append(f'<text x="{self.left - 6}" y="{self.top + centre:.1f}" text-anchor="end" '
+                         f'dominant-baseline="middle">{text}</text>')
+            parts.append(f'<text transform="translate({self.left + centre:.1f},{self.top - 6}) rotate(-45)">'
+                         f"{text}</text>")
+        return parts
+
+    def cell_lines(self) -> list[str]:
+        """White lines between the cells, while the cells are wide enough to show them."""
+        if self.cell < GAP_FROM_PX:
+            return []
+        lines = "".join(f"M{self.left + k * self.cell:.1f} {self.top}v{self.side}"
+                        f"M{self.left} {self.top + k * self.cell:.1f}h{self.side}" for k in range(1, self.n))
+        return [f'<path d="{lines}" stroke="#fff" stroke-width="1"/>']
+
+
+def square_frame(labels: list[str], side: int, margin_left: int = 0, margin_top: int = 0) -> SquareFrame:
+    """The frame of a side × side grid over `labels`, shifted by the margins (room for axis titles)."""
+    n = len(labels)
+    shown_labels = [_label(label) for label in labels]
+    ticks = range(0, n, math.ceil(n / max(1, side // (FONT_PX + 3))))
+    text_px = CHAR_PX * max(len(shown_labels[i]) for i in ticks)
+    left, top = margin_left + round(text_px) + 10, margin_top + round(text_px * 0.71) + 14  # 0.71: sin 45°
+    return SquareFrame(n, side, left, top, text_px, ticks, shown_labels)
+
+
+def _image(x: float, y: float, width: float, height: float, pixels: np.ndarray) -> str:
+    """A PNG of one pixel per cell, stretched over the rectangle without smoothing."""
+    return (f'<image x="{x}" y="{y}" width="{width}" height="{height}" preserveAspectRatio="none" '
+            f'style="image-rendering:pixelated" href="{png_data_uri(pixels)}"/>')
+
+
+def _colour_bar(x: float, top: float, height: float, scale: tuple[str, ...], ticks: list[tuple[float, str]],
+                gradient_id: str) -> list[str]:
+    """A vertical bar of the scale, bottom to top, with (fraction of the height from the bottom, text) ticks."""
+    stops = "".join(f'<stop offset="{k / (len(scale) - 1):.3f}" stop-color="{c}"/>' for k, c in enumerate(scale))
+    parts = [f'<defs><linearGradient id="{gradient_id}" x1="0" y1="1" x2="0" y2="0">{stops}</linearGradient>'
+             f'</defs><rect x="{x}" y="{top}" width="14" height="{height}" fill="url(#{gradient_id})" '
+             f'stroke="{GRID_INK}"/>']
+    parts += [f'<text x="{x + 20}" y="{top + height * (1 - at):.1f}" dominant-baseline="middle">{escape(text)}</text>'
+              for at, text in ticks]
+    return parts
+
+
 def heatmap_svg(weights: np.ndarray, labels: list[str], description: str) -> str:
     """A lower-triangular attention map, weights (queries, keys) over the same positions `labels`, on a fixed
-    0–1 colour scale with its bar. Rows are labelled on the left, columns on top (slanted); when labels would
-    crowd, every k-th is shown. `description` is the picture's accessible name."""
-    n = len(labels)
-    side = min(HEAT_SIDE[1], max(HEAT_SIDE[0], CELL_PX * n))
-    shown_labels = [_label(label) for label in labels]
-    every = math.ceil(n / max(1, side // (FONT_PX + 3)))
-    ticks = range(0, n, every)
-    text_px = CHAR_PX * max(len(shown_labels[i]) for i in ticks)
-    left, top = round(text_px) + 10, round(text_px * 0.71) + 14  # 0.71: sin 45°, the column labels' slant
+    0–1 colour scale with its bar. `description` is the picture's accessible name."""
+    side = min(HEAT_SIDE[1], max(HEAT_SIDE[0], CELL_PX * len(labels)))
+    frame = square_frame(labels, side)
+    left, top = frame.left, frame.top
     bar_x = left + side + 14
-    width, height = max(bar_x + 52, round(left + side + text_px * 0.71)), top + side + 6
-    step = side / n
-    parts = [f'<image x="{left}" y="{top}" width="{side}" height="{side}" preserveAspectRatio="none" '
-             f'style="image-rendering:pixelated" href="{png_data_uri(triangle_pixels(weights))}"/>',
-             f'<rect x="{left}" y="{top}" width="{side}" height="{side}" fill="none" stroke="{GRID_INK}"/>']
-    if step >= GAP_FROM_PX:  # white lines between cells wide enough to show them
-        lines = "".join(f"M{left + k * step:.1f} {top}v{side}M{left} {top + k * step:.1f}h{side}" for k in range(1, n))
-        parts.append(f'<path d="{lines}" stroke="#fff" stroke-width="1"/>')
-    for i in ticks:
-        centre = (i + 0.5) * step
-        text = escape(shown_labels[i])
-        parts.append(f'<text x="{left - 6}" y="{top + centre:.1f}" text-anchor="end" dominant-baseline="middle">'
-                     f"{text}</text>")
-        parts.append(f'<text transform="translate({left + centre:.1f},{top - 6}) rotate(-45)">{text}</text>')
-    stops = "".join(f'<stop offset="{k / (len(SCALE) - 1):.3f}" stop-color="{c}"/>' for k, c in enumerate(SCALE))
-    parts.append(f'<defs><linearGradient id="dl-heat-scale" x1="0" y1="1" x2="0" y2="0">{stops}</linearGradient>'
-                 f'</defs><rect x="{bar_x}" y="{top}" width="14" height="{side}" fill="url(#dl-heat-scale)" '
-                 f'stroke="{GRID_INK}"/>')
-    for value, y in ((1, top), (0.5, top + side / 2), (0, top + side)):
-        parts.append(f'<text x="{bar_x + 20}" y="{y:.1f}" dominant-baseline="middle">{value}</text>')
+    width, height = max(bar_x + 52, round(left + side + frame.text_px * 0.71)), top + side + 6
+    parts = [_image(left, top, side, side, triangle_pixels(weights)),
+             f'<rect x="{left}" y="{top}" width="{side}" height="{side}" fill="none" stroke="{GRID_INK}"/>',
+             *frame.cell_lines(), *frame.label_parts(),
+             *_colour_bar(bar_x, top, side, SCALE, [(1, "1"), (0.5, "0.5"), (0, "0")], "dl-heat-scale")]
+    return _svg(width, height, description, parts)
+
+
+# -----------------------------------------------------------------------------
+# the Flash page: the tile walk over the score grid, and the running output of the query block
+
+TILE_STATES = ("masked", "skipped", "todo", "done", "current")  # the order of the codes 0..4 in tile_states
+TILE_COLOURS = {"masked": "#ffffff", "skipped": "#ffc9c9", "todo": "#dee2e6", "done": "#a5d8ff",
+                "current": "#ffa94d"}
+TILE_GRID_SIDE = (220, 420)  # the grid's side in pixels, the smallest and the largest
+TILE_CELL_PX = 60  # a cell's side while the grid is small enough
+SCORES_UP_TO = 12  # positions up to which each computed score is printed in its cell
+MARKS_UP_TO = 256  # tiles up to which a skipped tile is marked ✕
+FRAME_INK, CURRENT_INK, MARK_INK = "#343a40", "#d9480f", "#c92a2a"
+
+
+def tile_states(steps: list, current: int) -> tuple[np.ndarray, np.ndarray]:
+    """The N×N score grid of a tiled walk over a prefill (steps: model.flash.TileStep in walk order; current: the
+    index of the tile being read) -> (state codes into TILE_STATES, the scores computed so far or NaN).
+    masked: above the causal diagonal inside a tile that is read; skipped: a whole tile above the diagonal, whose
+    K and V are never read."""
+    n = steps[-1].q_rows[1]
+    code = {s: i for i, s in enumerate(TILE_STATES)}
+    state = np.full((n, n), code["todo"])
+    scores = np.full((n, n), np.nan)
+    for i, step in enumerate(steps):
+        (r0, r1), (c0, c1) = step.q_rows, step.k_cols
+        if step.skipped:
+            state[r0:r1, c0:c1] = code["skipped"]
+            continue
+        visible = np.isfinite(step.scores)  # (Bq, Bk)
+        if i <= current:
+            scores[r0:r1, c0:c1] = np.where(visible, step.scores, np.nan)
+            state[r0:r1, c0:c1] = np.where(visible, code["current" if i == current else "done"], code["masked"])
+        else:
+            state[r0:r1, c0:c1] = np.where(visible, code["todo"], code["masked"])
+    return state, scores
+
+
+def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tuple[str, str],
+                  description: str) -> str:
+    """The score grid of the walk (tile_states): each cell coloured by its state, bold lines between the blocks,
+    the tile being read framed, skipped tiles marked ✕, and each computed score printed while the cells are big.
+    axis_names: (keys, queries)."""
+    state, scores = tile_states(steps, current)
+    n = len(labels)
+    side = min(TILE_GRID_SIDE[1], max(TILE_GRID_SIDE[0], TILE_CELL_PX * n))
+    frame = square_frame(labels, side, margin_left=22, margin_top=22)  # room for the axis titles
+    left, top, cell = frame.left, frame.top, frame.cell
+    width, height = round(left + side + max(14, frame.text_px * 0.71)), top + side + 6
+    pixels = rgb([TILE_COLOURS[s] for s in TILE_STATES]).astype(np.uint8)[state]  # (n, n, 3)
+    parts = [_image(left, top, side, side, pixels), *frame.cell_lines()]
+    block_q, block_k = (steps[0].q_rows[1] - steps[0].q_rows[0]), (steps[0].k_cols[1] - steps[0].k_cols[0])
+    borders = "".join(f"M{left + e * cell:.1f} {top}v{side}" for e in range(block_k, n, block_k) if block_k > 1)
+    borders += "".join(f"M{left} {top + e * cell:.1f}h{side}" for e in range(block_q, n, block_q) if block_q > 1)
+    if borders:  # with block 1 the white lines between the cells already are the borders
+        parts.append(f'<path d="{borders}" stroke="{FRAME_INK}" stroke-width="2"/>')
+    parts.append(f'<rect x="{left}" y="{top}" width="{side}" height="{side}" fill="none" stroke="{FRAME_INK}"/>')
+    if n <= SCORES_UP_TO:
+        digits = 2 if n <= 6 else 1  # the numbers must fit their cell
+        parts += [f'<text x="{left + (c + 0.5) * cell:.1f}" y="{top + (r + 0.5) * cell:.1f}" text-anchor="middle" '
+                  f'dominant-baseline="middle" font-size="13">{scores[r, c]:.{digits}f}</text>'
+                  for r in range(n) for c in range(n) if np.isfinite(scores[r, c])]
+    if len(steps) <= MARKS_UP_TO:
+        parts += [f'<text x="{left + sum(s.k_cols) / 2 * cell:.1f}" y="{top + sum(s.q_rows) / 2 * cell:.1f}" '
+                  f'text-anchor="middle" dominant-baseline="middle" fill="{MARK_INK}" '
+                  f'font-size="{min(16, max(8, round(cell * block_q * 0.6)))}">✕</text>' for s in steps if s.skipped]
+    now = steps[current]
+    parts.append(f'<rect x="{left + now.k_cols[0] * cell:.1f}" y="{top + now.q_rows[0] * cell:.1f}" '
+                 f'width="{(now.k_cols[1] - now.k_cols[0]) * cell:.1f}" '
+                 f'height="{(now.q_rows[1] - now.q_rows[0]) * cell:.1f}" fill="none" stroke="{CURRENT_INK}" '
+                 f'stroke-width="4"/>')
+    keys, queries = axis_names
+    parts += frame.label_parts()
+    parts.append(f'<text x="{left + side / 2:.1f}" y="16" text-anchor="middle" fill="{MUTED_INK}">'
+                 f"{escape(keys)}</text>"
+                 f'<text transform="translate(16,{top + side / 2:.1f}) rotate(-90)" text-anchor="middle" '
+                 f'fill="{MUTED_INK}">{escape(queries)}</text>')
+    return _svg(width, height, description, parts)
+
+
+def output_svg(values: np.ndarray, row_labels: list[str], description: str) -> str:
+    """values (rows, d_head), e.g. a running output, on a scale symmetric around 0 (blue < 0 < red) with its bar;
+    each value printed while there are few. Rows labelled on the left (every k-th where they would crowd),
+    dimensions below."""
+    rows, d = values.shape
+    limit = float(np.max(np.abs(values))) or 1.0
+    plot_w, plot_h = 330, max(72, min(320, 30 * rows))  # a single row still leaves room for the bar's three ticks
+    row_px, col_px = plot_h / rows, plot_w / d
+    shown_labels = [_label(label) for label in row_labels]
+    every = math.ceil(rows / max(1, plot_h // (FONT_PX + 3)))
+    left, top = round(CHAR_PX * max(len(label) for label in shown_labels)) + 10, 8
+    bar_x = left + plot_w + 14
+    width, height = bar_x + 20 + CHAR_PX * len(f"−{limit:.2g}"), top + plot_h + 24
+    parts = [_image(left, top, plot_w, plot_h, colours((values / limit + 1) / 2, DIVERGING))]
+    parts += [f'<text x="{left - 6}" y="{top + (r + 0.5) * row_px:.1f}" text-anchor="end" '
+              f'dominant-baseline="middle">{escape(shown_labels[r])}</text>' for r in range(0, rows, every)]
+    parts += [f'<text x="{left + (j + 0.5) * col_px:.1f}" y="{top + plot_h + 17}" text-anchor="middle">d{j}</text>'
+              for j in range(0, d, max(1, d // 8))]
+    if d <= 8 and rows <= 16:
+        parts += [f'<text x="{left + (j + 0.5) * col_px:.1f}" y="{top + (r + 0.5) * row_px:.1f}" '
+                  f'text-anchor="middle" dominant-baseline="middle" font-size="13" '
+                  f'fill="{"#fff" if abs(values[r, j]) > 0.6 * limit else INK}">{values[r, j]:.2f}</text>'
+                  for r in range(rows) for j in range(d)]
+    parts += _colour_bar(bar_x, top, plot_h, DIVERGING,
+                         [(1, f"{limit:.2g}"), (0.5, "0"), (0, f"−{limit:.2g}")], "dl-diverging-scale")
     return _svg(width, height, description, parts)
 
 
