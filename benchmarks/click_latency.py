@@ -1,19 +1,27 @@
-"""Click → settled in a real browser: a bare one-button Streamlit page against the app's clicks.
+"""Click → settled in a real browser: a bare one-button Streamlit page and the Decode page's skeleton against the
+app's clicks.
 
     .venv/bin/python benchmarks/click_latency.py [--clicks 20] [--prompt "my mother"] [--app-root DIR]
     .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200      # the real model, if fetched
     .venv/bin/python benchmarks/click_latency.py --model smollm2 --context 200 --without-check
     .venv/bin/python benchmarks/click_latency.py --option runner.postScriptGC=false  # try a Streamlit setting
 
-Starts its own servers on free ports (the bare page and the app, both under the project's .streamlit config)
-and the system Chromium, headless, 1280×720, in a fresh profile. Settled: the script run has finished (its
-"script finished" message reached the page), Streamlit's status widget is gone, every chart is drawn (plotly's,
-and the decoded SVG images),
-the expected text is shown, and no DOM mutation happened for QUIET_MS. The time is taken inside the page:
-from the click's (or key press's) event time to the last DOM mutation before the quiet period. Printed per
-action: p50, p95, p95 ÷ the bare page's p95; and as medians, to tell the server's share from the browser's: the
-time until the page's main thread handled "script finished" (it waits behind the rendering of earlier
-messages), the server process's CPU time meanwhile (/proc, 10 ms ticks) and the websocket bytes received.
+Starts its own servers on free ports (the bare page, the skeleton and the app, all under the project's .streamlit
+config) and the system Chromium, headless, 1280×720, in a fresh profile.
+
+The skeleton is the Decode page without a model: the sidebar, the navigation over seven pages, the title, the row of
+controls, and a fragment of four buttons and one line of HTML; a click on its first button reruns the fragment. It
+tells Streamlit's own share of a click on a page of this shape. The bare page and the skeleton stay open in tabs of
+their own and are clicked once each before every app action, so that the machine's noisy minutes weigh on the
+references and the app alike.
+
+Settled: the script run has finished (its "script finished" message reached the page), Streamlit's status widget is
+gone, every chart is drawn (plotly's, and the decoded SVG images), the expected text is shown, and no DOM mutation
+happened for QUIET_MS. The time is taken inside the page: from the click's (or key press's) event time to the last
+DOM mutation before the quiet period. Printed per action: p50, p95, p95 ÷ the bare page's p95; and as medians, to
+tell the server's share from the browser's: the time until the page's main thread handled "script finished" (it
+waits behind the rendering of earlier messages), the server process's CPU time meanwhile (/proc, 10 ms ticks) and
+the websocket bytes received.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +59,60 @@ def count():
 st.button("Click", key="click", on_click=count)
 st.write(f"clicks: {st.session_state.clicks}")
 """
+
+SKELETON_PAGE = """
+from pathlib import Path
+
+import streamlit as st
+
+st.set_page_config(page_title="Decode Lab", layout="wide")
+with st.sidebar:
+    st.radio("Language", ["vi", "en"], key="lang", horizontal=True)
+    st.selectbox("Model", ["small", "micro", "smollm2"], key="model_name")
+    st.selectbox("Device", ["auto", "cpu"], key="device")
+here = Path(__file__).parent
+pages = [st.Page(str(here / "step_view.py"), title="Decode step by step", default=True)]
+pages += [st.Page(str(here / "other.py"), title=f"Page {i}", url_path=f"page{i}") for i in range(6)]
+st.navigation(pages).run()
+"""
+SKELETON_FILES = {
+    "other.py": "import streamlit as st\n\nst.write('another page')\n",
+    "step_view.py": """
+import streamlit as st
+
+st.session_state.setdefault("clicks", 0)
+
+
+def count():
+    st.session_state.clicks += 1
+
+
+st.title("Decode step by step")
+st.caption("One token per step over a KV cache that grows by one position.")
+with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
+    st.selectbox("Layer", range(4), key="layer", width=90)
+    st.selectbox("Head", range(4), key="head", width=220)
+    st.slider("Temperature", 0.0, 2.0, 0.0, step=0.05, key="temperature", width=200)
+    st.toggle("Top-k on", key="top_k_on")
+    st.number_input("Top-k", min_value=1, max_value=1000, value=50, key="top_k", width=110)
+    st.slider("Top-p", 0.01, 1.0, 1.0, step=0.01, key="top_p", width=200)
+    st.number_input("Seed", min_value=0, max_value=2**31 - 1, value=0, key="seed", width=130)
+    st.toggle("Check each step", key="check_each_step", value=True)
+
+
+@st.fragment
+def step_view():
+    with st.container(horizontal=True):
+        st.button("Next", key="click", type="primary", icon=":material/skip_next:", on_click=count)
+        st.button("Back", key="back", icon=":material/undo:")
+        st.button("Run to end", key="run_to_end", icon=":material/fast_forward:")
+        st.button("Reset", key="reset", icon=":material/restart_alt:")
+    st.html(f"<p>clicks: {st.session_state.clicks}</p>")
+
+
+step_view()
+""",
+}
 
 # Before any page script: the time of each click / key press, of the last DOM mutation, and of each "script
 # finished" message on Streamlit's websocket (ForwardMsg field 6, read with a minimal protobuf field scanner).
@@ -118,12 +181,15 @@ SETTLED_JS = """
 
 
 class Timer:
-    """Runs one user action; returns a Click: the page's times, the server's CPU time, the bytes it sent."""
+    """Runs one user action; returns a Click: the page's times, the server's CPU time, the bytes it sent.
+    `pace` runs before each action: the reference pages' clicks, interleaved with the app's."""
 
-    def __init__(self, page: Page, server: StreamlitServer):
-        self.page, self.server = page, server
+    def __init__(self, page: Page, server: StreamlitServer, pace: Callable[[], None] = lambda: None):
+        self.page, self.server, self.pace = page, server, pace
 
     def __call__(self, action, expect: str | None = None) -> Click:
+        self.pace()
+        self.page.bring_to_front()  # a tab in the background renders later: the page clicked is the one shown
         before = self.page.evaluate("[window.__lat.finished, window.__lat.bytes]")
         cpu = self.server.cpu_seconds()
         action()
@@ -156,12 +222,21 @@ def printed_ms(page: Page, pattern: str) -> float | None:
 ENGINE_MS, RECOMPUTE_MS = r"([\d.]+) ms on ", r"without the cache took ([\d.]+) ms"
 
 
-def measure_bare(page: Page, server: StreamlitServer, clicks: int) -> list[Click]:
-    page.goto(server.url)
-    timer = Timer(page, server)
-    page.get_by_text("clicks: 0").wait_for()
-    times = [timer(button(page, "click").click, expect=f"clicks: {k}\\b") for k in range(1, clicks + 3)]
-    return times[2:]  # two warm-up clicks
+class ReferencePage:
+    """The bare page or the skeleton, open in a tab of its own; each click() presses its counting button once
+    and keeps the time. Clicked before every app action, so that a noisy minute of the machine weighs on both."""
+
+    def __init__(self, page: Page, server: StreamlitServer):
+        self.timer, self.count, self.times = Timer(page, server), 0, []
+        page.goto(server.url)
+        page.get_by_text("clicks: 0").wait_for()
+        for _ in range(2):  # warm-up clicks, not kept
+            self.click()
+        self.times.clear()
+
+    def click(self) -> None:
+        self.count += 1
+        self.times.append(self.timer(button(self.timer.page, "click").click, expect=f"clicks: {self.count}\\b"))
 
 
 def set_text(timer: Timer, key: str, value: str) -> None:
@@ -179,9 +254,10 @@ def choose_model(timer: Timer, name: str) -> None:
     timer(lambda: box.press("Enter"))
 
 
-def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, model: str, check: bool) -> dict:
+def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, model: str, check: bool,
+                pace: Callable[[], None]) -> dict:
     page.goto(server.url + "/decode?lang=en")
-    timer = Timer(page, server)
+    timer = Timer(page, server, pace)
     button(page, "run_prefill").wait_for()
     if model != "small":
         choose_model(timer, model)
@@ -263,27 +339,36 @@ def main() -> None:
                      prompt=repr(prompt if len(prompt) < 60 else prompt[:57] + "..."),
                      settled=f"script finished, no status widget, charts drawn, then {QUIET_MS} ms without a "
                              "DOM mutation; time from the click's event to the last mutation")
-    bare_script = Path(tempfile.mkdtemp(prefix="bare-page-")) / "bare.py"
-    bare_script.write_text(BARE_PAGE)
-    options = server_options(args.option)  # for both servers: the bare page runs under the same settings
-    with (StreamlitServer(bare_script, *options) as bare,
+    pages = Path(tempfile.mkdtemp(prefix="bare-pages-"))
+    for name, source in {"bare.py": BARE_PAGE, "skeleton.py": SKELETON_PAGE, **SKELETON_FILES}.items():
+        (pages / name).write_text(source)
+    options = server_options(args.option)  # for every server: the bare page runs under the app's settings
+    with (StreamlitServer(pages / "bare.py", *options) as bare,
+          StreamlitServer(pages / "skeleton.py", *options) as skeleton,
           StreamlitServer("app.py", *options, root=args.app_root) as app,
           tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile, sync_playwright() as p):
         context = p.chromium.launch_persistent_context(profile, executable_path=executable, headless=True,
                                                        args=CHROMIUM_ARGS, viewport=VIEWPORT, locale="en-US")
         context.add_init_script(INSTRUMENT_JS)
-        page = context.pages[0] if context.pages else context.new_page()
-        page.set_default_timeout(SETTLE_TIMEOUT_MS)
-        bare_times = measure_bare(page, bare, args.clicks)
-        result = measure_app(page, app, args.clicks, prompt, args.model, check=not args.without_check)
+        context.set_default_timeout(SETTLE_TIMEOUT_MS)
+        references = [ReferencePage(context.new_page(), server) for server in (bare, skeleton)]
+        page = context.new_page()
+
+        def pace() -> None:
+            for reference in references:
+                reference.click()
+
+        result = measure_app(page, app, args.clicks, prompt, args.model, check=not args.without_check, pace=pace)
         context.close()
+    bare_times, skeleton_times = (reference.times for reference in references)
     print(f"context after prefill: {result['context']} positions; load average after the run: "
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     _, bare95 = p50_p95([c.settled_ms for c in bare_times])
     print(f"{'action':<25} {'clicks':>6} {'p50 ms':>7} {'p95 ms':>7} {'p95/bare':>8}   {'→finished':>9} "
           f"{'server CPU':>10} {'received':>9}")
     print(f"{'':<25} {'':>6} {'':>7} {'':>7} {'':>8}   {'p50 ms':>9} {'p50 ms':>10} {'p50 KiB':>9}")
-    for name, rows in [("bare page", bare_times), *result["times"].items()]:
+    for name, rows in [("bare page", bare_times), ("Decode page's skeleton", skeleton_times),
+                       *result["times"].items()]:
         if not rows:
             print(f"{name:<25} {0:>6} (not measured)")
             continue
