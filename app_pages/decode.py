@@ -50,9 +50,8 @@ STEP_VIEW = "decode_step"  # the fragment that draws the current step
 model = page_start("decode")
 info, tok = model.info, model.tokenizer
 mark_cancelled_run()
-if generation(model) is None and prompt_form(model):
-    st.rerun()  # the page of a run has no prompt form
-if generation(model) is None:
+if generation(model) is None:  # the page of a run has no prompt form: Run prefill's callback starts the run first
+    prompt_form(model)
     st.info(t("decode.press_prefill"))
     st.stop()
 

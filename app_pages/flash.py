@@ -59,7 +59,7 @@ if not hasattr(model, "attention_inputs"):
     st.stop()
 with st.expander(t("flash.prompt"), expanded=generation(model) is None):
     prompt_form(model)
-gen = generation(model)  # the prefill button may just have started one
+gen = generation(model)
 if gen is None:
     st.info(t("flash.press_prefill"))
     st.stop()

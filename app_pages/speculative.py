@@ -32,7 +32,7 @@ def draft_spec() -> str:
 
 
 def start_run() -> None:
-    prompt = encoded_prompt(model, st.session_state.prompt_mode)
+    prompt = guarded(lambda: encoded_prompt(model, st.session_state.prompt_mode))
     if prompt is None:
         return
     run = guarded(lambda: speculative.start(model, draft_spec(), prompt[0], int(st.session_state.spec_gamma),

@@ -92,6 +92,19 @@ def test_bad_prompt_is_a_sentence_and_keeps_the_run():
     assert cache_len(at) == before
 
 
+def test_a_refused_prompt_is_said_under_the_run_button_once():
+    """Run prefill starts the run in its callback (one script run); a refusal is said in the form, not above the
+    page's title, and is gone at the next rerun."""
+    at = open_page("app_pages/decode.py", model="small")
+    at.text_input(key="prompt_text").set_value("   ").run()
+    click(at, "run_prefill")
+    assert at.session_state["generation"] is None
+    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    assert order.index("Error") == order.index("run_prefill") + 1 and "trống" in at.error[0].value
+    at.run()
+    assert not at.error
+
+
 def test_cache_page_presets():
     at = open_page("app_pages/cache.py")
     click(at, "preset_13/5")

@@ -101,13 +101,13 @@ def test_sessions_clicking_together_each_see_exactly_their_solo_run(app_server):
 def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
     """Issue 12: the browser's work per click grows with the number of elements redrawn. Next, Back, a sampling
     change and a head change send the step view's four buttons and its one piece of HTML; nothing of the sidebar,
-    the title or the controls."""
+    the title or the controls. Run prefill is one script run: the prompt form is not drawn again before the run."""
     step_view = ["button"] * 4 + ["html"]
 
     async def clicks() -> list[list[str]]:
         [s] = await open_sessions(ws_url(app_server), 1)
         await s.run("run_prefill")
-        sent = []
+        sent = [s.drawn]
         for action in ("next", "next", "back"):
             await s.run(action)
             sent.append(s.drawn)
@@ -120,7 +120,9 @@ def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
         await close_all([s])
         return sent
 
-    assert run_async(clicks()) == [step_view] * 5
+    prefill, *step_clicks = run_async(clicks())
+    assert "text_input" not in prefill and prefill.count("button") == 4 and prefill.count("html") >= 1
+    assert step_clicks == [step_view] * 5
 
 
 def test_a_visitors_clear_cache_message_does_not_unload_the_model():

@@ -115,28 +115,32 @@ def sampling_settings() -> SamplingSettings:
                             top_p=float(s.top_p), seed=int(s.seed))
 
 
-def guarded(action: Callable[[], object]) -> object | None:
-    """Run an engine action; bad input becomes a sentence in the user's language, never a traceback."""
+def attempt(action: Callable[[], object]) -> tuple[object | None, str | None]:
+    """Run an engine action: (its result, None), or (None, why it failed as a sentence in the user's language)."""
     try:
-        return action()
+        return action(), None
     except InputError as bad:
-        st.error(error_sentence(bad))
+        return None, error_sentence(bad)
     except Exception:
         log.exception("engine action failed")
-        st.error(t("error.unexpected"))
-    return None
+        return None, t("error.unexpected")
 
 
-def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> bool:
+def guarded(action: Callable[[], object]) -> object | None:
+    """Run an engine action; bad input becomes a sentence in the user's language, never a traceback."""
+    result, error = attempt(action)
+    if error is not None:
+        st.error(error)
+    return result
+
+
+def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> None:
+    """Prefill the prompt as this session's new run; InputError leaves the previous run in place."""
     stops = tuple(s for s in st.session_state.stop_text.split("|") if s)
-    gen = guarded(lambda: generate.start(model, prompt_ids, sampling_settings(),
-                                         int(st.session_state.max_new_tokens), stops))
-    if gen is None:  # a refused request leaves the previous run in place
-        return False
+    gen = generate.start(model, prompt_ids, sampling_settings(), int(st.session_state.max_new_tokens), stops)
     st.session_state.generation = gen
     st.session_state.generation_for = (model.info.name, model.info.device)
     st.session_state.prompt_unknown = unknown
-    return True
 
 
 def reset() -> None:
@@ -147,22 +151,27 @@ def prompt_modes(model: LoadedModel) -> list[str]:
     return ["text", "ids"] + (["chat"] if model.tokenizer.chat_template is not None else [])
 
 
-def encoded_prompt(model: LoadedModel, mode: str):
-    """(ids, unknown words) of the prompt as the form holds it, or None after saying what is wrong."""
+def encoded_prompt(model: LoadedModel, mode: str) -> tuple[list[int], list[str]]:
+    """(ids, unknown words) of the prompt as the form holds it; InputError says what is wrong."""
     s = st.session_state
     if mode == "ids":
-        ids = guarded(lambda: generate.parse_prompt_ids(model, s.prompt_ids_text))
-        return None if ids is None else (ids, [])
+        return generate.parse_prompt_ids(model, s.prompt_ids_text), []
     if mode == "chat":
-        encoded = guarded(lambda: encode_chat(model, generate.check_prompt_text(s.prompt_text), s.system_text))
+        encoded = encode_chat(model, generate.check_prompt_text(s.prompt_text), s.system_text)
     else:
-        encoded = guarded(lambda: generate.encode_prompt(model, s.prompt_text))
-    return None if encoded is None else (encoded.ids, encoded.unknown)
+        encoded = generate.encode_prompt(model, s.prompt_text)
+    return encoded.ids, encoded.unknown
 
 
-def prompt_form(model: LoadedModel) -> bool:
-    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill.
-    True when the button just started a new run."""
+def prefill(model: LoadedModel, mode: str) -> None:
+    """The Run prefill button's callback: the run starts before the page script, so the page draws it in the same
+    script run (the Decode page shows its step view at once, not the form and then a second run). A refused prompt
+    keeps the previous run; the form says why, under its button."""
+    _, st.session_state.prompt_error = attempt(lambda: start_generation(model, *encoded_prompt(model, mode)))
+
+
+def prompt_form(model: LoadedModel) -> None:
+    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill."""
     modes = prompt_modes(model)
     if model.info.language == "en":
         st.caption(t("prompt.english_only"))
@@ -185,10 +194,11 @@ def prompt_form(model: LoadedModel) -> bool:
     st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), most)
     c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most, key="max_new_tokens")
     c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
-    if st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:"):
-        prompt = encoded_prompt(model, mode)
-        return prompt is not None and start_generation(model, *prompt)
-    return False
+    st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:",
+              on_click=prefill, args=(model, mode))
+    if st.session_state.prompt_error is not None:  # said once, after the click that caused it
+        st.error(st.session_state.prompt_error)
+        st.session_state.prompt_error = None
 
 
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> bool:
