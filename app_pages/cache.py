@@ -22,10 +22,9 @@ st.subheader(t("cache.formula"))
 c1, c2 = st.columns(2)
 c1.slider(t("cache.n"), 1, 200, key="count_n")
 c2.slider(t("cache.t"), 1, 200, key="count_t")
-p1, p2, _ = st.columns([1, 1, 3])
-for col, (name, (n, new)) in zip((p1, p2), PRESETS.items()):
-    col.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new),
-               width="stretch")
+with st.container(horizontal=True):  # buttons as wide as their labels: in narrow columns the labels were cut
+    for name, (n, new) in PRESETS.items():
+        st.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new))
 n, new = st.session_state.count_n, st.session_state.count_t
 with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
 m1, m2, m3 = st.columns(3)
