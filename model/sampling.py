@@ -67,6 +67,12 @@ def top_p_ids(probs: np.ndarray, candidates: np.ndarray, p: float) -> np.ndarray
     return np.sort(candidates[order[mass_before < p]])
 
 
+def draw_from(probs: np.ndarray, u: float) -> int:
+    """The first id whose cumulative probability passes u, for u uniform in [0, 1): an id drawn with probability
+    probs[id]. Rounding can leave u past the end: then the last id with a probability above zero."""
+    return int(min(np.searchsorted(np.cumsum(probs), u, side="right"), np.flatnonzero(probs)[-1]))
+
+
 def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> SampleResult:
     """Choose the next id from one position's logits (vocab,). Same settings and step -> same draw."""
     check_settings(settings)
@@ -85,9 +91,8 @@ def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Sam
     final = np.zeros_like(probs)
     final[kept_p] = probs[kept_p] / probs[kept_p].sum()
     # one uniform number per (seed, step): the draw does not depend on what was sampled before
-    u = np.random.default_rng([settings.seed, step]).random()
-    # the first id whose cumulative probability passes u; rounding can leave u past the end
-    chosen = int(min(np.searchsorted(np.cumsum(final), u, side="right"), kept_p[-1]))
+    # one uniform number per (seed, step): the draw does not depend on what was sampled before
+    chosen = draw_from(final, np.random.default_rng([settings.seed, step]).random())
     return SampleResult(probs, kept_k, kept_p, final, chosen, greedy=False)
 
 

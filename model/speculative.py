@@ -39,7 +39,7 @@ from model.errors import InputError
 from model.generate import check_request, context_room, encode_prompt, parse_prompt_ids
 from model.llama import Llama
 from model.runtime import LoadedModel, NativeModel, synchronize, warmed_up
-from model.sampling import SamplingSettings, sample
+from model.sampling import SamplingSettings, draw_from, sample
 from model.tokenizer import encode_chat, load_tokenizer
 
 DRAFT_MODELS = {"small-draft": "assets/models/small-draft"}
@@ -89,11 +89,6 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
 def uniform(seed: int, draw: int) -> float:
     """The run's draw-th uniform number: one stream per (seed, draw), so a seed replays the same run."""
     return float(np.random.default_rng([seed, draw]).random())
-
-
-def draw_from(probs: np.ndarray, u: float) -> int:
-    """The first id whose cumulative probability passes u (rounding can leave u past the end)."""
-    return int(min(np.searchsorted(np.cumsum(probs), u, side="right"), np.flatnonzero(probs)[-1]))
 
 
 def shown_probs(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:

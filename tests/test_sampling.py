@@ -5,7 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.sampling import SamplingSettings, check_settings, draw, sample, softmax, top_k_ids, top_p_ids
+from model.sampling import (
+    SamplingSettings,
+    check_settings,
+    draw,
+    draw_from,
+    sample,
+    softmax,
+    top_k_ids,
+    top_p_ids,
+)
 
 # probabilities 0.5, 0.25, 0.125, 0.0625, 0.0625 at temperature 1
 LOGITS = np.log(np.array([0.0625, 0.5, 0.125, 0.25, 0.0625]))
@@ -98,3 +107,10 @@ def test_a_draw_keeps_the_top_candidates_with_what_each_filter_did():
     assert (drawn.n_kept_top_k, drawn.n_kept_top_p) == (3, 2)
     assert drawn.chosen_prob == pytest.approx(0.63641, abs=1e-5)
     assert drawn.chosen_final_prob == pytest.approx(0.73106, abs=1e-5)
+
+
+def test_draw_from_inverts_the_cumulative_distribution():
+    probs = np.array([0.2, 0.0, 0.5, 0.3])  # cumulative 0.2, 0.2, 0.7, 1.0
+    assert [draw_from(probs, u) for u in (0.0, 0.1999, 0.2, 0.6999, 0.7, 0.9999)] == [0, 0, 2, 2, 3, 3]
+    # a sum rounded below 1 leaves u past the end: the last id with a probability, never a zero-probability one
+    assert draw_from(np.array([0.5, 0.4999, 0.0]), 0.99995) == 1
