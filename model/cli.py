@@ -92,7 +92,7 @@ def cmd_trace(args) -> int:
     max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(model, len(ids))) if args.max_new_tokens is None
                       else args.max_new_tokens)
     gen = start(model, ids, settings, max_new_tokens, tuple(args.stop))
-    # each step is checked as it is made: a run keeps the logits of its latest steps only
+    # each step is checked as it is made: a run keeps the logits of its prefill and latest steps only
     check = (lambda g: check_last_step(model, g)) if args.check else None
     if check:
         check(gen)

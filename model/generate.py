@@ -4,8 +4,8 @@ start (prefill + draw) -> step (decode the last choice + draw) ... until a stop 
 back crops the cache to the previous step; resample re-draws the last step from its stored logits.
 
 A session keeps, per step, the new position's attention over the cache (float16) and a Draw (a few numbers and
-the 20 most probable ids); the vocabulary-sized logits only for the latest steps (Back restores an older step's
-logits by running that step again on the cropped cache). Past the session's memory budget the oldest decode
+the 20 most probable ids); the vocabulary-sized logits only for the prefill and the latest steps (Back restores an
+older step's logits by running that step again on the cropped cache). Past the session's memory budget the oldest decode
 steps' attention rows are dropped; the budget counts Generation.memory_bytes (kept arrays and KV cache buffers).
 """
 
@@ -28,7 +28,9 @@ from model.steps import StepTrace, decode, max_abs_logit_diff, prefill, recomput
 from model.tokenizer import Encoded, UnknownWordsError
 
 MAX_PROMPT_CHARS = 2000
-LOGITS_KEPT = 2  # the current step's logits (resample) and the one before (Back without a re-run)
+# the current step's logits (resample) and the one before (Back without a re-run); the prefill's are kept as well,
+# since getting them back means running the whole prompt again, while any other step's cost one decode step
+LOGITS_KEPT = 2
 DEFAULT_SESSION_MB = 256  # a 500-token SmolLM2 prompt alone keeps 135 MB of prefill attention
 PROMPT_IDS = re.compile(r"\s*[0-9]+(\s*,\s*[0-9]+)*\s*")  # plain ASCII integers separated by single commas
 
@@ -153,9 +155,9 @@ def find_stop(model: LoadedModel, gen: Generation) -> str | None:
 
 
 def _keep_within_budget(gen: Generation) -> None:
-    """Old logits go first (Back can recompute them), then the oldest decode steps' attention rows; when the rest
-    (the prefill's attention, the KV cache) is still over the budget, the run stops."""
-    for trace in gen.steps[:-LOGITS_KEPT]:
+    """Old decode steps' logits go first (Back can recompute them), then the oldest decode steps' attention rows;
+    when the rest (the prefill's attention, the KV cache) is still over the budget, the run stops."""
+    for trace in gen.steps[1:-LOGITS_KEPT]:
         trace.logits = None
     while gen.memory_bytes > gen.budget_bytes and gen.attention_dropped < len(gen.steps) - 2:
         gen.attention_dropped += 1

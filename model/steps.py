@@ -28,7 +28,7 @@ class StepTrace:
     layer_bytes: list[int]     # per layer, bytes of the K plus V positions held
     layer_bytes_reserved: list[int]  # per layer, bytes of the K and V buffers
     cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes
-    logits: np.ndarray | None  # (vocab,) at the last position, float32; kept for the latest steps only
+    logits: np.ndarray | None  # (vocab,) at the last position, float32; kept for the prefill and the latest steps
     ms: float                  # wall time of the forward pass, device synchronised
 
     @property

@@ -10,7 +10,7 @@ from apptest import open_app
 from streamlit.testing.v1 import AppTest
 
 from model.errors import InputError
-from model.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start
+from model.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start, step
 from model.llama import Llama, LlamaConfig
 from model.runtime import NativeModel
 from model.sampling import SHOWN_CANDIDATES, SamplingSettings
@@ -117,11 +117,11 @@ def test_the_prompt_mode_cannot_be_left_empty():
 
 
 def formula_bytes(info, prompt_len: int, new_tokens: int) -> int:
-    """README: 2·L·H·(N² + Σ cache_len) bytes of float16 attention + 4·V·LOGITS_KEPT bytes of float32 logits
-    + 8·SHOWN_CANDIDATES bytes per draw (int32 id + float32 probability)."""
+    """README: 2·L·H·(N² + Σ cache_len) bytes of float16 attention + 4·V bytes of float32 logits for the prefill
+    and the LOGITS_KEPT latest steps + 8·SHOWN_CANDIDATES bytes per draw (int32 id + float32 probability)."""
     cache_lens = [prompt_len + k for k in range(1, new_tokens)]  # each decode step's cache after it
     attention = 2 * info.n_layers * info.n_heads * (prompt_len**2 + sum(cache_lens))
-    logits = 4 * info.vocab_size * min(LOGITS_KEPT, new_tokens)
+    logits = 4 * info.vocab_size * min(1 + LOGITS_KEPT, new_tokens)
     return attention + logits + 8 * SHOWN_CANDIDATES * new_tokens
 
 
@@ -149,6 +149,24 @@ def test_past_the_budget_the_oldest_attention_goes_and_back_still_rewinds(endles
         back(endless, gen)
         np.testing.assert_allclose(gen.steps[-1].logits, logits_seen[len(gen.steps) - 1], atol=1e-5)
         assert max_abs_logit_diff(gen.steps[-1], recompute(endless, gen.ids[: gen.steps[-1].cache_len])) < 1e-4
+
+
+def test_back_reruns_only_the_decode_steps_whose_logits_were_dropped(endless, monkeypatch):
+    """The prefill's logits are kept: a Back to the prefill does not run the whole prompt again."""
+    gen = start(endless, [1, 5, 6, 7, 8], SamplingSettings(temperature=1.0, seed=3), 10)
+    for _ in range(4):
+        step(endless, gen)  # steps 0 (prefill) … 4: the logits of 0, 3 and 4 are kept
+    fed = []
+    forward = endless.forward
+    monkeypatch.setattr(endless, "forward", lambda ids, cache, output_attentions: fed.append(len(ids)) or forward(
+        ids, cache, output_attentions))
+    runs = []
+    for _ in range(4):
+        before = len(fed)
+        back(endless, gen)
+        runs.append(fed[before:])
+    assert runs == [[], [1], [1], []]  # to step 3: kept; to 2 and to 1: one decode step each; to the prefill: kept
+    assert len(gen.steps) == 1 and gen.steps[0].logits is not None
 
 
 def test_a_prefill_over_the_budget_stops_with_a_sentence(small):
