@@ -128,7 +128,8 @@ def tile_html(index: int, last: int) -> str:
                              rows=rows, cols=cols))
             + paragraph_html(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0],
                                bk=step.scores.shape[1]))
-            + done + paragraph_html("**" + t("flash.stats") + "**") + stats
+            + done + paragraph_html("**" + t("flash.stats") + "**")
+            + f'<div class="dl-scroll">{stats}</div>'  # a block of 64 or 128 rows scrolls in place
             + paragraph_html(t("flash.stats_caption"), "dl-caption")
             + paragraph_html("**" + t("flash.partial") + "**")
             + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"))

@@ -68,7 +68,7 @@ def _label(text: str) -> str:
 @dataclass(frozen=True)
 class SquareFrame:
     """Where a square grid of n × n cells sits, with room for its labels: rows on the left, columns on top,
-    slanted; when labels would crowd, every k-th is shown (ticks)."""
+    slanted; when labels would crowd, every k-th position is shown by its number (ticks)."""
 
     n: int
     side: int  # the grid's side in pixels
@@ -105,8 +105,10 @@ class SquareFrame:
 def square_frame(labels: list[str], side: int, margin_left: int = 0, margin_top: int = 0) -> SquareFrame:
     """The frame of a side × side grid over `labels`, shifted by the margins (room for axis titles)."""
     n = len(labels)
-    shown_labels = [_label(label) for label in labels]
-    ticks = range(0, n, math.ceil(n / max(1, side // (FONT_PX + 3))))
+    every = math.ceil(n / max(1, side // (FONT_PX + 3)))
+    # every k-th label only: then positions alone, tokens at every k-th position would say little and take room
+    shown_labels = [_label(label) for label in labels] if every == 1 else [str(i) for i in range(n)]
+    ticks = range(0, n, every)
     text_px = CHAR_PX * max(len(shown_labels[i]) for i in ticks)
     left, top = margin_left + round(text_px) + 10, margin_top + round(text_px * 0.71) + 14  # 0.71: sin 45°
     return SquareFrame(n, side, left, top, text_px, ticks, shown_labels)

@@ -40,6 +40,9 @@ CSS = """
 .mini-table{border-collapse:collapse;font-size:15px;font-variant-numeric:tabular-nums;margin:4px 0}
 .mini-table th,.mini-table td{border-bottom:1px solid #dee2e6;padding:3px 10px;text-align:right}
 .mini-table th{background:#f8f9fa;font-weight:600}
+.dl-scroll{max-height:19rem;overflow:auto;margin:4px 0}
+.dl-scroll th{position:sticky;top:0}
+.dl-scroll td{white-space:nowrap}
 .dl-h{font-size:1.5rem;font-weight:600;line-height:1.2;margin:0.6rem 0 0.5rem 0;padding:0}
 .dl-p{margin:0 0 0.6rem 0;line-height:1.6}
 .dl-caption{font-size:14px;color:rgba(49,51,63,0.6);margin:0 0 0.5rem 0;line-height:1.5}
