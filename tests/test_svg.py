@@ -45,8 +45,8 @@ def test_the_triangle_image_has_a_pixel_per_cell_and_white_future():
 
 def test_a_long_context_thins_its_labels():
     n = 200
-    inner = svg_text(svg.heatmap_svg(np.tril(np.full((n, n), 0.1, dtype=np.float32)), [str(i) for i in range(n)],
-                                     "attention"))
+    inner = svg_text(svg.heatmap_svg(np.tril(np.full((n, n), 0.1, dtype=np.float32)), [f"{i}:tok" for i in range(n)],
+                                     "attention"))  # every 10th label is shown, by its position alone
     row_labels = re.findall(r'text-anchor="end" dominant-baseline="middle">(\d+)</text>', inner)
     assert row_labels[:3] == ["0", "10", "20"] and len(row_labels) == 20  # 340 px / 17 px: every 10th of 200
 
