@@ -130,11 +130,11 @@ def native_and_transformers(folder: Path, label: str, device: torch.device) -> t
     return native, theirs
 
 
-def compare_with_transformers(folder: Path, label: str, prompt_len: int, new_tokens: int, repeats: int,
-                              device: torch.device, models: tuple[NativeModel, LoadedModel] | None = None) -> float:
-    """Prefill and decode steps with attention capture on both engines, interleaved; prints the table and
-    returns native / transformers of the decode step's p50."""
-    native, theirs = models or native_and_transformers(folder, label, device)
+def compare_with_transformers(models: tuple[NativeModel, LoadedModel], label: str, prompt_len: int,
+                              new_tokens: int, repeats: int) -> float:
+    """Prefill and decode steps with attention capture on both engines (native_and_transformers), interleaved;
+    prints the table and returns native / transformers of the decode step's p50."""
+    native, theirs = models
     prompt = filler_ids(native, prompt_len)
     for model in (native, theirs):
         time_engine(model, prompt, 2)  # warm-up, dropped
@@ -223,16 +223,15 @@ def run_bench(device: str = "auto", quick: bool = False, tiny: bool = False) -> 
     """tiny: every table of the benchmark on tiny shapes (micro and a 2-layer random Llama), one repeat."""
     dev = pick_device(device)
     repeats = 1 if quick or tiny else 3
-    if tiny:
-        compare_with_transformers(resolve_path("micro"), "micro", 2, 2, repeats, dev)
-    else:
-        compare_with_transformers(resolve_path("small"), "small", 24, 32, repeats, dev)
+    bundled = "micro" if tiny else "small"
+    compare_with_transformers(native_and_transformers(resolve_path(bundled), bundled, dev), bundled,
+                              2 if tiny else 24, 2 if tiny else 32, repeats)
     torch.manual_seed(0)
     label = "llama-tiny (random)" if tiny else "llama-124M (random)"
     with tempfile.TemporaryDirectory() as tmp:
         Llama(tiny_llama_config() if tiny else gpt2_small_llama_config()).save(tmp)
-        compare_with_transformers(Path(tmp), label, 16 if tiny else 128, 4 if tiny else 16 if quick else 32,
-                                  repeats, dev)
+        compare_with_transformers(native_and_transformers(Path(tmp), label, dev), label, 16 if tiny else 128,
+                                  4 if tiny else 16 if quick else 32, repeats)
         big = NativeModel(label, Llama.load(tmp, dev), None, dev)
         print_cache_vs_recompute(big, [16, 32] if tiny else [64, 256, 512], 1 if tiny else 3 if quick else 10)
     compare_with_generate(dev, quick, tiny)
@@ -252,8 +251,7 @@ def run_model_bench(name: str, device: str = "auto", quick: bool = False) -> Non
     models = native_and_transformers(Path(location.where), name, dev)
     print(f"{name}: both engines loaded in {time.perf_counter() - t0:.1f} s")
     repeats, new_tokens = (1, 8) if quick else (3, 16)
-    ratios = [compare_with_transformers(Path(location.where), name, prompt_len, new_tokens, repeats, dev, models)
-              for prompt_len in (30, 200)]
+    ratios = [compare_with_transformers(models, name, prompt_len, new_tokens, repeats) for prompt_len in (30, 200)]
     verdict = "meets" if max(ratios) <= STEP_RATIO_GOAL else "misses"
     print(f"\ndecode step native / transformers (p50): {', '.join(f'{r:.2f}' for r in ratios)} at 30 and 200 "
           f"positions; goal ≤ {STEP_RATIO_GOAL}: {verdict}")
