@@ -16,6 +16,7 @@ from model.counting import cache_bytes_formula
 from ui import svg
 from ui.i18n import number, t
 from ui.session import (
+    callback_error_here,
     generation,
     layer_head_selectors,
     mark_cancelled_run,
@@ -89,6 +90,7 @@ def step_view() -> None:
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
+    callback_error_here()  # why Next, Back or a sampling change failed, under the buttons
     st.html(step_html(gen, st.session_state.layer, st.session_state.head))
 
 

@@ -7,7 +7,16 @@ import streamlit as st
 
 from model import speculative
 from ui.i18n import labels, t
-from ui.session import encoded_prompt, guarded, page_start, prompt_modes, sampling_controls, sampling_settings
+from ui.session import (
+    callback_error_here,
+    encoded_prompt,
+    guarded,
+    guarded_in_callback,
+    page_start,
+    prompt_modes,
+    sampling_controls,
+    sampling_settings,
+)
 from ui.widgets import choice, md_escape, token_strip
 
 PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
@@ -32,12 +41,13 @@ def draft_spec() -> str:
 
 
 def start_run() -> None:
-    prompt = guarded(lambda: encoded_prompt(model, st.session_state.prompt_mode))
+    prompt = guarded_in_callback(lambda: encoded_prompt(model, st.session_state.prompt_mode))
     if prompt is None:
         return
-    run = guarded(lambda: speculative.start(model, draft_spec(), prompt[0], int(st.session_state.spec_gamma),
-                                            sampling_settings(), int(st.session_state.max_new_tokens)))
-    if run is not None and guarded(lambda: speculative.next_round(run)) is not None:
+    run = guarded_in_callback(lambda: speculative.start(model, draft_spec(), prompt[0],
+                                                        int(st.session_state.spec_gamma), sampling_settings(),
+                                                        int(st.session_state.max_new_tokens)))
+    if run is not None and guarded_in_callback(lambda: speculative.next_round(run)) is not None:
         st.session_state.spec_run, st.session_state.spec_for = run, (info.name, info.device)
         st.session_state.spec_speed = None
 
@@ -45,13 +55,13 @@ def start_run() -> None:
 def next_round() -> None:
     run = st.session_state.spec_run
     run.settings = sampling_settings()  # the sampling controls apply from the next round on
-    guarded(lambda: speculative.next_round(run))
+    guarded_in_callback(lambda: speculative.next_round(run))
 
 
 def run_to_end() -> None:
     run = st.session_state.spec_run
     run.settings = sampling_settings()
-    guarded(lambda: speculative.run_to_end(run))
+    guarded_in_callback(lambda: speculative.run_to_end(run))
 
 
 def reset() -> None:
@@ -92,6 +102,7 @@ run = st.session_state.spec_run
 b1, b2, b3, b4, _ = st.columns([1.2, 1.2, 1.2, 1, 1])
 b1.button(t("speculative.start"), key="spec_start", type="primary" if run is None else "secondary",
           icon=":material/play_arrow:", width="stretch", on_click=start_run)
+callback_error_here()  # under the row of buttons, whichever of them failed
 if run is None:
     st.info(t("speculative.press_start"))
     st.stop()

@@ -5,6 +5,9 @@ import pytest
 from apptest import click, open_app
 from streamlit.testing.v1 import AppTest
 
+from model import generate
+from model.texts import text
+
 
 def open_page(page: str, model: str = "micro", lang: str = "vi") -> AppTest:
     return open_app(page, lang=lang, model_name=model, device="cpu", prompt_mode="ids" if model == "micro" else "text")
@@ -101,6 +104,22 @@ def test_a_refused_prompt_is_said_under_the_run_button_once():
     assert at.session_state["generation"] is None
     order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
     assert order.index("Error") == order.index("run_prefill") + 1 and "trống" in at.error[0].value
+    at.run()
+    assert not at.error
+
+
+def test_a_failed_next_is_said_in_the_step_view_under_its_buttons(monkeypatch):
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
+    before = cache_len(at)
+
+    def broken(model, gen):
+        raise RuntimeError("a failing engine")
+
+    monkeypatch.setattr(generate, "step", broken)
+    click(at, "next")
+    assert [e.value for e in at.error] == [text("error.unexpected", "vi")] and cache_len(at) == before
+    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    assert order.index("Title") < order.index("reset") < order.index("Error")
     at.run()
     assert not at.error
 

@@ -131,6 +131,9 @@ def test_bad_prompt_gets_a_sentence_and_keeps_the_run():
     click(at, "spec_start")
     assert [e.value for e in at.error] == [text("error.empty_prompt", "en")]
     assert at.session_state["spec_run"] is run
+    # said under the buttons, not above the title (where an element drawn in a callback would land)
+    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    assert order.index("Title") < order.index("spec_reset") < order.index("Error")
 
 
 @pytest.mark.browser

@@ -134,6 +134,22 @@ def guarded(action: Callable[[], object]) -> object | None:
     return result
 
 
+def guarded_in_callback(action: Callable[[], object]) -> object | None:
+    """guarded() for a widget callback: an element drawn there would land above the page's title, so the sentence
+    waits in session state until the page says it beside the control that was used (callback_error_here)."""
+    result, error = attempt(action)
+    if error is not None:
+        st.session_state.callback_error = error
+    return result
+
+
+def callback_error_here() -> None:
+    """Say here, once, why the last callback's engine action failed."""
+    if st.session_state.callback_error is not None:
+        st.error(st.session_state.callback_error)
+        st.session_state.callback_error = None
+
+
 def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> None:
     """Prefill the prompt as this session's new run; InputError leaves the previous run in place."""
     stops = tuple(s for s in st.session_state.stop_text.split("|") if s)
@@ -167,7 +183,7 @@ def prefill(model: LoadedModel, mode: str) -> None:
     """The Run prefill button's callback: the run starts before the page script, so the page draws it in the same
     script run (the Decode page shows its step view at once, not the form and then a second run). A refused prompt
     keeps the previous run; the form says why, under its button."""
-    _, st.session_state.prompt_error = attempt(lambda: start_generation(model, *encoded_prompt(model, mode)))
+    guarded_in_callback(lambda: start_generation(model, *encoded_prompt(model, mode)))
 
 
 def prompt_form(model: LoadedModel) -> None:
@@ -196,17 +212,16 @@ def prompt_form(model: LoadedModel) -> None:
     c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
     st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:",
               on_click=prefill, args=(model, mode))
-    if st.session_state.prompt_error is not None:  # said once, after the click that caused it
-        st.error(st.session_state.prompt_error)
-        st.session_state.prompt_error = None
+    callback_error_here()
 
 
 def _with_generation(action: Callable[[LoadedModel, generate.Generation], object]) -> bool:
-    """Run an engine action on this session's run; False when there is none or the action failed (said why)."""
+    """From a callback, an engine action on this session's run; False when there is none or the action failed
+    (the page says why: callback_error_here)."""
     gen = st.session_state.generation
     if gen is None:
         return False
-    done = guarded(lambda: action(sidebar_model(), gen) or True)
+    done = guarded_in_callback(lambda: action(sidebar_model(), gen) or True)
     return done is not None
 
 

@@ -14,7 +14,7 @@ PROMPT_MODES = {"micro": "ids", "smollm2": "chat"}  # the mode a model starts in
 DEFAULTS = {
     "model_name": "small", "device": "auto", "model_path": "", "allow_download": False,
     "generation": None, "generation_for": None,
-    "prompt_mode": "text", "prompt_ids_text": "1, 3", "system_text": "", "prompt_error": None,
+    "prompt_mode": "text", "prompt_ids_text": "1, 3", "system_text": "", "callback_error": None,
     "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [], "check_each_step": True,
     "run_to_end_requested": False,
