@@ -5,8 +5,6 @@ The tile walk is a fragment of four buttons and one piece of HTML with two SVG c
 browser's work per click grows with the number of elements it redraws (benchmarks/click_latency.py).
 """
 
-from html import escape
-
 import streamlit as st
 
 from model.flash import (
@@ -23,7 +21,7 @@ from model.flash import (
 from ui import svg
 from ui.i18n import t
 from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
-from ui.widgets import box_html, paragraph_html, table_html
+from ui.widgets import box_html, legend_html, paragraph_html, table_html
 
 TOLERANCE = 1e-5
 PRECISIONS = {"float16": 2, "float32": 4}
@@ -111,11 +109,10 @@ def tile_html(index: int, last: int) -> str:
     output on the right."""
     step = steps[read[index]]
     rows, cols = span(step.q_rows), span(step.k_cols)
-    legend = "".join(f'<span><i style="background:{svg.TILE_COLOURS[s]};outline:1px solid #495057"></i>'
-                     f'{escape(t("flash.state_" + s))}</span>' for s in svg.TILE_STATES)
     grid = (svg.tile_grid_svg(steps, read[index], labels, (t("flash.axis_keys"), t("flash.axis_queries")),
                               t("flash.walk"))
-            + f'<div class="legend">{legend}</div>' + paragraph_html(t("flash.grid_caption"), "dl-caption"))
+            + legend_html({t("flash.state_" + s): svg.TILE_COLOURS[s] for s in svg.TILE_STATES}, outlined=True)
+            + paragraph_html(t("flash.grid_caption"), "dl-caption"))
     done = (box_html(t("flash.block_done", qb=step.q_block, rows=rows), "pass")
             if index == last or steps[read[index + 1]].q_block != step.q_block else "")
     m_before, l_before, alpha = result.before(read[index])

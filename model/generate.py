@@ -29,7 +29,7 @@ from model.tokenizer import Encoded, UnknownWordsError
 
 MAX_PROMPT_CHARS = 2000
 # the current step's logits (resample) and the one before (Back without a re-run); the prefill's are kept as well,
-# since getting them back means running the whole prompt again, while any other step's cost one decode step
+# since getting them back means running the whole prompt again, while any other step's logits cost one decode step
 LOGITS_KEPT = 2
 DEFAULT_SESSION_MB = 256  # a 500-token SmolLM2 prompt alone keeps 135 MB of prefill attention
 PROMPT_IDS = re.compile(r"\s*[0-9]+(\s*,\s*[0-9]+)*\s*")  # plain ASCII integers separated by single commas

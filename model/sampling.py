@@ -67,6 +67,11 @@ def top_p_ids(probs: np.ndarray, candidates: np.ndarray, p: float) -> np.ndarray
     return np.sort(candidates[order[mass_before < p]])
 
 
+def uniform(seed: int, draw: int) -> float:
+    """The draw-th uniform number in [0, 1): one stream per (seed, draw), so a seed replays the same run."""
+    return float(np.random.default_rng([seed, draw]).random())
+
+
 def draw_from(probs: np.ndarray, u: float) -> int:
     """The first id whose cumulative probability passes u, for u uniform in [0, 1): an id drawn with probability
     probs[id]. Rounding can leave u past the end: then the last id with a probability above zero."""
@@ -91,8 +96,7 @@ def sample(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Sam
     final = np.zeros_like(probs)
     final[kept_p] = probs[kept_p] / probs[kept_p].sum()
     # one uniform number per (seed, step): the draw does not depend on what was sampled before
-    # one uniform number per (seed, step): the draw does not depend on what was sampled before
-    chosen = draw_from(final, np.random.default_rng([settings.seed, step]).random())
+    chosen = draw_from(final, uniform(settings.seed, step))
     return SampleResult(probs, kept_k, kept_p, final, chosen, greedy=False)
 
 

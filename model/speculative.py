@@ -39,7 +39,7 @@ from model.errors import InputError
 from model.generate import check_request, context_room, encode_prompt, parse_prompt_ids
 from model.llama import Llama
 from model.runtime import LoadedModel, NativeModel, synchronize, warmed_up
-from model.sampling import SamplingSettings, draw_from, sample
+from model.sampling import SamplingSettings, draw_from, sample, uniform
 from model.tokenizer import encode_chat, load_tokenizer
 
 DRAFT_MODELS = {"small-draft": "assets/models/small-draft"}
@@ -84,11 +84,6 @@ def predicted_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     """Expected wall-time gain over plain decoding when a draft pass costs `cost_ratio` target passes:
     (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Leviathan et al., theorem 3.8)."""
     return expected_tokens_per_pass(alpha, gamma) / (gamma * cost_ratio + 1)
-
-
-def uniform(seed: int, draw: int) -> float:
-    """The run's draw-th uniform number: one stream per (seed, draw), so a seed replays the same run."""
-    return float(np.random.default_rng([seed, draw]).random())
 
 
 def shown_probs(logits: np.ndarray, settings: SamplingSettings) -> np.ndarray:

@@ -118,6 +118,23 @@ def browser_page(_chromium):
     context.close()
 
 
+def wait_idle(page, timeout_ms: int = 60_000) -> None:
+    """Streamlit shows its running indicator while the script runs; wait until it is gone."""
+    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout_ms)
+
+
+def wait_for_charts(page) -> None:
+    """Plotly draws after the script run and an SVG image decodes after it arrives; a screenshot before that shows
+    empty frames. Every page waited on has at least one chart."""
+    wait_idle(page)
+    page.wait_for_function("""() => {
+        const plotly = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
+        const images = [...document.querySelectorAll('img.dl-chart')];
+        return plotly.length + images.length > 0 && plotly.every(c => c.querySelector('.main-svg'))
+            && images.every(i => i.complete && i.naturalWidth > 0);
+    }""", timeout=60_000)
+
+
 @pytest.fixture(scope="session")
 def artifacts() -> Path:
     path = ROOT / "test-artifacts"

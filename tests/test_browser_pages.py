@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from conftest import wait_for_charts, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -12,23 +13,6 @@ LABELS = {
     "en": {"prefill": "Run prefill", "next": "Next", "back": "Back", "cache": r"cache: (\d+) positions",
            "measure": "Measure now"},
 }
-
-
-def wait_for_charts(page):
-    """Plotly draws after the script run and an SVG image decodes after it arrives; a screenshot before that shows
-    empty frames. Every page waited on has at least one chart."""
-    wait_idle(page)
-    page.wait_for_function("""() => {
-        const plotly = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-        const images = [...document.querySelectorAll('img.dl-chart')];
-        return plotly.length + images.length > 0 && plotly.every(c => c.querySelector('.main-svg'))
-            && images.every(i => i.complete && i.naturalWidth > 0);
-    }""", timeout=60_000)
-
-
-def wait_idle(page):
-    """Streamlit shows its running indicator while the script runs; wait until it is gone."""
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
 
 
 def cache_positions(page, lang: str) -> int:

@@ -7,6 +7,7 @@ import pytest
 import streamlit as st
 import torch
 from apptest import open_app
+from conftest import wait_idle
 from streamlit.testing.v1 import AppTest
 
 from model.errors import InputError
@@ -190,9 +191,8 @@ def test_auto_and_cpu_share_one_copy_and_clearing_streamlits_cache_keeps_it():
 def test_the_browser_asks_before_a_reload_drops_the_run(app_server, browser_page):
     """A reload is a new session: while a run is held the page sets a beforeunload handler, and Reset clears it."""
     page = browser_page
-    idle = "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
     page.goto(f"{app_server}/decode?lang=en")
-    page.wait_for_function(idle)
+    wait_idle(page, timeout_ms=30_000)
     assert page.evaluate("window.onbeforeunload") is None
     page.locator(".st-key-run_prefill button").click()
     page.wait_for_function("window.onbeforeunload !== null", timeout=60_000)

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import wait_for_charts, wait_idle
 from playwright.sync_api import expect
 from ws_client import Session, StreamlitServer
 
@@ -168,10 +169,6 @@ def test_streamlits_error_details_are_not_sent_to_visitors():
 
 # -- in a real browser -----------------------------------------------------------------------------------------
 
-def wait_idle(page) -> None:
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
-
-
 def cache_pattern(lang: str, positions: int) -> re.Pattern:
     return re.compile(rf"cache: {positions} positions" if lang == "en" else rf"cache: {positions} vị trí")
 
@@ -220,11 +217,7 @@ def test_every_request_stays_on_the_server(app_server, browser_page):
     page.locator(".st-key-run_prefill button").click()
     page.get_by_text(cache_pattern("en", 3)).first.wait_for()
     page.get_by_role("link", name="Prefill").first.click()  # the same session's run, drawn by plotly
-    page.wait_for_function("""() => {
-        const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')];
-        return charts.length > 0 && charts.every(c => c.querySelector('.main-svg'));
-    }""")
-    wait_idle(page)
+    wait_for_charts(page)
     linked = page.evaluate("""() => [...document.querySelectorAll('link[href], script[src], img[src]')]
         .map(e => e.href || e.src)""")
     outside = sorted({u for u in requested + linked

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import wait_idle
 from safetensors import safe_open
 
 from model import cli, fetch
@@ -211,7 +212,7 @@ def test_browser_chat_with_smollm2_shows_template_tokens_and_the_answer(app_serv
     page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
     # the rerun that the choice starts has drawn the chat box: a click before it would send the old prompt along
     page.get_by_text(text("prompt.chat_label", lang)).wait_for(timeout=180_000)
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=180_000)
+    wait_idle(page, timeout_ms=180_000)
     page.get_by_role("button", name=run).first.click()
     # the strip is whole once it holds every prompt token (a strip still being redrawn may hold fewer)
     page.wait_for_function(f"document.querySelectorAll('.tok').length === {len(CHAT_IDS)}", timeout=180_000)
@@ -251,7 +252,7 @@ def test_browser_run_to_end_grows_the_strip_and_stops_at_a_click(app_server, bro
     limit = page.locator(".st-key-max_new_tokens input").first
     limit.fill("60")
     limit.press("Enter")
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    wait_idle(page)
     page.locator(".st-key-run_prefill button").click()
     page.get_by_text("cache: 20 positions").first.wait_for(timeout=180_000)
     page.locator(".st-key-run_to_end button").click()

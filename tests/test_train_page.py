@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from apptest import open_app
+from conftest import wait_idle
 from streamlit.testing.v1 import AppTest
 
 from ui.pages import page
@@ -110,7 +111,7 @@ def test_browser_one_step_shows_the_loss(app_server, browser_page, artifacts, la
     value = float(re.search(r"\d+\.\d{4}", loss.inner_text()).group())
     assert abs(value - math.log(525)) < 0.1  # small from random weights: near ln V
     assert page_.locator("[data-testid='stException']").count() == 0
-    page_.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    wait_idle(page_)
     page_.screenshot(path=str(artifacts / f"train-1440x900-{lang}.png"))
     page_.set_viewport_size({"width": 1280, "height": 720})
     page_.screenshot(path=str(artifacts / f"train-1280x720-{lang}.png"))

@@ -92,15 +92,20 @@ def attention_row_html(tokens: list[str], weights) -> str:
 
 def probability_bars_html(labels: list[str], probs, status: list[str], status_names: dict[str, str]) -> str:
     """One horizontal bar per candidate, coloured by what the filters did to it, with a legend."""
-    used = [s for s in STATUS_COLOURS if s in status]
-    legend = "".join(f'<span><i style="background:{STATUS_COLOURS[s]}"></i>{escape(status_names[s])}</span>'
-                     for s in used)
+    legend = legend_html({status_names[s]: STATUS_COLOURS[s] for s in STATUS_COLOURS if s in status})
     rows = "".join(
         f'<div class="lbl">{escape(shown(label))}</div><div class="track"><div class="bar" '
         f'style="width:{100 * float(p):.1f}%;background:{STATUS_COLOURS[s]}"></div></div>'
         f'<div class="val">{float(p):.3f}</div>'
         for label, p, s in zip(labels, probs, status))
-    return f'<div class="legend">{legend}</div><div class="bars">{rows}</div>'
+    return legend + f'<div class="bars">{rows}</div>'
+
+
+def legend_html(colours: dict[str, str], outlined: bool = False) -> str:
+    """A row of colour swatches, each with its name; outlined: a thin border, for swatches as light as white."""
+    outline = ";outline:1px solid #495057" if outlined else ""
+    return ('<div class="legend">' + "".join(f'<span><i style="background:{colour}{outline}"></i>{escape(name)}</span>'
+                                             for name, colour in colours.items()) + "</div>")
 
 
 def table_html(headers: list[str], rows: list[list]) -> str:
