@@ -286,8 +286,9 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
                 timer(button(page, other).click, expect=f"cache: {n - change} positions")
             n = cache_length(page)
             times[series].append(timer(button(page, key).click, expect=f"cache: {n + change} positions"))
-            if key == "next" and printed_ms(page, ENGINE_MS) is not None:
-                engine.append(printed_ms(page, ENGINE_MS))
+            step_ms = printed_ms(page, ENGINE_MS) if key == "next" else None
+            if step_ms is not None:
+                engine.append(step_ms)
                 recompute.append(printed_ms(page, RECOMPUTE_MS))
     slider = page.locator(".st-key-temperature input[type='range']").first
     for _ in range(clicks):  # 0.05 per key press, 0 → 1 in 20 presses

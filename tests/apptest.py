@@ -25,3 +25,8 @@ def click(at: AppTest, key: str) -> AppTest:
     at.button(key=key).click().run()
     assert not at.exception, at.exception
     return at
+
+
+def element_order(at: AppTest) -> list[str]:
+    """The main area's elements top to bottom: a widget's key, or the element's kind ("Title", "Error", ...)."""
+    return [getattr(node, "key", None) or type(node).__name__ for node in at.main]

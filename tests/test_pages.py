@@ -2,7 +2,7 @@
 
 
 import pytest
-from apptest import click, open_app
+from apptest import click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
 from model import generate
@@ -102,7 +102,7 @@ def test_a_refused_prompt_is_said_under_the_run_button_once():
     at.text_input(key="prompt_text").set_value("   ").run()
     click(at, "run_prefill")
     assert at.session_state["generation"] is None
-    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    order = element_order(at)
     assert order.index("Error") == order.index("run_prefill") + 1 and "trống" in at.error[0].value
     at.run()
     assert not at.error
@@ -118,7 +118,7 @@ def test_a_failed_next_is_said_in_the_step_view_under_its_buttons(monkeypatch):
     monkeypatch.setattr(generate, "step", broken)
     click(at, "next")
     assert [e.value for e in at.error] == [text("error.unexpected", "vi")] and cache_len(at) == before
-    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    order = element_order(at)
     assert order.index("Title") < order.index("reset") < order.index("Error")
     at.run()
     assert not at.error

@@ -3,7 +3,7 @@ headless Chromium (screenshots at 1280×720 and 1440×900, vi and en)."""
 
 
 import pytest
-from apptest import APP, click, open_app
+from apptest import APP, click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
 from model import generate
@@ -132,7 +132,7 @@ def test_bad_prompt_gets_a_sentence_and_keeps_the_run():
     assert [e.value for e in at.error] == [text("error.empty_prompt", "en")]
     assert at.session_state["spec_run"] is run
     # said under the buttons, not above the title (where an element drawn in a callback would land)
-    order = [getattr(node, "key", None) or type(node).__name__ for node in at.main]
+    order = element_order(at)
     assert order.index("Title") < order.index("spec_reset") < order.index("Error")
 
 
