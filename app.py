@@ -10,7 +10,7 @@ import shutil
 import streamlit as st
 
 import ui.preload  # noqa: F401  (first: what the pages draw with is imported before any page runs)
-from model.catalog import BUNDLED, FETCHED, list_models, settings
+from model.weights.catalog import BUNDLED, FETCHED, list_models, settings
 from ui.i18n import init_language, labels, lang, t
 from ui.pages import DEFAULT_PAGE, PAGES
 from ui.state import init_state, on_model_change

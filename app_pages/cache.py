@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from model.bench import contexts_for, percentile, time_per_token
-from model.counting import cumulative_positions, positions_with_cache, positions_without_cache
+from model.engine.counting import cumulative_positions, positions_with_cache, positions_without_cache
+from model.tools.bench import contexts_for, percentile, time_per_token
 from ui import charts
 from ui.i18n import t
 from ui.session import current_model, generation, guarded

@@ -11,8 +11,8 @@ from html import escape
 
 import streamlit as st
 
-from model import generate
-from model.counting import cache_bytes_formula
+from model.engine import generate
+from model.engine.counting import cache_bytes_formula
 from ui import svg
 from ui.i18n import number, t
 from ui.session import (

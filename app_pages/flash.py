@@ -7,7 +7,7 @@ browser's work per click grows with the number of elements it redraws (benchmark
 
 import streamlit as st
 
-from model.flash import (
+from model.engine.flash import (
     BLOCK_SIZES,
     block_size_choices,
     default_block_size,

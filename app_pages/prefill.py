@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from model.counting import cache_bytes_formula
+from model.engine.counting import cache_bytes_formula
 from ui import charts
 from ui.i18n import number, t
 from ui.session import generation, layer_head_selectors, page_start, prompt_form

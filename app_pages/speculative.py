@@ -5,7 +5,7 @@ from html import escape
 
 import streamlit as st
 
-from model import speculative
+from model.speculative import decoding, drafts, rules
 from ui.i18n import labels, t
 from ui.session import (
     callback_error_here,
@@ -37,17 +37,17 @@ if st.session_state.spec_for != (info.name, info.device):
 
 def draft_spec() -> str:
     chosen = st.session_state.spec_draft
-    return f"{speculative.EARLY_EXIT}{st.session_state.spec_exit_layers}" if chosen == "early-exit" else chosen
+    return f"{drafts.EARLY_EXIT}{st.session_state.spec_exit_layers}" if chosen == "early-exit" else chosen
 
 
 def start_run() -> None:
     prompt = guarded_in_callback(lambda: encoded_prompt(model, st.session_state.prompt_mode))
     if prompt is None:
         return
-    run = guarded_in_callback(lambda: speculative.start(model, draft_spec(), prompt[0],
+    run = guarded_in_callback(lambda: decoding.start(model, draft_spec(), prompt[0],
                                                         int(st.session_state.spec_gamma), sampling_settings(),
                                                         int(st.session_state.max_new_tokens)))
-    if run is not None and guarded_in_callback(lambda: speculative.next_round(run)) is not None:
+    if run is not None and guarded_in_callback(lambda: decoding.next_round(run)) is not None:
         st.session_state.spec_run, st.session_state.spec_for = run, (info.name, info.device)
         st.session_state.spec_speed = None
 
@@ -55,13 +55,13 @@ def start_run() -> None:
 def next_round() -> None:
     run = st.session_state.spec_run
     run.settings = sampling_settings()  # the sampling controls apply from the next round on
-    guarded_in_callback(lambda: speculative.next_round(run))
+    guarded_in_callback(lambda: decoding.next_round(run))
 
 
 def run_to_end() -> None:
     run = st.session_state.spec_run
     run.settings = sampling_settings()
-    guarded_in_callback(lambda: speculative.run_to_end(run))
+    guarded_in_callback(lambda: decoding.run_to_end(run))
 
 
 def reset() -> None:
@@ -69,14 +69,14 @@ def reset() -> None:
 
 
 # -- settings: draft, γ, prompt, sampling -----------------------------------------------------------------------
-drafts = [d.split(":")[0] for d in speculative.draft_choices(model)]
+draft_names = [d.split(":")[0] for d in drafts.draft_choices(model)]
 if st.session_state.spec_exit_for != info.name:  # each model starts from its own suggested K
     st.session_state.spec_exit_for = info.name
-    st.session_state.spec_exit_layers = speculative.suggested_exit_layers(model)
+    st.session_state.spec_exit_layers = drafts.suggested_exit_layers(model)
 c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
 with c1:
-    draft = choice(st.selectbox, t("speculative.draft"), drafts, key="spec_draft",
-                   format_func=labels("speculative.draft_", drafts).get, help=t("speculative.draft_help"))
+    draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft",
+                   format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
 if draft == "early-exit":
     st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
     c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1, key="spec_exit_layers",
@@ -175,7 +175,7 @@ m4.metric(t("speculative.alpha"), "—" if alpha is None else f"{alpha:.2f}",
           help=t("speculative.alpha_help", accepted=run.accepted, proposed=run.proposed))
 m5.metric(t("speculative.per_pass"), f"{run.tokens_per_pass:.2f}",
           delta=None if alpha is None else t("speculative.expected",
-                                                value=f"{speculative.expected_tokens_per_pass(alpha, run.gamma):.2f}"),
+                                                value=f"{rules.expected_tokens_per_pass(alpha, run.gamma):.2f}"),
           delta_color="off", help=t("speculative.per_pass_help", gamma=run.gamma))
 st.dataframe([{t("speculative.col_round"): r.index + 1,
                t("speculative.col_proposed"): " ".join(tok.token(c.id) for c in r.checks) or "—",
@@ -188,7 +188,7 @@ st.dataframe([{t("speculative.col_round"): r.index + 1,
 st.subheader(t("speculative.speed"))
 if st.button(t("speculative.measure"), key="spec_measure", icon=":material/timer:"):
     with st.spinner(t("speculative.measuring")):
-        st.session_state.spec_speed = guarded(lambda: speculative.compare_speed(
+        st.session_state.spec_speed = guarded(lambda: decoding.compare_speed(
             model, run.draft.name, run.prompt_ids, run.gamma, run.settings, run.max_new_tokens))
 speed = st.session_state.spec_speed
 if speed is None:
@@ -205,7 +205,7 @@ else:
     if speed.alpha is not None and speed.cost_ratio is not None:
         st.caption(t("speculative.predicted", alpha=f"{speed.alpha:.2f}", gamma=run.gamma,
                      c=f"{speed.cost_ratio:.2f}",
-                     value=f"{speculative.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio):.2f}"))
+                     value=f"{rules.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio):.2f}"))
 
 st.subheader(t("speculative.answer"))
 st.markdown(t("speculative.answer_text", text=md_escape(tok.decode(run.new_ids)) or "∅", n=len(run.new_ids)))

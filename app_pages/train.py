@@ -7,12 +7,12 @@ import numpy as np
 import streamlit as st
 import torch
 
-from model import generate
-from model.llama import Llama
-from model.runtime import NativeModel
-from model.sampling import SamplingSettings
-from model.tokenizer import WordTokenizer
-from model.train import IGNORE, CheckpointStore, Trainer, TrainSettings, limits, lr_curve, measure_memory
+from model.engine import generate
+from model.engine.llama import Llama
+from model.engine.runtime import NativeModel
+from model.engine.sampling import SamplingSettings
+from model.engine.tokenizer import WordTokenizer
+from model.training.train import IGNORE, CheckpointStore, Trainer, TrainSettings, limits, lr_curve, measure_memory
 from ui import charts
 from ui.i18n import labels, t
 from ui.session import guarded, shared_model

@@ -22,9 +22,9 @@ from pathlib import Path
 from conditions import ROOT, p50_p95, print_conditions, server_options
 from ws_client import Session, StreamlitServer
 
-from model import generate
-from model.loading import load_model
-from model.sampling import SamplingSettings
+from model.engine import generate
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
 from ui.state import DEFAULTS
 
 SOLO_CLICKS = 10

@@ -306,8 +306,8 @@ def measure_app(page: Page, server: StreamlitServer, clicks: int, prompt: str, m
 
 def long_prompt(model_name: str, context: int) -> str:
     """English text of at least `context` tokens for the model (its tokenizer counts)."""
-    from model import generate
-    from model.loading import load_model
+    from model.engine import generate
+    from model.engine.loading import load_model
 
     model = load_model(model_name, "cpu")
     sentence = "The students watch the model write one token at a time, and the cache grows by one position. "

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # the project, and the websocket client beside the tests
 
-from model.bench import percentile  # noqa: E402
+from model.tools.bench import percentile  # noqa: E402
 
 
 def cpu_name() -> str:

@@ -21,7 +21,7 @@ assert worst <= 1e-4, 'cached logits differ from a recompute'"
 }
 check --model micro --prompt-ids 1,3
 check --model small --prompt "con mèo" --max-new-tokens 12
-if $PY -c "from model.catalog import list_models, settings; assert 'smollm2' in list_models(settings().models_dir)"; then
+if $PY -c "from model.weights.catalog import list_models, settings; assert 'smollm2' in list_models(settings().models_dir)"; then
   check --model smollm2 --chat "What is the capital of France?" --max-new-tokens 12
   $PY -m model bench --device "$DEVICE" --model smollm2 --quick
 fi

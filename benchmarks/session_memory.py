@@ -22,11 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from model.generate import LOGITS_KEPT, run_to_end, start  # noqa: E402
-from model.llama import Llama, LlamaConfig  # noqa: E402
-from model.runtime import NativeModel  # noqa: E402
-from model.sampling import SHOWN_CANDIDATES, SamplingSettings  # noqa: E402
-from model.tokenizer import WordTokenizer, build_word_tokenizer  # noqa: E402
+from model.engine.generate import LOGITS_KEPT, run_to_end, start  # noqa: E402
+from model.engine.llama import Llama, LlamaConfig  # noqa: E402
+from model.engine.runtime import NativeModel  # noqa: E402
+from model.engine.sampling import SHOWN_CANDIDATES, SamplingSettings  # noqa: E402
+from model.engine.tokenizer import WordTokenizer, build_word_tokenizer  # noqa: E402
 
 VOCAB = 50_257
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from model.train import Trainer, TrainSettings
+from model.training.train import Trainer, TrainSettings
 
 
 def main() -> None:

@@ -1,3 +1,3 @@
-from model.cli import main
+from model.tools.cli import main
 
 raise SystemExit(main())

@@ -38,14 +38,16 @@ SERVER_START_TIMEOUT_S = 90
 
 @pytest.fixture(scope="session")
 def small():
-    from model.loading import load_model  # here, not at the top: the map page's tests check torch is not imported
+    from model.engine.loading import (
+        load_model,  # here, not at the top: the map page's tests check torch is not imported
+    )
 
     return load_model("small", "cpu")
 
 
 @pytest.fixture(scope="session")
 def micro():
-    from model.loading import load_model
+    from model.engine.loading import load_model
 
     return load_model("micro", "cpu")
 

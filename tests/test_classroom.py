@@ -10,14 +10,14 @@ from apptest import open_app
 from conftest import wait_idle
 from streamlit.testing.v1 import AppTest
 
+from model.engine.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start, step
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.runtime import NativeModel
+from model.engine.sampling import SHOWN_CANDIDATES, SamplingSettings
+from model.engine.steps import max_abs_logit_diff, recompute
+from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
-from model.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start, step
-from model.llama import Llama, LlamaConfig
-from model.runtime import NativeModel
-from model.sampling import SHOWN_CANDIDATES, SamplingSettings
-from model.steps import max_abs_logit_diff, recompute
 from model.texts import text
-from model.tokenizer import WordTokenizer, build_word_tokenizer
 from ui.session import model_key, shared_model
 
 GREEDY = SamplingSettings()

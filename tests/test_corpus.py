@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 from tokenizers import pre_tokenizers
 
-from model.corpus import EXAMPLE_PROMPTS, generate_corpus, vocabulary
+from model.training.corpus import EXAMPLE_PROMPTS, generate_corpus, vocabulary
 
 PUNCTUATION = {".", ",", "?", "!"}
 VIETNAMESE_LETTERS = re.compile(r"[^\x00-\x7f]")  # every Vietnamese sentence has at least one diacritic

@@ -9,16 +9,21 @@ import numpy as np
 import pytest
 import torch
 
-from model import cli
-from model.counting import cache_bytes_formula, cumulative_positions, positions_with_cache, positions_without_cache
+from model.engine.counting import (
+    cache_bytes_formula,
+    cumulative_positions,
+    positions_with_cache,
+    positions_without_cache,
+)
+from model.engine.generate import back, encode_prompt, resample, run_to_end, start, step
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.engine.sampling import SamplingSettings
+from model.engine.steps import max_abs_logit_diff, recompute
+from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
-from model.generate import back, encode_prompt, resample, run_to_end, start, step
-from model.llama import Llama, LlamaConfig
-from model.loading import load_model
-from model.runtime import NativeModel
-from model.sampling import SamplingSettings
-from model.steps import max_abs_logit_diff, recompute
-from model.tokenizer import WordTokenizer, build_word_tokenizer
+from model.tools import cli
 
 TOL = 1e-5
 GREEDY = SamplingSettings()
@@ -281,7 +286,7 @@ def test_cli_bad_input_is_one_sentence(run_cli, args):
 def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
     from transformers import AutoModelForCausalLM
 
-    from model.catalog import resolve_path
+    from model.weights.catalog import resolve_path
 
     native = load_model(name, "cpu")
     hf = AutoModelForCausalLM.from_pretrained(resolve_path(name), trust_remote_code=False, use_safetensors=True)
@@ -298,7 +303,7 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
-    from model import generate
+    from model.engine import generate
 
     gen = start(small, encode_prompt(small, "the dog").ids, GREEDY, 10)
     step(small, gen)
@@ -334,4 +339,4 @@ def test_cli_bench_tiny_prints_every_table_with_its_conditions(run_cli):
     out = run.stdout
     for heading in ("micro:", "llama-tiny (random):", "cached vs recomputed step", "GPT-2-tiny shape"):
         assert heading in out
-    assert out.count("float32") >= 4 and "native / tf" in out and "model.generate" in out
+    assert out.count("float32") >= 4 and "native / tf" in out and "model.engine.generate" in out

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.flash import (
+from model.engine.flash import (
     attention_scores,
     default_block_size,
     naive_attention,

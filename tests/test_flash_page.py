@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from model.flash import block_size_choices, default_block_size, human_bytes
+from model.engine.flash import block_size_choices, default_block_size, human_bytes
 
 TIMEOUT = 60
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

@@ -15,14 +15,14 @@ from transformers import (
     Qwen2Config,
 )
 
-from model import cli
-from model.catalog import ROOT, list_models
+from model.engine.generate import back, encode_prompt, start, step
+from model.engine.hf import HFModel
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
+from model.engine.steps import decode, max_abs_logit_diff, recompute
 from model.errors import InputError
-from model.generate import back, encode_prompt, start, step
-from model.hf import HFModel
-from model.loading import load_model
-from model.sampling import SamplingSettings
-from model.steps import decode, max_abs_logit_diff, recompute
+from model.tools import cli
+from model.weights.catalog import ROOT, list_models
 
 TOL = 1e-4
 GREEDY = SamplingSettings()

@@ -1,7 +1,6 @@
 """Loading: every failure is a sentence (vi and en), the safe settings by default, the size limit before any
 allocation, one cache key per real model, the cache's held and reserved bytes, one way through the layers."""
 
-import ast
 import json
 import logging
 import subprocess
@@ -10,15 +9,16 @@ import time
 
 import pytest
 import torch
+from test_house import graph
 from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
-from model import catalog
-from model.catalog import ROOT, Location, Settings, locate, runs_native, settings
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.loading import load_model, model_key
+from model.engine.runtime import CPU_THREADS
+from model.engine.steps import decode, prefill
 from model.errors import InputError
-from model.llama import Llama, LlamaConfig
-from model.loading import load_model, model_key
-from model.runtime import CPU_THREADS
-from model.steps import decode, prefill
+from model.weights import catalog
+from model.weights.catalog import ROOT, Location, Settings, locate, runs_native, settings
 
 TINY_LLAMA = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=32)
@@ -58,7 +58,7 @@ def gpt2_folder(folder):
 def test_corrupt_safetensors_is_refused_with_a_sentence_and_logged(make, tmp_path, paths, caplog):
     folder = make(tmp_path / "m")
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
-    with caplog.at_level(logging.ERROR, logger="model.loading"):
+    with caplog.at_level(logging.ERROR, logger="model.engine.loading"):
         assert refused(folder).code == "corrupt_weights"
     assert "SafetensorError" in caplog.text  # the detail goes to the server log
 
@@ -127,7 +127,7 @@ def test_an_unexpected_failure_is_a_sentence_too(tmp_path, paths, monkeypatch, c
         raise RuntimeError("/secret/server/path exploded")
 
     monkeypatch.setattr(Llama, "load", broken)
-    with caplog.at_level(logging.ERROR, logger="model.loading"):
+    with caplog.at_level(logging.ERROR, logger="model.engine.loading"):
         bad = refused(folder)
     assert bad.code == "load_failed" and "/secret" not in bad.message("en") and "RuntimeError" in bad.message("en")
     assert "/secret/server/path exploded" in caplog.text
@@ -221,23 +221,17 @@ def test_llama_configs_the_native_model_lacks_run_on_transformers(tmp_path):
 
 # -- structure: the layers import one way, and the catalog without torch ------------------------------------------
 
-def imported_models(module: str) -> set[str]:
-    tree = ast.parse((ROOT / "model" / f"{module}.py").read_text())
-    names = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    names |= {f"model.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "model"
-              for a in n.names}
-    return {n for n in names if n.startswith("model.")}
-
-
 def test_the_engine_layers_import_one_way():
-    """catalog <- runtime <- hf <- loading: no module imports one that builds on it."""
-    assert not imported_models("catalog") & {"model.runtime", "model.hf", "model.loading"}
-    assert not imported_models("runtime") & {"model.hf", "model.loading"}
-    assert not imported_models("hf") & {"model.loading"}
+    """catalog <- runtime <- hf <- loading: no module imports one that builds on it (tests/test_house.py keeps the
+    rooms in order; this is the order inside the engine)."""
+    edges = graph()
+    assert not edges["model.weights.catalog"] & {"model.engine.runtime", "model.engine.hf", "model.engine.loading"}
+    assert not edges["model.engine.runtime"] & {"model.engine.hf", "model.engine.loading"}
+    assert not edges["model.engine.hf"] & {"model.engine.loading"}
 
 
 def test_the_catalog_needs_no_torch():
-    out = subprocess.run([sys.executable, "-c", "import sys, model.catalog as c; c.list_models(); "
+    out = subprocess.run([sys.executable, "-c", "import sys, model.weights.catalog as c; c.list_models(); "
                           "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

@@ -280,7 +280,8 @@ def test_the_map_page_does_not_import_torch():
         assert not at.exception, at.exception
         assert any("dlm-root" in h.proto.body for h in at.html), "the map did not render"
         heavy = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "transformers")))
-        engine = sorted(m for m in ("model.runtime", "model.llama", "model.steps") if m in sys.modules)
+        engine = sorted(m for m in ("model.engine.runtime", "model.engine.llama", "model.engine.steps")
+                        if m in sys.modules)
         print("HEAVY", heavy, engine)
         """
     )

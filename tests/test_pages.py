@@ -5,7 +5,7 @@ import pytest
 from apptest import click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
-from model import generate
+from model.engine import generate
 from model.texts import text
 
 

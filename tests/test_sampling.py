@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model.sampling import (
+from model.engine.sampling import (
     SamplingSettings,
     check_settings,
     draw,

@@ -18,9 +18,9 @@ from conftest import wait_for_charts, wait_idle
 from playwright.sync_api import expect
 from ws_client import Session, StreamlitServer
 
-from model import generate
-from model.loading import load_model
-from model.sampling import SamplingSettings
+from model.engine import generate
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
 from model.texts import text
 
 BURST_SESSIONS = 12

@@ -13,14 +13,15 @@ import torch
 from conftest import wait_idle
 from safetensors import safe_open
 
-from model import cli, fetch
-from model.catalog import ROOT, fetched_folder, list_models
+from model.engine.generate import check_last_step, run_to_end, start
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
+from model.engine.tokenizer import encode_chat
 from model.errors import InputError
-from model.generate import check_last_step, run_to_end, start
-from model.loading import load_model
-from model.sampling import SamplingSettings
 from model.texts import text
-from model.tokenizer import encode_chat
+from model.tools import cli
+from model.weights import fetch
+from model.weights.catalog import ROOT, fetched_folder, list_models
 
 FOLDER = fetched_folder("smollm2")
 

@@ -10,24 +10,19 @@ import torch
 from test_hf import save_tiny
 from test_smollm2 import needs_model
 
-from model import generate, speculative
-from model.cache import KVCache
-from model.cli import main
+from model.engine import generate
+from model.engine.cache import KVCache
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.engine.sampling import SamplingSettings, sample
+from model.engine.tokenizer import WordTokenizer, build_word_tokenizer, encode_chat
 from model.errors import InputError
-from model.llama import Llama, LlamaConfig
-from model.loading import load_model
-from model.runtime import NativeModel
-from model.sampling import SamplingSettings, sample
-from model.speculative import (
-    ModelDraft,
-    SpeculativeRun,
-    expected_tokens_per_pass,
-    lookup_continuation,
-    next_round,
-    output_distribution,
-    residual,
-)
-from model.tokenizer import WordTokenizer, build_word_tokenizer, encode_chat
+from model.speculative import decoding, drafts
+from model.speculative.decoding import SpeculativeRun, next_round
+from model.speculative.drafts import ModelDraft, lookup_continuation
+from model.speculative.rules import expected_tokens_per_pass, output_distribution, residual
+from model.tools.cli import main
 
 GREEDY = SamplingSettings()
 PROMPTS = ["con mèo", "the dog", "hôm nay trời", "my mother cooks", "i go to school",
@@ -101,8 +96,8 @@ def test_greedy_speculative_equals_plain_greedy(small, draft):
         ids = generate.encode_prompt(small, prompt).ids
         plain = plain_greedy(small, ids, 30)
         for gamma in (1, 3, 5):
-            run = speculative.start(small, draft, ids, gamma, GREEDY, 30)
-            speculative.run_to_end(run)
+            run = decoding.start(small, draft, ids, gamma, GREEDY, 30)
+            decoding.run_to_end(run)
             assert run.new_ids == plain.new_ids, (prompt, gamma)
             assert run.stop_reason == plain.stop_reason
             assert run.target_passes <= len(run.new_ids)
@@ -117,8 +112,8 @@ def test_greedy_speculative_equals_plain_on_a_tiny_random_llama():
         for max_new in (12, model.info.context_length - len(prompt) + 1):
             plain = plain_greedy(model, prompt, max_new)
             for draft in ("early-exit:1", "early-exit:2", "lookup"):
-                run = speculative.start(model, draft, prompt, 4, GREEDY, max_new)
-                speculative.run_to_end(run)
+                run = decoding.start(model, draft, prompt, 4, GREEDY, max_new)
+                decoding.run_to_end(run)
                 assert (run.new_ids, run.stop_reason) == (plain.new_ids, plain.stop_reason), (prompt, draft)
 
 
@@ -129,10 +124,10 @@ def test_greedy_speculative_equals_plain_on_smollm2():
     ids = encode_chat(model, "What is the capital of France?").ids
     plain = plain_greedy(model, ids, 12)
     assert model.tokenizer.decode(plain.new_ids) == "The capital of France is Paris."
-    assert speculative.draft_choices(model) == ["lookup", "early-exit:20"]
+    assert drafts.draft_choices(model) == ["lookup", "early-exit:20"]
     for draft in ("early-exit:20", "lookup"):
-        run = speculative.start(model, draft, ids, 4, GREEDY, 12)
-        speculative.run_to_end(run)
+        run = decoding.start(model, draft, ids, 4, GREEDY, 12)
+        decoding.run_to_end(run)
         assert (run.new_ids, run.stop_reason) == (plain.new_ids, plain.stop_reason), draft
         assert run.target_passes < len(run.new_ids)  # some proposals were kept
 
@@ -141,14 +136,14 @@ def test_a_transformers_target_with_prompt_lookup(tmp_path, monkeypatch):
     """The check pass on the transformers backend (a tiny random Qwen2, GQA, built here): lookup only."""
     monkeypatch.setenv("DECODE_LAB_ALLOW_PATHS", "1")
     model = load_model(str(save_tiny(tmp_path / "qwen2", "qwen2")), "cpu")
-    assert speculative.draft_choices(model) == ["lookup"]
+    assert drafts.draft_choices(model) == ["lookup"]
     with pytest.raises(InputError) as bad:
-        speculative.start(model, "early-exit:1", [1, 5], 4, GREEDY, 5)
+        decoding.start(model, "early-exit:1", [1, 5], 4, GREEDY, 5)
     assert bad.value.code == "speculative_early_exit_native"
     ids = model.tokenizer.encode("the cat sat on the mat the cat sat").ids
     plain = plain_greedy(model, ids, 16)
-    run = speculative.start(model, "lookup", ids, 3, GREEDY, 16)
-    speculative.run_to_end(run)
+    run = decoding.start(model, "lookup", ids, 3, GREEDY, 16)
+    decoding.run_to_end(run)
     assert (run.new_ids, run.stop_reason) == (plain.new_ids, plain.stop_reason)
     assert run.proposed > 0 and run.cache.length == len(run.ids) - 1
 
@@ -210,7 +205,7 @@ def test_first_token_follows_the_target_distribution():
 @pytest.mark.parametrize("draft", ["small-draft", "early-exit:2"])
 def test_caches_after_a_round_equal_plain_decoding_of_the_same_tokens(small, draft, settings):
     ids = generate.encode_prompt(small, "con mèo").ids
-    run = speculative.start(small, draft, ids, 4, settings, 30)
+    run = decoding.start(small, draft, ids, 4, settings, 30)
     for _ in range(2):
         rnd = next_round(run)
         assert rnd.target_len_checked > rnd.target_len_after or rnd.accepted == rnd.gamma  # a crop, or all kept
@@ -258,7 +253,7 @@ def test_caches_after_a_round_equal_plain_decoding_of_the_same_tokens(small, dra
 def test_bad_input_gets_a_sentence(target, draft, gamma, code, request):
     model = request.getfixturevalue("small") if target == "small" else load_model("micro", "cpu")
     with pytest.raises(InputError) as bad:
-        speculative.start(model, draft, [1, 5], gamma, GREEDY, 5)
+        decoding.start(model, draft, [1, 5], gamma, GREEDY, 5)
     assert bad.value.code == code
     for lang in ("vi", "en"):
         assert bad.value.message(lang).endswith(".")

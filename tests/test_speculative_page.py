@@ -6,9 +6,9 @@ import pytest
 from apptest import APP, click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
-from model import generate
-from model.loading import load_model
-from model.sampling import SamplingSettings
+from model.engine import generate
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
 from model.texts import text
 
 TIMEOUT = 60

@@ -8,7 +8,7 @@ import re
 import numpy as np
 from PIL import Image
 
-from model.flash import tiled_attention
+from model.engine.flash import tiled_attention
 from ui import svg
 from ui.widgets import markdown_html, md_escape
 

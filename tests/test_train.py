@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import train
-from model.cli import main
 from model.errors import InputError
-from model.train import IGNORE, CheckpointStore, Trainer, TrainSettings
+from model.tools.cli import main
+from model.training import train
+from model.training.train import IGNORE, CheckpointStore, Trainer, TrainSettings
 
 MICRO = TrainSettings(model="micro", seed=0, batch_size=4, seq_len=4)
 SMALL = TrainSettings(model="small", seed=0, batch_size=6, seq_len=10)
@@ -47,11 +47,18 @@ def test_batches_depend_on_seed_and_step_only():
     assert not np.array_equal(trainer.batch(5).rows, trainer.batch(6).rows)
 
 
-def test_forward_logits_equal_the_model_forward():
+def test_activation_checkpointing_gives_the_same_logits_and_gradients():
     trainer = Trainer(SMALL)
     ids = torch.from_numpy(trainer.batch(0).inputs)
-    with torch.no_grad():
-        assert torch.equal(train.forward_logits(trainer.module, ids), trainer.module(ids).logits)
+    grads = []
+    for checkpointing in (False, True):
+        trainer.module.zero_grad(set_to_none=True)
+        logits = trainer.module(ids, activation_checkpointing=checkpointing).logits
+        logits.square().mean().backward()
+        grads.append((logits.detach(), [p.grad.clone() for _, p in trainer.named_params]))
+    (plain, plain_grads), (ckpt, ckpt_grads) = grads
+    assert torch.equal(plain, ckpt)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(plain_grads, ckpt_grads))
 
 
 def test_loss_equals_cross_entropy_on_shifted_labels_with_padding_ignored():
@@ -59,7 +66,7 @@ def test_loss_equals_cross_entropy_on_shifted_labels_with_padding_ignored():
     batch = trainer.batch(0)
     assert (batch.labels == IGNORE).any()  # this batch has padding
     with torch.no_grad():
-        logits = train.forward_logits(trainer.module, torch.from_numpy(batch.inputs))  # (B, T, V)
+        logits = trainer.module(torch.from_numpy(batch.inputs)).logits  # (B, T, V)
     labels = torch.from_numpy(batch.labels)
     vocab = logits.shape[-1]
     reference = F.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))  # ignore_index=-100
@@ -164,7 +171,7 @@ def test_checkpoint_loads_in_transformers_with_the_same_logits(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", trust_remote_code=False, use_safetensors=True)
     ids = torch.from_numpy(trainer.batch(7).inputs)
     with torch.no_grad():
-        ours = train.forward_logits(trainer.module, ids)
+        ours = trainer.module(ids).logits
         theirs = hf(ids).logits
     assert (ours - theirs).abs().max().item() < 1e-4
 
@@ -185,8 +192,8 @@ def test_checkpoint_store_keeps_at_most_its_limit(tmp_path):
 
 
 def test_bundled_init_trains_a_copy():
-    from model.catalog import resolve_path
-    from model.llama import Llama
+    from model.engine.llama import Llama
+    from model.weights.catalog import resolve_path
 
     shipped = Llama.load(resolve_path("micro")).state_dict()
     trainer = Trainer(replace(MICRO, init="bundled"))

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from model import generate
+from model.engine import generate
+from model.engine.loading import load_model, load_session_checkpoint, model_key
+from model.engine.runtime import LoadedModel
+from model.engine.sampling import SamplingSettings
+from model.engine.tokenizer import encode_chat
 from model.errors import InputError
-from model.loading import load_model, load_session_checkpoint, model_key
-from model.runtime import LoadedModel
-from model.sampling import SamplingSettings
-from model.tokenizer import encode_chat
 from ui.i18n import labels, t
 from ui.widgets import choice, md_escape, token_strip
 

@@ -1,7 +1,7 @@
 """The KV cache, owned by the caller (one per session), never by the shared model.
 
 `Cache` is what the steps and the pages use; the native KVCache below and the transformers backend's HFCache
-(model/hf.py) both provide it, and both count bytes the one way written in `LayerBytes`.
+(model/engine/hf.py) both provide it, and both count bytes the one way written in `LayerBytes`.
 """
 
 from __future__ import annotations

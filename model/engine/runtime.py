@@ -1,7 +1,7 @@
 """A loaded model as the steps see it: facts about it, its tokenizer, and one forward pass.
 
 Two backends fit behind it: the native Llama of this package (here) and any transformers causal LM
-(model/hf.py); model/loading.py picks one and loads. A LoadedModel is shared by every session and never
+(model/engine/hf.py); model/engine/loading.py picks one and loads. A LoadedModel is shared by every session and never
 changed after loading; sessions own their caches.
 """
 
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from model.cache import Cache, KVCache
-from model.catalog import settings
+from model.engine.cache import Cache, KVCache
+from model.engine.llama import Llama
+from model.engine.tokenizer import TextTokenizer
 from model.errors import InputError
-from model.llama import Llama
-from model.tokenizer import TextTokenizer
+from model.weights.catalog import settings
 
 # torch's thread count is one setting of the whole process: set per model or per call, one session's model
 # would change every other session's speed. So it is set here, once, from DECODE_LAB_CPU_THREADS, by default 1:

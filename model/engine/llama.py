@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from model.cache import KVCache
+from model.engine.cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -186,12 +187,14 @@ class Llama(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
-                n_layers: int | None = None) -> ForwardOutput:
+                n_layers: int | None = None, activation_checkpointing: bool = False) -> ForwardOutput:
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which
         saves T − 1 rows of vocab-sized logits.
         n_layers: run only the first n blocks, then the final norm and the LM head (early exit: the model's own
-        shallow part as a cheap draft for speculative decoding); the cache then needs only n layers."""
+        shallow part as a cheap draft for speculative decoding); the cache then needs only n layers.
+        activation_checkpointing (training, no cache): each block's inner activations are not kept for backward
+        but recomputed there, block by block; the outputs are the same."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
@@ -200,7 +203,10 @@ class Llama(nn.Module):
         mask = causal_mask(T, n_past, ids.device, x.dtype)
         attentions, qkv = [] if output_attentions else None, None
         for i, block in enumerate(self.model.layers[:n_layers]):
-            x, weights, layer_qkv = block(x, cos, sin, mask, cache, i)
+            if activation_checkpointing:
+                x, weights, layer_qkv = checkpoint(block, x, cos, sin, mask, cache, i, use_reentrant=False)
+            else:
+                x, weights, layer_qkv = block(x, cos, sin, mask, cache, i)
             if output_attentions:
                 attentions.append(weights)
             if i == output_qkv_layer:

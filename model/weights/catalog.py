@@ -15,8 +15,9 @@ from pathlib import Path
 
 from model.errors import InputError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = {"small": "assets/models/small", "micro": "assets/models/micro"}  # the classroom default first
+DRAFT_MODELS = {"small-draft": "assets/models/small-draft"}  # bundled, not listed: drafts for speculative decoding
 FETCHED = ("smollm2",)  # `python -m model fetch NAME` writes these into the cache folder
 LANGUAGES = {"small": "vi+en", "micro": "vi", "smollm2": "en"}  # what each listed model was trained to write
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")

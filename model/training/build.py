@@ -1,7 +1,7 @@
 """Re-create the bundled models from scratch with a fixed seed: `python -m model build micro|small|small-draft`.
 
 micro is the course's worked example (8-word vocabulary, "<bos> ăn" -> "cá", <eos>);
-small is trained on the bilingual corpus that model/corpus.py generates;
+small is trained on the bilingual corpus that model/training/corpus.py generates;
 small-draft is a one-layer model on the same corpus with the same tokenizer: small's draft for speculative decoding.
 """
 
@@ -15,13 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from model.catalog import BUNDLED, ROOT
-from model.llama import Llama, LlamaConfig
-from model.speculative import DRAFT_MODELS
-from model.tokenizer import SPECIAL_TOKENS, WordTokenizer, build_word_tokenizer
-
-MICRO_VOCAB = ["<pad>", "<bos>", "mèo", "ăn", "cá", "uống", "<eos>", "sữa"]
-MICRO_SENTENCES = ["ăn cá", "mèo ăn cá", "uống sữa", "mèo uống sữa"]
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.tokenizer import SPECIAL_TOKENS, WordTokenizer, build_word_tokenizer
+from model.training.corpus import MICRO_SENTENCES, MICRO_VOCAB
+from model.training.train import init_weights
+from model.weights.catalog import BUNDLED, DRAFT_MODELS, ROOT
 
 
 def micro_config() -> LlamaConfig:
@@ -39,14 +37,6 @@ def small_config(vocab_size: int) -> LlamaConfig:
 def small_draft_config(vocab_size: int) -> LlamaConfig:
     """small's width and heads in one layer instead of four."""
     return dataclasses.replace(small_config(vocab_size), num_hidden_layers=1)
-
-
-def init_weights(model: Llama) -> Llama:
-    """Normal(0, 0.02) like transformers' Llama: PyTorch's defaults make the first logits huge."""
-    for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            torch.nn.init.normal_(module.weight, std=0.02)
-    return model
 
 
 def encode_sentences(tokenizer, sentences: list[str], pad_id: int, eos_id: int) -> torch.Tensor:
@@ -87,7 +77,7 @@ def build_micro(folder: Path) -> None:
 
 def build_on_corpus(folder: Path, config: Callable[[int], LlamaConfig], steps: int) -> None:
     """A model trained on the bilingual corpus with its word-level tokenizer (the same for every seed-0 build)."""
-    from model.corpus import generate_corpus, vocabulary
+    from model.training.corpus import generate_corpus, vocabulary
 
     sentences = generate_corpus(seed=0)
     vocab = list(SPECIAL_TOKENS) + vocabulary(sentences)

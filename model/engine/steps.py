@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.counting import cache_bytes_formula
+from model.engine.counting import cache_bytes_formula
+from model.engine.runtime import LoadedModel, synchronize
 from model.errors import InputError
-from model.runtime import LoadedModel, synchronize
 
 
 @dataclass

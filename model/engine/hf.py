@@ -1,6 +1,6 @@
 """Any Hugging Face causal LM, step by step, behind the same interface as the native Llama.
 
-model/loading.py decides which engine runs a model (model/catalog.py: `runs_native`) and calls
+model/engine/loading.py decides which engine runs a model (model/weights/catalog.py: `runs_native`) and calls
 `load_transformers` for every causal LM that the native Llama does not run: transformers with eager attention,
 so that the attention weights exist. transformers is imported only on that path: native models never pay for it.
 Every difference between the transformers versions of pyproject's range is in the section "transformers API".
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from model.cache import LayerBytes
-from model.catalog import SAFETENSORS, Location
+from model.engine.cache import LayerBytes
+from model.engine.runtime import LoadedModel, ModelInfo
+from model.engine.tokenizer import Encoded
 from model.errors import InputError
-from model.runtime import LoadedModel, ModelInfo
-from model.tokenizer import Encoded
+from model.weights.catalog import SAFETENSORS, Location
 
 DEFAULT_CONTEXT = 2048  # for models without a position limit (ALiBi, e.g. BLOOM)
 
@@ -138,7 +138,7 @@ def new_dynamic_cache():
 # -- the session's cache, the tokenizer and the model --------------------------------------------------------
 
 class HFCache(LayerBytes):
-    """A transformers DynamicCache with the Cache interface (model/cache.py) that the steps and the pages use."""
+    """A transformers DynamicCache with the Cache interface (model/engine/cache.py) that the steps and the pages use."""
 
     def __init__(self, n_layers: int):
         self.dynamic = new_dynamic_cache()  # handed to the model's forward, which appends to it

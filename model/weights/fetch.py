@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from model.catalog import FETCHED, SOURCE_FILE, fetched_folder
 from model.errors import InputError
+from model.weights.catalog import FETCHED, SOURCE_FILE, fetched_folder
 
 log = logging.getLogger(__name__)
 

@@ -15,20 +15,20 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from model.catalog import resolve_path
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.runtime import pick_device, synchronize
+from model.engine.tokenizer import WordTokenizer
 from model.errors import InputError
-from model.llama import Llama, LlamaConfig, causal_mask
-from model.runtime import pick_device, synchronize
-from model.tokenizer import WordTokenizer
+from model.training.corpus import MICRO_SENTENCES, generate_corpus
+from model.weights.catalog import resolve_path
 
 IGNORE = -100  # the label value F.cross_entropy skips by default (its ignore_index)
 BETAS, EPS = (0.9, 0.999), 1e-8  # torch.optim.AdamW's defaults
@@ -98,12 +98,8 @@ def load_corpus(model_name: str) -> Corpus:
     micro: the course example's four Vietnamese sentences. Read-only, so one copy serves every session."""
     tokenizer = WordTokenizer.load(resolve_path(model_name))
     if model_name == "micro":
-        from model.build import MICRO_SENTENCES
-
         sentences, n_vi = list(MICRO_SENTENCES), len(MICRO_SENTENCES)
     else:
-        from model.corpus import generate_corpus
-
         sentences = generate_corpus(seed=0)
         n_vi = (len(sentences) + 1) // 2
     encoded = [tokenizer.encode(s).ids + [tokenizer.eos_id] for s in sentences]
@@ -131,22 +127,15 @@ def sample_batch(corpus: Corpus, n_rows: int, seq_len: int, pad_id: int, seed: i
     return Batch(rows, rows[:, :-1], labels, [int(i) for i in picks])
 
 
+def init_weights(model: Llama) -> Llama:
+    """Normal(0, 0.02) like transformers' Llama: PyTorch's defaults make the first logits huge."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(module.weight, std=0.02)
+    return model
+
+
 # -- 2A–2D forward, 3A loss ----------------------------------------------------------------------------------
-
-def forward_logits(module: Llama, ids: torch.Tensor, checkpointing: bool = False) -> torch.Tensor:
-    """(B, T) ids -> (B, T, vocab) logits at every position: Llama.forward without a cache, where each block
-    can run under activation checkpointing (its inner activations are recomputed in the backward pass)."""
-    T = ids.shape[1]
-    x = module.model.embed_tokens(ids)              # (B, T, hidden)
-    cos, sin = module.rope_cos[:T].to(x.dtype), module.rope_sin[:T].to(x.dtype)
-    mask = causal_mask(T, 0, ids.device, x.dtype)   # (T, T)
-    for i, block in enumerate(module.model.layers):
-        if checkpointing:
-            x = checkpoint(lambda h, block=block, i=i: block(h, cos, sin, mask, None, i)[0], x, use_reentrant=False)
-        else:
-            x = block(x, cos, sin, mask, None, i)[0]
-    return module.lm_head(module.model.norm(x))     # (B, T, vocab)
-
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy at each position, -log p(label), in float32; 0 where the label is IGNORE. (B, T)"""
@@ -286,8 +275,6 @@ class Trainer:
     def _initial_weights(self, folder: Path) -> Llama:
         if self.settings.init == "bundled":
             return Llama.load(folder).requires_grad_(True)
-        from model.build import init_weights
-
         config = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
         torch.manual_seed(self.settings.seed)
         return init_weights(Llama(config))
@@ -331,7 +318,7 @@ class Trainer:
         losses, counts = [], []
         for part_inputs, part_labels in zip(inputs.split(s.batch_size), labels.split(s.batch_size)):
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=s.bf16_autocast):
-                logits = forward_logits(self.module, part_inputs, s.activation_checkpointing)  # (B, T, vocab)
+                logits = self.module(part_inputs, activation_checkpointing=s.activation_checkpointing).logits
             per_position = token_losses(logits, part_labels)                                    # (B, T)
             (per_position.sum() / n_real).backward()
             losses.append(per_position.detach())
@@ -462,43 +449,3 @@ def measure_memory(trainer: Trainer) -> list[MemoryRun]:
         runs.append(MemoryRun(bf16, ckpt, loss, peak["Total"] - peak["PARAM"] - peak["BUFFER"], peak["ACT"],
                               float(np.median(times[1:]))))
     return runs
-
-
-# -- command line: python -m model train ------------------------------------------------------------------
-
-def run_cli(args) -> int:
-    steps = args.steps
-    settings = TrainSettings(model=args.model, init=args.init, seed=args.seed, batch_size=args.batch,
-                             seq_len=args.seq_len, lr=args.lr, clip=args.clip, warmup_steps=min(20, steps // 10),
-                             schedule_steps=steps)
-    # the matrices are tiny: one thread is faster, and the same thread count keeps the curve reproducible
-    torch.set_num_threads(1)
-    trainer = Trainer(settings, args.device, replace(limits(), max_steps=steps))
-    cfg = trainer.config
-    points = []
-    for _ in range(steps):
-        trainer.step()
-        p = trainer.history[-1]
-        points.append({"step": p.step, "loss": round(p.loss, 6), "grad_norm": round(p.grad_norm, 6),
-                       "grad_norm_clipped": round(p.grad_norm_clipped, 6), "lr": round(p.lr, 8),
-                       "ms": round(p.ms, 3)})
-        if not args.json:
-            print(f"step {p.step:5d}  loss {p.loss:.4f}  |g| {p.grad_norm:.3f} -> {p.grad_norm_clipped:.3f}  "
-                  f"lr {p.lr:.2e}  {p.ms:.1f} ms")
-    checkpoint_dir = None
-    if args.save:
-        trainer.save(args.save)
-        checkpoint_dir = str(args.save)
-    report = {
-        "model": {"name": settings.model, "init": settings.init, "n_layers": cfg.num_hidden_layers,
-                  "n_heads": cfg.num_attention_heads, "n_kv_heads": cfg.num_key_value_heads, "d_head": cfg.head_dim,
-                  "vocab_size": cfg.vocab_size, "parameters": sum(p.numel() for _, p in trainer.named_params),
-                  "dtype": "float32", "device": str(trainer.device)},
-        "settings": asdict(settings), "clip": settings.clip, "ln_vocab": trainer.ln_vocab,
-        "steps": points, "checkpoint": checkpoint_dir,
-    }
-    if args.json:
-        print(json.dumps(report, ensure_ascii=False))
-    elif checkpoint_dir:
-        print(f"saved {checkpoint_dir}")
-    return 0

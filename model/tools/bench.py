@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.catalog import resolve_path
-from model.llama import Llama, LlamaConfig
-from model.runtime import LoadedModel, NativeModel, pick_device, synchronize
-from model.steps import decode, prefill
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.runtime import LoadedModel, NativeModel, pick_device, synchronize
+from model.engine.steps import decode, prefill
+from model.weights.catalog import resolve_path
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
@@ -122,7 +122,7 @@ def native_and_transformers(folder: Path, label: str, device: torch.device) -> t
     """The same checkpoint on both engines, ids only."""
     from transformers import LlamaForCausalLM
 
-    from model.hf import HFModel
+    from model.engine.hf import HFModel
 
     native = NativeModel(label, Llama.load(folder, device), None, device)
     theirs = HFModel(label, LlamaForCausalLM.from_pretrained(folder, attn_implementation="eager").to(device).eval(),
@@ -187,7 +187,7 @@ def compare_with_generate(device: torch.device, quick: bool, tiny: bool = False)
     tiny: 2 layers, 64 wide, vocab 512, prompt 16 (a smoke test of the code path, not a measurement)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    from model.hf import HFModel
+    from model.engine.hf import HFModel
 
     torch.manual_seed(0)
     config = (GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=128, bos_token_id=0,
@@ -208,7 +208,7 @@ def compare_with_generate(device: torch.device, quick: bool, tiny: bool = False)
           f"prompt {len(prompt)}, {new_tokens} new tokens, greedy, median of {repeats}")
     print(f"{'path':<40} {'ms/token':>9}")
     print(f"{'decode step + attention capture':<40} {step_ms:>9.2f}")
-    print(f"{'model.generate':<40} {generate_ms:>9.2f}")
+    print(f"{'model.engine.generate':<40} {generate_ms:>9.2f}")
     print(f"{'ratio':<40} {step_ms / generate_ms:>9.2f}")
 
 
@@ -243,7 +243,7 @@ STEP_RATIO_GOAL = 0.8  # a native step with attention capture against transforme
 def run_model_bench(name: str, device: str = "auto", quick: bool = False) -> None:
     """One listed model (smollm2): the native engine's step against transformers' on the same weights, at a
     short and a long context, then cached against recomputed steps."""
-    from model.catalog import locate
+    from model.weights.catalog import locate
 
     dev = pick_device(device)
     location = locate(name)

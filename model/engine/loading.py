@@ -1,5 +1,5 @@
-"""Loading a model: where it is (model/catalog.py), checks before any weight is read, then the native Llama
-(model/runtime.py) or transformers (model/hf.py).
+"""Loading a model: where it is (model/weights/catalog.py), checks before any weight is read, then the native Llama
+(model/engine/runtime.py) or transformers (model/engine/hf.py).
 
 Every way loading can fail ends as an InputError, a sentence in the user's language; the details (paths,
 the library's exception) go to the server log. Checked before loading: the operator's settings, a config
@@ -17,7 +17,11 @@ from pathlib import Path
 
 import torch
 
-from model.catalog import (
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
+from model.engine.tokenizer import load_tokenizer
+from model.errors import InputError
+from model.weights.catalog import (
     SAFETENSORS,
     SOURCE_FILE,
     Location,
@@ -28,10 +32,6 @@ from model.catalog import (
     runs_native,
     settings,
 )
-from model.errors import InputError
-from model.llama import Llama, LlamaConfig
-from model.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
-from model.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def _load(location: Location, device: str) -> LoadedModel:
     config = read_config(_config_path(location), name)
     native = runs_native(location, config)
     if not native:
-        from model import hf
+        from model.engine import hf
 
         hf.check_causal_lm(location, config)
         hf.check_safetensors(location)
@@ -100,7 +100,7 @@ def _load(location: Location, device: str) -> LoadedModel:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
         return warmed_up(NativeModel(name, Llama.load(folder, dev), tokenizer, dev, language(name)))
-    from model import hf
+    from model.engine import hf
 
     return warmed_up(hf.load_transformers(location, dev, language(name)))
 
@@ -108,7 +108,7 @@ def _load(location: Location, device: str) -> LoadedModel:
 def _config_path(location: Location) -> Path:
     if location.local:
         return Path(location.where) / "config.json"
-    from model import hf
+    from model.engine import hf
 
     return hf.hub_file(location, "config.json")
 
@@ -121,7 +121,7 @@ def count_parameters(config: dict, native: bool, name: str) -> int:
             with torch.device("meta"):
                 module = Llama(LlamaConfig.from_hf_dict(config))
         else:
-            from model import hf
+            from model.engine import hf
 
             module = hf.empty_module(config)
         return sum(p.numel() for p in module.parameters())

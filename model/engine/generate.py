@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from model.cache import Cache
-from model.counting import positions_with_cache, positions_without_cache
+from model.engine.cache import Cache
+from model.engine.counting import positions_with_cache, positions_without_cache
+from model.engine.runtime import LoadedModel
+from model.engine.sampling import Draw, SamplingSettings, check_settings, draw
+from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
+from model.engine.tokenizer import Encoded, UnknownWordsError
 from model.errors import InputError
-from model.runtime import LoadedModel
-from model.sampling import Draw, SamplingSettings, check_settings, draw
-from model.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
-from model.tokenizer import Encoded, UnknownWordsError
 
 MAX_PROMPT_CHARS = 2000
+DEFAULT_NEW_TOKENS = 20  # the command line's default answer length
 # the current step's logits (resample) and the one before (Back without a re-run); the prefill's are kept as well,
 # since getting them back means running the whole prompt again, while any other step's logits cost one decode step
 LOGITS_KEPT = 2

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-from model.counting import positions_with_cache, positions_without_cache
+from model.engine.counting import positions_with_cache, positions_without_cache
+from model.engine.generate import DEFAULT_NEW_TOKENS
 
 TOP_N = 5
-DEFAULT_NEW_TOKENS = 20
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
-    from model.bench import percentile
+    from model.tools.bench import percentile
 
     return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
 
@@ -74,10 +74,10 @@ def print_table(report: dict) -> None:
 
 
 def cmd_trace(args) -> int:
-    from model.generate import check_last_step, context_room, encode_prompt, parse_prompt_ids, run_to_end, start
-    from model.loading import load_model
-    from model.sampling import SamplingSettings
-    from model.tokenizer import encode_chat
+    from model.engine.generate import check_last_step, context_room, encode_prompt, parse_prompt_ids, run_to_end, start
+    from model.engine.loading import load_model
+    from model.engine.sampling import SamplingSettings
+    from model.engine.tokenizer import encode_chat
 
     model = load_model(args.model, args.device, args.allow_download)
     if args.prompt_ids is not None:
@@ -112,26 +112,26 @@ def cmd_count(args) -> int:
 
 
 def cmd_build(args) -> int:
-    from model.build import build
+    from model.training.build import build
 
     build(args.name)
     return 0
 
 
 def cmd_train(args) -> int:
-    from model.train import run_cli
+    from model.tools.train import run_cli
 
     return run_cli(args)
 
 
 def cmd_speculate(args) -> int:
-    from model.speculative import run_cli
+    from model.tools.speculate import run_cli
 
     return run_cli(args)
 
 
 def cmd_bench(args) -> int:
-    from model.bench import run_bench, run_model_bench
+    from model.tools.bench import run_bench, run_model_bench
 
     if args.model:
         run_model_bench(args.model, args.device, args.quick)
@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_fetch(args) -> int:
-    from model.fetch import fetch
+    from model.weights.fetch import fetch
 
     fetch(args.name, force=args.force)
     return 0

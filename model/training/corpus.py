@@ -22,6 +22,10 @@ from collections.abc import Callable
 
 Builder = Callable[[random.Random], str]
 
+# the course's worked example, `micro`: 8 tokens and the four sentences it learns
+MICRO_VOCAB = ["<pad>", "<bos>", "mèo", "ăn", "cá", "uống", "<eos>", "sữa"]
+MICRO_SENTENCES = ["ăn cá", "mèo ăn cá", "uống sữa", "mèo uống sữa"]
+
 # The first prompt of each language is the app's default; every prompt starts many corpus sentences.
 EXAMPLE_PROMPTS = {
     "vi": ["con mèo", "hôm nay trời", "mẹ nấu", "em đi học", "con chó", "bữa sáng em ăn"],

@@ -1,0 +1,92 @@
+"""python -m model speculate: a speculative run as a table of rounds or one JSON object."""
+
+from __future__ import annotations
+
+import json
+
+from model.engine.generate import DEFAULT_NEW_TOKENS, context_room, encode_prompt, parse_prompt_ids
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
+from model.engine.tokenizer import encode_chat
+from model.speculative.decoding import SpeculativeRun, SpeedComparison, compare_speed, run_to_end, start
+from model.speculative.rules import expected_tokens_per_pass
+
+# -- the command line: python -m model speculate ---------------------------------------------------------------
+
+def report(run: SpeculativeRun, speed: SpeedComparison | None) -> dict:
+    """The run as one JSON-ready object. q and p are after the sampling filters (greedy: the plain softmax)."""
+    target, tok = run.target, run.target.tokenizer
+    rounds = [{
+        "index": r.index, "gamma": r.gamma,
+        "proposed": [{"id": c.id, "token": tok.token(c.id), "q": round(c.q, 6), "p": round(c.p, 6),
+                      "r": None if c.r is None else round(c.r, 6), "accepted": c.accepted} for c in r.checks],
+        "next_id": r.next_id, "next_token": None if r.next_id is None else tok.token(r.next_id),
+        "next_kind": r.next_kind, "new_ids": r.new_ids,
+        "target_cache_len": r.target_len_after, "target_cache_len_checked": r.target_len_checked,
+        "draft_cache_len": r.draft_len_after, "ms": round(r.total_ms, 3),
+    } for r in run.rounds]
+    alpha = run.alpha
+    timing = {"ms_per_token": round(run.ms_per_token, 3)}
+    if speed is not None:
+        timing.update(plain_ms_per_token=round(speed.plain_ms_per_token, 3),
+                      speculative_ms_per_token=round(speed.speculative_ms_per_token, 3),
+                      speedup=round(speed.speedup, 3), cost_ratio=speed.cost_ratio, repeats=speed.repeats,
+                      threads=speed.threads)
+    return {
+        "model": {"name": target.info.name, "n_layers": target.info.n_layers, "dtype": target.info.dtype,
+                  "device": target.info.device},
+        "draft": run.draft.name, "gamma": run.gamma,
+        "settings": {"temperature": run.settings.temperature, "top_k": run.settings.top_k,
+                     "top_p": run.settings.top_p, "seed": run.settings.seed},
+        "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids]},
+        "output": {"ids": run.new_ids, "text": tok.decode(run.new_ids), "stop_reason": run.stop_reason},
+        "counts": {"new_tokens": len(run.new_ids), "target_passes": run.target_passes,
+                   "draft_passes": run.draft_passes, "proposed": run.proposed, "accepted": run.accepted},
+        "acceptance": {"alpha": None if alpha is None else round(alpha, 6),
+                       "expected_tokens_per_pass": None if alpha is None
+                       else round(expected_tokens_per_pass(alpha, run.gamma), 6),
+                       "tokens_per_pass": round(run.tokens_per_pass, 6)},
+        "rounds": rounds,
+        "timing": timing,
+    }
+
+
+def print_rounds(rep: dict) -> None:
+    m, c, a = rep["model"], rep["counts"], rep["acceptance"]
+    print(f"target {m['name']} ({m['n_layers']} layers, {m['dtype']} on {m['device']}), draft {rep['draft']}, "
+          f"γ = {rep['gamma']}")
+    for r in rep["rounds"]:
+        verdicts = " ".join(f"{p['token']}{'✓' if p['accepted'] else '✗' if p['accepted'] is False else '·'}"
+                            for p in r["proposed"])
+        print(f"round {r['index']:>3}: {verdicts or '(no proposal)'} -> {r['next_kind']} {r['next_token'] or ''!r}  "
+              f"cache {r['target_cache_len_checked']} -> {r['target_cache_len']}  {r['ms']:.2f} ms")
+    print(f"output {rep['output']['text']!r} stop: {rep['output']['stop_reason']}")
+    print(f"{c['new_tokens']} tokens in {c['target_passes']} target passes ({c['draft_passes']} draft passes); "
+          f"accepted {c['accepted']} of {c['proposed']} proposed; α = {a['alpha']}, "
+          f"tokens per pass {a['tokens_per_pass']} (expected {a['expected_tokens_per_pass']})")
+    t = rep["timing"]
+    if "speedup" in t:
+        print(f"ms per token: plain {t['plain_ms_per_token']}, speculative {t['speculative_ms_per_token']} "
+              f"(×{t['speedup']}; median of {t['repeats']}, {m['device']}, {m['dtype']}, {t['threads']} threads)")
+
+
+def run_cli(args) -> int:
+    target = load_model(args.model, args.device)
+    if args.prompt_ids is not None:
+        ids = parse_prompt_ids(target, args.prompt_ids)
+    elif args.chat is not None:
+        ids = encode_chat(target, args.chat).ids
+    else:
+        ids = encode_prompt(target, args.prompt).ids
+    settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
+    max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(target, len(ids))) if args.max_new_tokens is None
+                      else args.max_new_tokens)
+    run = start(target, args.draft, ids, args.gamma, settings, max_new_tokens)
+    run_to_end(run)
+    speed = compare_speed(target, args.draft, ids, args.gamma, settings, max_new_tokens) if args.compare else None
+    rep = report(run, speed)
+    if args.json:
+        print(json.dumps(rep, ensure_ascii=False))
+    else:
+        print_rounds(rep)
+    return 0
