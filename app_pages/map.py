@@ -4,14 +4,15 @@ import streamlit as st
 
 from ui.i18n import lang, t
 from ui.map_view import BAND_CHOICES, band_choice_label, load_cells, map_html, map_labels
+from ui.state import keep_across_pages
 
+keep_across_pages({"map_band": "all", "map_hide_overlay": False})
 st.header(t("map.map_title"))
 
 band = st.segmented_control(
     t("map.filter"),
     BAND_CHOICES,
     key="map_band",
-    default="all",
     required=True,
     format_func=band_choice_label(t),
     label_visibility="collapsed",

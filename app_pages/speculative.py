@@ -8,6 +8,7 @@ import streamlit as st
 from model.speculative import decoding, drafts, rules
 from ui.i18n import labels, t
 from ui.session import (
+    LiveStrip,
     callback_error_here,
     encoded_prompt,
     guarded,
@@ -17,17 +18,18 @@ from ui.session import (
     sampling_controls,
     sampling_settings,
 )
+from ui.state import keep_across_pages
 from ui.widgets import choice, md_escape, token_strip
 
 PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
-                 "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None}
+                 "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None, "spec_run_to_end_requested": False,
+                 "spec_running": False}
 ROUND_CSS = """<style>
 .tok.spec-accepted{background:#d3f9d8;border-color:#2b8a3e}
 .tok.spec-target{background:#ffe8cc;border-color:#e8590c;font-weight:700}
 </style>"""
 
-for key, value in PAGE_DEFAULTS.items():  # the session's own values survive a visit to another page
-    st.session_state[key] = st.session_state.get(key, value)
+keep_across_pages(PAGE_DEFAULTS)
 
 model = page_start("speculative")
 info, tok = model.info, model.tokenizer
@@ -58,10 +60,29 @@ def next_round() -> None:
     guarded_in_callback(lambda: decoding.next_round(run))
 
 
-def run_to_end() -> None:
-    run = st.session_state.spec_run
-    run.settings = sampling_settings()
-    guarded_in_callback(lambda: decoding.run_to_end(run))
+def request_run_to_end() -> None:
+    """The rounds run in a whole-page run below the buttons, where a click on Stop (or any button) ends it."""
+    st.session_state.spec_run.settings = sampling_settings()
+    st.session_state.spec_run_to_end_requested = True
+
+
+def rounds_to_the_end(run: decoding.SpeculativeRun) -> None:
+    st.session_state.spec_running = True
+    live = LiveStrip(t("speculative.running"))
+    while guarded(lambda: decoding.next_round(run)) is not None:
+        live.show(*run_strip(run), done=len(run.new_ids) / run.max_new_tokens, last=run.stop_reason is not None)
+    live.clear()
+    st.session_state.spec_running = False
+
+
+def run_strip(run: decoding.SpeculativeRun) -> tuple[list[str], list[int], list[str]]:
+    """Tokens, ids and chip kinds: the prompt, earlier rounds' tokens, then the last round's kept proposals and
+    the target's own token."""
+    last = run.rounds[-1]
+    before = len(run.ids) - len(last.new_ids)
+    kinds = [""] * len(run.prompt_ids) + ["new"] * (before - len(run.prompt_ids))
+    kinds += ["spec-accepted"] * last.accepted + ["spec-target"] * (len(last.new_ids) - last.accepted)
+    return [tok.token(i) for i in run.ids], run.ids, kinds
 
 
 def reset() -> None:
@@ -110,16 +131,22 @@ finished = run.stop_reason is not None
 b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
           disabled=finished, width="stretch", on_click=next_round)
 b3.button(t("speculative.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
-          width="stretch", on_click=run_to_end)
+          width="stretch", on_click=request_run_to_end)
 b4.button(t("speculative.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
+if st.session_state.spec_running:  # the last Run to end was stopped by a click between two rounds
+    st.session_state.spec_running = False
+    if not finished:
+            st.info(t("speculative.run_stopped", rounds=len(run.rounds), tokens=len(run.new_ids)))
+if st.session_state.spec_run_to_end_requested:
+    st.session_state.spec_run_to_end_requested = False
+    st.button(t("decode.stop"), key="spec_stop", type="primary", icon=":material/stop:")
+    rounds_to_the_end(run)
+    st.rerun()
 
 # -- the sequence: earlier rounds, then this round's kept proposals and the target's own token -------------------
 last = run.rounds[-1]
-before = len(run.ids) - len(last.new_ids)
-kinds = [""] * len(run.prompt_ids) + ["new"] * (before - len(run.prompt_ids))
-kinds += ["spec-accepted"] * last.accepted + ["spec-target"] * (len(last.new_ids) - last.accepted)
 st.html(ROUND_CSS)
-token_strip([tok.token(i) for i in run.ids], run.ids, kinds)
+token_strip(*run_strip(run))
 st.caption(t("speculative.strip_legend"))
 
 # -- this round ------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from model.training.train import IGNORE, CheckpointStore, Trainer, TrainSettings
 from ui import charts
 from ui.i18n import labels, t
 from ui.session import guarded, shared_model
-from ui.state import default_prompt
+from ui.state import default_prompt, keep_across_pages
 from ui.widgets import choice, md_escape, table_html, token_strip
 
 BOUND = limits()
@@ -26,7 +26,8 @@ WIDGETS = {"train_seed": DEFAULTS.seed, "train_batch": DEFAULTS.batch_size, "tra
            "train_schedule": DEFAULTS.schedule_steps, "train_clip": DEFAULTS.clip,
            "train_wd": DEFAULTS.weight_decay, "train_bf16": False, "train_ckpt": False, "train_n": 50,
            "train_row": 0, "train_trainer": None, "train_store": None, "session_checkpoints": {},
-           "train_memory": None, "train_running": None, "train_files": None, "train_compare": None}
+           "checkpoint_bases": {}, "train_memory": None, "train_running": None, "train_files": None,
+           "train_compare": None, "train_compare_ckpt": None, "train_prompt": None}
 LR_CHOICES = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 SHOWN_ROWS = 16   # rows of the probability grid
 PREVIEW_LINES = 6
@@ -53,7 +54,7 @@ def session_trainer(settings: TrainSettings) -> Trainer | None:
     """This session's trainer: a new one after Reset or a change of model, init or seed; otherwise the same
     one, with the hyper-parameters of the widgets from its next step on."""
     trainer = st.session_state.train_trainer
-    if trainer is None:
+    if trainer is None or trainer.identity != settings.identity:
         trainer = guarded(lambda: Trainer(settings, st.session_state.device))
         st.session_state.train_trainer = trainer
     elif settings != trainer.settings and guarded(lambda: trainer.update_settings(settings)) is None:
@@ -85,9 +86,7 @@ def token_label(tok: WordTokenizer, token_id: int) -> str:
     return "—" if token_id == IGNORE else tok.token(int(token_id))
 
 
-for key, value in WIDGETS.items():
-    # Streamlit forgets a widget's value on pages where it is not drawn: the session keeps its own copy
-    st.session_state[key] = st.session_state.get(key, value)
+keep_across_pages(WIDGETS)
 
 st.title(t("train.title"))
 st.caption(t("train.intro"))
@@ -116,24 +115,33 @@ trainer = session_trainer(settings_from_widgets())
 if trainer is None:
     st.stop()
 if st.session_state.train_running is not None:  # a Run of N steps stopped by a click on another button
-    first, asked = st.session_state.train_running
-    st.info(t("train.run_stopped", done=trainer.steps_done - first, asked=asked))
+    ran_on, first, asked = st.session_state.train_running
+    if ran_on is trainer:
+        st.info(t("train.run_stopped", done=trainer.steps_done - first, asked=asked))
+    else:  # Reset, or a new architecture, init or seed, during the run: its steps went with the old trainer
+        st.info(t("train.run_reset", asked=asked))
     st.session_state.train_running = None
 
 left_steps = BOUND.max_steps - trainer.steps_done
+asked_steps = int(st.session_state.train_n)
+run_steps = min(asked_steps, left_steps)
 b1, b2, b3, b4, _ = st.columns([1.1, 1, 1.3, 1, 1.6], vertical_alignment="bottom")
 one = b1.button(t("train.one_step"), key="train_one", type="primary", icon=":material/skip_next:",
                 disabled=left_steps < 1, width="stretch")
 b2.number_input(t("train.n_steps"), 1, 500, key="train_n")
-run = b3.button(t("train.run_n", n=int(st.session_state.train_n)), key="train_run", icon=":material/fast_forward:",
-                disabled=left_steps < 1, width="stretch")
+run = b3.button(t("train.run_n", n=run_steps if left_steps else asked_steps), key="train_run",
+                icon=":material/fast_forward:", disabled=left_steps < 1, width="stretch")
 b4.button(t("train.reset"), key="train_reset", icon=":material/restart_alt:", on_click=reset, width="stretch")
+if left_steps < 1:
+    st.info(t("error.train_step_limit", steps=BOUND.max_steps))
+elif run_steps < asked_steps:
+    st.caption(t("train.run_capped", left=left_steps, most=BOUND.max_steps, asked=asked_steps))
 
 if one:
     guarded(trainer.step)
 if run:
-    n = min(int(st.session_state.train_n), left_steps)
-    st.session_state.train_running = (trainer.steps_done, n)
+    n = run_steps
+    st.session_state.train_running = (trainer, trainer.steps_done, n)
     st.button(t("train.cancel"), key="train_cancel", icon=":material/stop:")  # any click stops the loop below
     bar = st.progress(0.0)
     live = st.empty()
@@ -267,10 +275,11 @@ if st.button(t("train.save"), key="train_save", icon=":material/save:"):
     if st.session_state.train_store is None:
         st.session_state.train_store = CheckpointStore(BOUND.max_checkpoints)
     store = st.session_state.train_store
-    saved = guarded(lambda: store.save(trainer))
+    saved = guarded(lambda: store.save(trainer, in_use=st.session_state.model_name))
     if saved is not None:
         st.session_state.train_files = saved
         st.session_state.session_checkpoints = {name: str(path) for name, path in store.saved.items()}
+        st.session_state.checkpoint_bases = {name: store.bases[name] for name in store.saved}
         st.rerun()  # the sidebar, drawn before this page, lists the new checkpoint on the next run
 if st.session_state.train_files is not None:
     name, files = st.session_state.train_files
@@ -287,7 +296,8 @@ else:
     st.caption(t("train.load_hint"))
     if st.session_state.get("train_compare_ckpt") not in checkpoints:
         st.session_state.train_compare_ckpt = list(checkpoints)[-1]
-    st.session_state.setdefault("train_prompt", default_prompt(s.model))
+    if st.session_state.train_prompt is None:
+        st.session_state.train_prompt = default_prompt(s.model)
     l1, l2, l3 = st.columns([2, 2, 1], vertical_alignment="bottom")
     l1.selectbox(t("train.checkpoint"), list(checkpoints), key="train_compare_ckpt")
     l2.text_input(t("train.prompt"), key="train_prompt", max_chars=500)

@@ -11,5 +11,9 @@ class InputError(ValueError):
         self.details = details
         super().__init__(self.message("en"))
 
+    def details_in(self, lang: str) -> dict:
+        """The details, a detail named `x_text` (a text key, such as a setting's label) said as `x` in `lang`."""
+        return {k.removesuffix("_text"): text(v, lang) if k.endswith("_text") else v for k, v in self.details.items()}
+
     def message(self, lang: str) -> str:
-        return text("error." + self.code, lang).format(**self.details)
+        return text("error." + self.code, lang).format(**self.details_in(lang))

@@ -201,7 +201,7 @@ def test_bad_settings_are_refused_before_any_state(micro, settings, code):
 
 
 def test_bad_requests(micro):
-    for prompt, max_new, code in (([1], 5, "empty_prompt"), ([1] + [3] * 16, 1, "prompt_too_long"),
+    for prompt, max_new, code in (([1], 5, "only_start_token"), ([1] + [3] * 16, 1, "prompt_too_long"),
                                   ([1, 3], 16, "max_new_tokens")):
         with pytest.raises(InputError) as bad:
             start(micro, prompt, GREEDY, max_new)

@@ -472,3 +472,17 @@ def test_every_popover_fits_a_projector_screen_without_scrolling(app_server, bro
         page.keyboard.press("Escape")
         pop.wait_for(state="hidden")
     assert too_tall == []
+
+
+def test_the_band_filter_and_the_overlay_toggle_survive_a_visit_to_another_page():
+    from apptest import open_app
+
+    at = open_app("app_pages/map.py", lang="en")
+    at.toggle(key="map_hide_overlay").set_value(True).run()
+    at.button_group(key="map_band").set_value("3 Learning from error").run()  # AppTest sets it by its label
+    at.switch_page("app_pages/cache.py")
+    at.run()
+    at.switch_page("app_pages/map.py")
+    at.run()
+    assert not at.exception
+    assert at.session_state["map_band"] == "3" and at.toggle(key="map_hide_overlay").value is True

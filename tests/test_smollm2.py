@@ -266,3 +266,9 @@ def test_browser_run_to_end_grows_the_strip_and_stops_at_a_click(app_server, bro
     page.locator(".st-key-next button").click()
     page.wait_for_function(f"document.querySelectorAll('.tok').length === {stopped_at + 1}", timeout=60_000)
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+@needs_model
+def test_a_prompt_of_only_the_start_token_is_said_as_such(capsys):
+    assert cli.main(["trace", "--model", "smollm2", "--prompt", "<|im_start|>"]) == 2
+    assert capsys.readouterr().err.strip() == text("error.only_start_token", "en").format(token="<|im_start|>")

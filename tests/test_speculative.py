@@ -282,3 +282,11 @@ def test_cli_json(small, capsys):
         assert r["target_cache_len"] == prompt_len + produced - 1
         assert all(p["r"] is None for p in r["proposed"])  # greedy
         assert set(r["proposed"][0]) == {"id", "token", "q", "p", "r", "accepted"}
+
+
+def test_cli_lists_the_unknown_words_as_trace_does(capsys):
+    assert main(["speculate", "--prompt", "the zebra eats", "--draft", "lookup", "--max-new-tokens", "3",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt"]["unknown"] == ["zebra"]
+    assert main(["speculate", "--prompt", "the zebra eats", "--draft", "lookup", "--max-new-tokens", "3"]) == 0
+    assert "unknown words, read as <unk>: zebra" in capsys.readouterr().out

@@ -2,9 +2,13 @@
 headless Chromium (screenshots at 1280×720 and 1440×900, vi and en)."""
 
 
+import re
+
 import pytest
 from apptest import APP, click, element_order, open_app
+from conftest import wait_idle
 from streamlit.testing.v1 import AppTest
+from test_smollm2 import needs_model
 
 from model.engine import generate
 from model.engine.loading import load_model
@@ -153,3 +157,97 @@ def test_browser_rounds(app_server, browser_page, artifacts, lang, size):
     assert page.locator("[data-testid='stException']").count() == 0
     page.set_viewport_size({"width": size[0], "height": 2600})  # the app scrolls inside: a tall window shows it all
     page.screenshot(path=str(artifacts / f"speculative-{lang}-{size[0]}-tall.png"))
+
+
+def test_gamma_k_and_the_run_survive_a_visit_to_another_page():
+    at = open_page("en", gamma=7)
+    at.selectbox(key="spec_draft.en").set_value("early-exit").run()
+    at.number_input(key="spec_exit_layers").set_value(3).run()
+    click(at, "spec_start")
+    run = at.session_state["spec_run"]
+    assert run.gamma == 7 and run.draft.name == "early-exit:3"
+    at.switch_page("app_pages/decode.py")
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception and not at.error
+    assert at.slider(key="spec_gamma").value == 7 and at.number_input(key="spec_exit_layers").value == 3
+    assert at.session_state["spec_run"] is run
+    click(at, "spec_start")  # a new run starts from the settings shown
+    again = at.session_state["spec_run"]
+    assert again is not run and again.gamma == 7 and again.draft.name == "early-exit:3"
+
+
+def test_a_run_to_end_stopped_between_two_rounds_is_said_and_goes_on():
+    at = click(open_page("en", gamma=1), "spec_start")
+    run = at.session_state["spec_run"]
+    at.session_state["spec_running"] = True  # what a click on Stop leaves behind: the loop did not reach its end
+    at.run()
+    assert any("Stopped after round 1 (" in i.value for i in at.info)
+    click(at, "spec_next")
+    assert len(run.rounds) == 2 and not any("Stopped after" in i.value for i in at.info)
+
+
+@pytest.mark.browser
+def test_browser_gamma_and_k_survive_a_visit_and_the_next_start_uses_them(app_server, browser_page):
+    page = browser_page
+    page.goto(f"{app_server}/speculative?lang=en")
+    page.locator("[class*='st-key-spec_draft'] [data-testid='stSelectbox']").click(timeout=90_000)
+    page.get_by_role("option", name=re.compile("early exit", re.IGNORECASE)).click()
+    k = page.locator(".st-key-spec_exit_layers input")
+    k.fill("3")
+    k.press("Enter")
+    wait_idle(page)
+    page.locator(".st-key-spec_gamma input[type='range']").focus()
+    for _ in range(3):  # 4 -> 7
+        page.keyboard.press("ArrowRight")
+    wait_idle(page)
+    page.get_by_role("button", name="Start (round 1)").click()
+    page.get_by_text(re.compile(r"Round 1: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
+    page.locator("[data-testid='stSidebarNav']").get_by_role("link", name="Decode").click()
+    page.get_by_role("button", name="Run prefill").wait_for(timeout=90_000)
+    page.locator("[data-testid='stSidebarNav']").get_by_role("link", name="Speculative decoding").click()
+    page.get_by_text(re.compile(r"Round 1: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
+    assert page.locator(".st-key-spec_gamma input[type='range']").input_value() == "7"
+    assert k.input_value() == "3"
+    page.get_by_role("button", name="Next round").click()
+    page.get_by_text(re.compile(r"Round 2: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+@pytest.mark.browser
+@needs_model
+def test_browser_run_to_end_redraws_and_stops_at_a_click(app_server, browser_page):
+    """SmolLM2 counting, its first 20 layers as the draft, 300 new tokens: tens of seconds of rounds. The strip grows
+    while it runs, Stop ends it between two rounds, and Next round goes on from there."""
+    page = browser_page
+    page.goto(f"{app_server}/speculative?lang=en")
+    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    page.get_by_text(text("prompt.chat_label", "en")).wait_for(timeout=180_000)
+    wait_idle(page, timeout_ms=180_000)
+    page.locator("[class*='st-key-spec_draft'] [data-testid='stSelectbox']").click()
+    page.get_by_role("option", name=re.compile("early exit", re.IGNORECASE)).click()
+    wait_idle(page)
+    page.locator("[class*='st-key-prompt_mode'] button").get_by_text("text", exact=True).click()
+    box = page.get_by_label(text("prompt.label", "en"), exact=True)
+    box.fill("1, 2, 3, 4, 5, 6, 7,")  # a count goes on for hundreds of tokens: no end of sequence soon
+    box.press("Enter")
+    wait_idle(page)
+    limit = page.locator(".st-key-max_new_tokens input").first
+    limit.fill("300")
+    limit.press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name="Start (round 1)").click()
+    page.get_by_role("button", name="Run to end").click(timeout=180_000)
+    page.locator(".st-key-spec_stop button").wait_for(timeout=60_000)
+    first = page.locator(".tok").count()
+    page.wait_for_function(f"document.querySelectorAll('.tok').length > {first}", timeout=60_000)  # it redraws
+    page.locator(".st-key-spec_stop button").click()
+    stopped = page.get_by_text(re.compile(r"Stopped after round \d+ \(\d+ new tokens\)")).first
+    stopped.wait_for(timeout=30_000)
+    tokens = int(re.search(r"\((\d+) new tokens\)", stopped.inner_text()).group(1))
+    assert tokens < 300 and page.locator(".st-key-spec_stop").count() == 0
+    page.get_by_role("button", name="Next round").click()
+    page.get_by_text(re.compile(r"Round \d+:")).first.wait_for()
+    assert page.locator("[data-testid='stException']").count() == 0

@@ -3,6 +3,7 @@
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,7 +185,7 @@ def test_checkpoint_store_keeps_at_most_its_limit(tmp_path):
         trainer.step()
         name, _ = store.save(trainer)
         folders.append(store.saved[name])
-    assert list(store.saved) == ["micro-random-seed0-step2", "micro-random-seed0-step3"]
+    assert list(store.saved) == ["ckpt2-micro-random-seed0-step2", "ckpt3-micro-random-seed0-step3"]
     assert not folders[0].exists() and folders[2].is_dir()
     root = store.root
     del store
@@ -223,7 +224,37 @@ def test_step_limit_and_bad_settings_are_input_errors():
     assert limit.value.code == "train_step_limit"
     with pytest.raises(InputError) as bad:
         Trainer(replace(MICRO, seq_len=40))  # micro's context holds 16 positions
-    assert bad.value.code == "train_settings" and "1–16" in bad.value.message("en")
+    assert bad.value.code == "train_setting"
+    assert bad.value.message("en") == "Sequence length must be between 1 and 16; the value given is 40."
+    assert bad.value.message("vi") == "Độ dài chuỗi phải nằm trong khoảng 1–16; giá trị đã cho là 40."
+
+
+def test_a_save_at_the_same_step_after_reset_gets_its_own_name_and_the_one_in_use_stays():
+    store = CheckpointStore(limit=2)
+    first, _ = store.save(trainer_after(MICRO, 1))
+    second, _ = store.save(trainer_after(replace(MICRO, lr=1e-2), 1))  # Reset, another learning rate, step 1 again
+    assert first != second and store.saved[first].is_dir() and store.saved[second].is_dir()
+    third, _ = store.save(trainer_after(MICRO, 2), in_use=first)  # the sidebar runs the first: the second goes
+    assert list(store.saved) == [first, third]
+
+
+def trainer_after(settings: TrainSettings, steps: int) -> Trainer:
+    trainer = Trainer(settings)
+    for _ in range(steps):
+        trainer.step()
+    return trainer
+
+
+def test_a_loss_that_is_not_finite_refuses_the_step_and_keeps_the_weights(monkeypatch):
+    trainer = trainer_after(MICRO, 1)
+    before = {k: v.clone() for k, v in trainer.module.state_dict().items()}
+    monkeypatch.setattr(train, "token_losses", lambda logits, labels: logits[..., 0] * float("inf"))
+    with pytest.raises(InputError) as blown:
+        trainer.step()
+    assert blown.value.code == "train_not_finite" and blown.value.details["step"] == 2
+    assert "Step 2 was not applied" in blown.value.message("en")
+    assert trainer.steps_done == 1 and len(trainer.history) == 1
+    assert all(torch.equal(v, trainer.module.state_dict()[k]) for k, v in before.items())
 
 
 def cli_curve(capsys, *args) -> dict:
@@ -244,3 +275,60 @@ def test_cli_same_seed_same_curve(capsys, tmp_path):
     assert first["model"]["vocab_size"] == 525 and first["model"]["n_kv_heads"] == 2
     saved = cli_curve(capsys, "--model", "micro", "--steps", "2", "--save", str(tmp_path / "m"))
     assert saved["checkpoint"] == str(tmp_path / "m") and (tmp_path / "m" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(("args", "setting"), [
+    (["--seed", "-1"], "Seed"), (["--seed", "99999999999999999999"], "Seed"), (["--lr", "inf"], "Learning rate"),
+    (["--lr", "1e300"], "Learning rate"), (["--lr", "1e6", "--clip", "100"], "Learning rate"),
+    (["--lr", "nan"], "Learning rate"), (["--clip", "0"], "Clip"), (["--steps", "0"], "Steps"),
+    (["--steps", "-1"], "Steps"), (["--batch", "0"], "Batch"), (["--seq-len", "99"], "Sequence length"),
+])
+def test_cli_bad_settings_name_the_setting_before_any_step(capsys, args, setting):
+    assert main(["train", "--model", "micro", "--steps", "3", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and out.err.startswith(setting), out.err
+
+
+@pytest.mark.parametrize("case", ["empty", "file", "not_empty", "unwritable"])
+def test_cli_a_bad_save_target_is_said_before_training_and_nothing_is_written(capsys, tmp_path, case):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    target = {"empty": "", "file": str(tmp_path / "a-file"), "not_empty": str(tmp_path / "full"),
+              "unwritable": "/proc/decode-lab/ck"}[case]
+    assert main(["train", "--model", "micro", "--steps", "2", "--save", target]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1 and "--save" in out.err, out.err  # no step line printed
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a-file", "full", "notes.txt"]
+    assert not Path("/proc/decode-lab").exists()
+
+
+def test_cli_overwrite_replaces_the_checkpoint_files_of_a_folder(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    saved = cli_curve(capsys, "--model", "micro", "--steps", "2", "--save", str(tmp_path), "--overwrite")
+    assert saved["checkpoint"] == str(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors", "notes.txt",
+                                                         "tokenizer.json"]
+
+
+def test_cli_a_loss_that_blows_up_stops_with_a_sentence_and_valid_json(capsys, monkeypatch, tmp_path):
+    real = train.token_losses
+    calls = []
+
+    def blows_up_at_the_third_step(logits, labels):
+        calls.append(1)
+        return real(logits, labels) * (float("nan") if len(calls) >= 3 else 1.0)
+
+    monkeypatch.setattr(train, "token_losses", blows_up_at_the_third_step)
+    assert main(["train", "--model", "micro", "--steps", "5", "--json", "--save", str(tmp_path / "ck")]) == 1
+    out = capsys.readouterr()
+
+    def no_nan(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    report = json.loads(out.out, parse_constant=no_nan)
+    assert [s["step"] for s in report["steps"]] == [1, 2]
+    assert report["stop_reason"] == "not_finite" and report["checkpoint"] is None
+    assert report["error"].startswith("Step 3 was not applied")
+    assert out.err.startswith("Step 3 was not applied") and "Nothing was saved" in out.err
+    assert not (tmp_path / "ck").exists()

@@ -77,12 +77,12 @@ def test_save_checkpoint_records_it_for_the_session_and_compares_greedy_answers(
     click(at, "train_run")
     click(at, "train_save")
     checkpoints = at.session_state["session_checkpoints"]
-    assert list(checkpoints) == ["micro-random-seed0-step3"]
-    folder = Path(checkpoints["micro-random-seed0-step3"])
+    assert list(checkpoints) == ["ckpt1-micro-random-seed0-step3"]
+    folder = Path(checkpoints["ckpt1-micro-random-seed0-step3"])
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
     click(at, "train_compare_run")
     (bundled, bundled_text), (saved, _) = at.session_state["train_compare"]
-    assert (bundled, saved) == ("micro", "micro-random-seed0-step3")
+    assert (bundled, saved) == ("micro", "ckpt1-micro-random-seed0-step3")
     assert bundled_text == "cá"  # the course example: greedy on "ăn" answers "cá", then <eos>
 
 
@@ -97,7 +97,7 @@ def test_bad_settings_are_a_sentence():
     at = open_train("en")
     at.number_input(key="train_seq_len").set_value(30).run()  # micro's context holds 16 positions
     assert not at.exception
-    assert at.error and "sequence length 1–16" in at.error[0].value
+    assert at.error and "Sequence length must be between 1 and 16" in at.error[0].value
 
 
 @pytest.mark.browser
@@ -141,9 +141,97 @@ def test_a_saved_checkpoint_is_a_sidebar_model_that_the_decode_page_runs():
     at.selectbox(key="model_name.vi").set_value(name).run()
     at.switch_page("app_pages/decode.py")
     at.run()
-    at.session_state["prompt_mode"] = "ids"
-    at.run()
+    assert at.session_state["prompt_mode"] == "ids"  # a micro checkpoint starts as micro does: its ids [1, 3]
     click(at, "run_prefill")
     gen = at.session_state["generation"]
     assert at.session_state["generation_for"][0] == name and gen.prompt_ids == [1, 3]
     assert gen.cache.length == 2
+
+
+def visit_decode_and_come_back(at: AppTest) -> AppTest:
+    at.switch_page("app_pages/decode.py")
+    at.run()
+    assert not at.exception, at.exception
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_settings_and_the_run_survive_a_visit_to_another_page():
+    at = open_train("en")
+    for key, value in (("train_seed", 5), ("train_batch", 3), ("train_clip", 0.3), ("train_n", 7)):
+        at.number_input(key=key).set_value(value).run()
+    trainer = click(click(at, "train_one"), "train_one").session_state["train_trainer"]
+    visit_decode_and_come_back(at)
+    assert not at.error, [e.value for e in at.error]
+    assert [at.number_input(key=k).value for k in ("train_seed", "train_batch", "train_clip", "train_n")] == \
+        [5, 3, 0.3, 7]
+    assert at.session_state["train_trainer"] is trainer and trainer.steps_done == 2
+    click(at, "train_one")
+    assert trainer.steps_done == 3 and len(trainer.last.batch.sentence_ids) == 3 and trainer.last.clip == 0.3
+
+
+def test_reset_during_a_run_of_n_steps_says_the_run_is_gone():
+    at = click(open_train("en"), "train_one")
+    old = at.session_state["train_trainer"]
+    at.session_state["train_running"] = (old, 1, 300)  # what a Run of 300 steps leaves when a click stops it
+    click(at, "train_reset")
+    said = " ".join(i.value for i in at.info)
+    assert "The run of 300 steps stopped because you pressed Reset" in said and "Stopped after" not in said
+    assert at.session_state["train_trainer"] is not old and at.session_state["train_trainer"].steps_done == 0
+
+
+def test_the_step_limit_is_said_and_a_run_of_n_says_it_runs_fewer(monkeypatch):
+    monkeypatch.setenv("DECODE_LAB_TRAIN_MAX_STEPS", "7")
+    at = click(open_train("en"), "train_one")
+    at.number_input(key="train_n").set_value(50).run()
+    assert at.button(key="train_run").label == "Run 6 steps"
+    assert any("has 6 steps left before its limit of 7" in c.value for c in at.caption)
+    click(at, "train_run")
+    assert at.session_state["train_trainer"].steps_done == 7
+    assert at.button(key="train_one").disabled and at.button(key="train_run").disabled
+    assert any("press Reset to train again" in i.value for i in at.info)
+
+
+def test_saves_at_the_same_step_are_two_checkpoints_and_the_one_in_use_is_kept(monkeypatch):
+    monkeypatch.setenv("DECODE_LAB_TRAIN_MAX_CHECKPOINTS", "2")
+    at = click(click(open_train("en"), "train_one"), "train_save")
+    first = next(iter(at.session_state["session_checkpoints"]))
+    at.selectbox(key="model_name.en").set_value(first).run()  # the sidebar runs the first checkpoint
+    for _ in range(3):  # Reset and save at step 1 again, three times: the limit is 2
+        click(at, "train_reset")
+        click(click(at, "train_one"), "train_save")
+    names = list(at.session_state["session_checkpoints"])
+    assert len(names) == 2 and names[0] == first and at.session_state["model_name"] == first
+    assert len({Path(p).name for p in at.session_state["session_checkpoints"].values()}) == 2
+
+
+def sidebar_to(page_, title: str) -> None:
+    page_.locator("[data-testid='stSidebarNav']").get_by_role("link", name=title).click()
+
+
+@pytest.mark.browser
+def test_browser_settings_and_run_survive_a_visit_with_a_non_default_seed(app_server, browser_page):
+    """Issue 28: seed 5, batch 3, two steps, Decode in the sidebar, back to Train: the same run goes on."""
+    page_ = browser_page
+    page_.goto(f"{app_server}/train?lang=en")
+    for label, value in (("Seed", "5"), ("Batch (rows)", "3")):
+        box = page_.get_by_label(label, exact=True)
+        box.fill(value)
+        box.press("Enter")
+        wait_idle(page_)
+    for done in (1, 2):
+        page_.get_by_role("button", name="One step").click()
+        page_.get_by_text(f"Steps done: {done} ").wait_for(timeout=90_000)
+    sidebar_to(page_, "Decode")
+    page_.get_by_role("button", name="Run prefill").wait_for(timeout=90_000)
+    sidebar_to(page_, "Train")
+    page_.get_by_text("Steps done: 2 ").wait_for(timeout=90_000)
+    assert page_.get_by_label("Seed", exact=True).input_value() == "5"
+    assert page_.get_by_label("Batch (rows)", exact=True).input_value() == "3"
+    page_.get_by_role("button", name="One step").click()
+    page_.get_by_text("Steps done: 3 ").wait_for(timeout=90_000)
+    page_.get_by_text("This step's batch holds 3 sentences", exact=False).first.wait_for()
+    assert page_.locator("[data-testid='stException']").count() == 0
+    assert page_.get_by_text("Something unexpected went wrong").count() == 0

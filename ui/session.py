@@ -16,7 +16,7 @@ from model.engine.runtime import LoadedModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
-from ui.i18n import labels, t
+from ui.i18n import labels, lang, t
 from ui.widgets import choice, md_escape, token_strip
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def sidebar_model() -> LoadedModel:
 
 def error_sentence(bad: InputError) -> str:
     """The error in the user's language, with whatever the user typed escaped for markdown."""
-    return t("error." + bad.code, **{k: md_escape(str(v)) for k, v in bad.details.items()})
+    return t("error." + bad.code, **{k: md_escape(str(v)) for k, v in bad.details_in(lang()).items()})
 
 
 def page_start(page: str) -> LoadedModel:
@@ -295,22 +295,32 @@ def strip_tokens(model: LoadedModel, gen: generate.Generation) -> tuple[list[str
     return [model.tokenizer.token(i) for i in ids], ids, kinds
 
 
+class LiveStrip:
+    """The token strip and a progress bar of a whole-page run that steps to the end, redrawn at most every
+    RUN_REDRAW_S: in such a run a click on a widget outside any fragment stops the script between two steps."""
+
+    def __init__(self, text: str):
+        self.text, self.last_drawn = text, 0.0
+        self.strip, self.bar = st.empty(), st.progress(0.0, text=text)
+
+    def show(self, tokens: list[str], ids: list[int], kinds: list[str], done: float, last: bool = False) -> None:
+        if last or time.monotonic() - self.last_drawn >= RUN_REDRAW_S:
+            with self.strip.container():
+                token_strip(tokens, ids, kinds)
+            self.bar.progress(min(1.0, done), text=self.text)
+            self.last_drawn = time.monotonic()
+
+    def clear(self) -> None:
+        self.strip.empty()
+        self.bar.empty()
+
+
 def run_to_end(model: LoadedModel, gen: generate.Generation) -> None:
-    """Step to a stop condition, redrawing the growing strip. Called in a whole-page run: a click on a widget outside
-    any fragment then stops the script between two steps (mark_cancelled_run records it as a cancel)."""
+    """Step to a stop condition, redrawing the growing strip; a click that stops the script between two steps is
+    recorded as a cancel by mark_cancelled_run."""
     st.session_state.running = True
-    strip, bar = st.empty(), st.progress(0.0, text=t("decode.running"))
-    last_drawn = 0.0
-
-    def redraw(g: generate.Generation) -> None:
-        nonlocal last_drawn
-        if time.monotonic() - last_drawn >= RUN_REDRAW_S or g.finished:
-            with strip.container():
-                token_strip(*strip_tokens(model, g))
-            bar.progress(min(1.0, len(g.samples) / g.max_new_tokens), text=t("decode.running"))
-            last_drawn = time.monotonic()
-
-    guarded(lambda: generate.run_to_end(model, gen, on_step=redraw))
-    strip.empty()
-    bar.empty()
+    live = LiveStrip(t("decode.running"))
+    guarded(lambda: generate.run_to_end(model, gen, on_step=lambda g: live.show(
+        *strip_tokens(model, g), done=len(g.samples) / g.max_new_tokens, last=g.finished)))
+    live.clear()
     st.session_state.running = False

@@ -28,22 +28,36 @@ def default_prompt(model_name: str) -> str:
     return DEFAULT_PROMPTS.get(model_name, DEFAULT_PROMPTS["other"])[lang()]
 
 
+def trained_from(model_name: str) -> str:
+    """The bundled model a Train checkpoint of this session was trained from (its tokenizer), else the name."""
+    return st.session_state.get("checkpoint_bases", {}).get(model_name, model_name)
+
+
 def on_model_change() -> None:
     """A new model starts from its own example prompt and mode, unless the user typed a prompt of their own."""
     s = st.session_state
     examples = {p for prompts in DEFAULT_PROMPTS.values() for p in prompts.values()}
     if not s.prompt_text.strip() or s.prompt_text in examples:
-        s.prompt_text = default_prompt(s.model_name)
-    s.prompt_mode = PROMPT_MODES.get(s.model_name, "text")
+        s.prompt_text = default_prompt(trained_from(s.model_name))
+    s.prompt_mode = PROMPT_MODES.get(trained_from(s.model_name), "text")
+
+
+def keep_across_pages(page_defaults: dict) -> None:
+    """A page's own keys: their defaults the first time, then kept by init_state in every run of every page."""
+    for key, value in page_defaults.items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+    st.session_state.kept_keys = st.session_state.get("kept_keys", frozenset()) | page_defaults.keys()
 
 
 def init_state() -> None:
     for key, value in DEFAULTS.items():
         if key not in st.session_state:
             st.session_state[key] = value
-        else:
-            # Streamlit forgets a widget's value on a page where the widget is not drawn; re-assigning
-            # makes the value the session's own, so it survives page changes.
+    # Streamlit forgets a widget's value at the end of a run that did not draw the widget (another page's run);
+    # re-assigning it in every run makes the value the session's own, so it survives page changes.
+    for key in DEFAULTS.keys() | st.session_state.get("kept_keys", frozenset()):
+        if key in st.session_state:
             st.session_state[key] = st.session_state[key]
     if "prompt_text" not in st.session_state:
         st.session_state.prompt_text = default_prompt(st.session_state.model_name)

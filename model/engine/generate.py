@@ -129,8 +129,10 @@ def check_settings_or_refuse(settings: SamplingSettings) -> None:
 def check_request(model: LoadedModel, prompt_ids: list[int], settings: SamplingSettings, max_new_tokens: int):
     """Raise InputError for anything the model cannot run, before touching any state."""
     context = model.info.context_length
-    if len(prompt_ids) == 0 or prompt_ids == [model.tokenizer.bos_id]:
+    if len(prompt_ids) == 0:
         raise InputError("empty_prompt")
+    if prompt_ids == [model.tokenizer.bos_id]:
+        raise InputError("only_start_token", token=model.tokenizer.token(prompt_ids[0]))
     if len(prompt_ids) >= context:
         raise InputError("prompt_too_long", n=len(prompt_ids), context=context)
     check_settings_or_refuse(settings)

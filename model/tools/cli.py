@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train micro or small step by step, print the loss curve")
     tr.add_argument("--model", default="small", choices=["small", "micro"])
     tr.add_argument("--init", default="random", choices=["random", "bundled"])
-    tr.add_argument("--steps", type=int, default=200)
+    tr.add_argument("--steps", type=int, default=200, help="optimizer steps, 1 to 10,000")
     tr.add_argument("--batch", type=int, default=16, help="rows per batch")
     tr.add_argument("--seq-len", type=int, default=16, help="input positions per row")
     tr.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine)")
@@ -196,6 +196,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     tr.add_argument("--save", default=None, help="write the checkpoint (Hugging Face Llama layout) to this folder")
+    tr.add_argument("--overwrite", action="store_true", help="with --save: replace the checkpoint files of a folder "
+                    "that is not empty")
     tr.add_argument("--json", action="store_true", help="one JSON object instead of one line per step")
     tr.set_defaults(run=cmd_train)
 

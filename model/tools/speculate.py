@@ -13,7 +13,7 @@ from model.speculative.rules import expected_tokens_per_pass
 
 # -- the command line: python -m model speculate ---------------------------------------------------------------
 
-def report(run: SpeculativeRun, speed: SpeedComparison | None) -> dict:
+def report(run: SpeculativeRun, speed: SpeedComparison | None, unknown: list[str]) -> dict:
     """The run as one JSON-ready object. q and p are after the sampling filters (greedy: the plain softmax)."""
     target, tok = run.target, run.target.tokenizer
     rounds = [{
@@ -38,7 +38,7 @@ def report(run: SpeculativeRun, speed: SpeedComparison | None) -> dict:
         "draft": run.draft.name, "gamma": run.gamma,
         "settings": {"temperature": run.settings.temperature, "top_k": run.settings.top_k,
                      "top_p": run.settings.top_p, "seed": run.settings.seed},
-        "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids]},
+        "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids], "unknown": unknown},
         "output": {"ids": run.new_ids, "text": tok.decode(run.new_ids), "stop_reason": run.stop_reason},
         "counts": {"new_tokens": len(run.new_ids), "target_passes": run.target_passes,
                    "draft_passes": run.draft_passes, "proposed": run.proposed, "accepted": run.accepted},
@@ -55,6 +55,8 @@ def print_rounds(rep: dict) -> None:
     m, c, a = rep["model"], rep["counts"], rep["acceptance"]
     print(f"target {m['name']} ({m['n_layers']} layers, {m['dtype']} on {m['device']}), draft {rep['draft']}, "
           f"γ = {rep['gamma']}")
+    if rep["prompt"]["unknown"]:
+        print(f"unknown words, read as <unk>: {', '.join(rep['prompt']['unknown'])}")
     for r in rep["rounds"]:
         verdicts = " ".join(f"{p['token']}{'✓' if p['accepted'] else '✗' if p['accepted'] is False else '·'}"
                             for p in r["proposed"])
@@ -72,19 +74,21 @@ def print_rounds(rep: dict) -> None:
 
 def run_cli(args) -> int:
     target = load_model(args.model, args.device)
+    unknown = []
     if args.prompt_ids is not None:
         ids = parse_prompt_ids(target, args.prompt_ids)
     elif args.chat is not None:
         ids = encode_chat(target, args.chat).ids
     else:
-        ids = encode_prompt(target, args.prompt).ids
+        encoded = encode_prompt(target, args.prompt)
+        ids, unknown = encoded.ids, encoded.unknown
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(target, len(ids))) if args.max_new_tokens is None
                       else args.max_new_tokens)
     run = start(target, args.draft, ids, args.gamma, settings, max_new_tokens)
     run_to_end(run)
     speed = compare_speed(target, args.draft, ids, args.gamma, settings, max_new_tokens) if args.compare else None
-    rep = report(run, speed)
+    rep = report(run, speed, unknown)
     if args.json:
         print(json.dumps(rep, ensure_ascii=False))
     else:

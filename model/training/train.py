@@ -54,6 +54,12 @@ def limits() -> Limits:
     return Limits(_env_int("DECODE_LAB_TRAIN_MAX_STEPS", 2000), _env_int("DECODE_LAB_TRAIN_MAX_CHECKPOINTS", 3))
 
 
+MAX_SEED = 2**31 - 1
+MAX_STEPS = 10_000     # warm-up and schedule lengths, and the steps of one command
+MAX_LR = 1.0           # a peak learning rate above this only blows the weights up
+MAX_CLIP = 100.0
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     model: str = "small"           # "small" | "micro": the architecture, its tokenizer and its corpus
@@ -71,14 +77,27 @@ class TrainSettings:
     bf16_autocast: bool = False
     activation_checkpointing: bool = False
 
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        """What the initial weights and the batches come from: a change of any of them needs a new Trainer."""
+        return self.model, self.init, self.seed
+
     def check(self, context_length: int, bound: Limits) -> None:
-        """InputError naming the allowed ranges when a value is outside them."""
-        longest = min(bound.max_seq_len, context_length)
-        if not (self.model in ("small", "micro") and self.init in ("random", "bundled")
-                and 1 <= self.batch_size <= bound.max_batch and 1 <= self.accum_steps <= bound.max_accum
-                and 1 <= self.seq_len <= longest and self.lr > 0 and self.clip > 0 and self.weight_decay >= 0
-                and self.warmup_steps >= 0 and self.schedule_steps >= 1 and 0 <= self.min_lr_ratio <= 1):
-            raise InputError("train_settings", batch=bound.max_batch, accum=bound.max_accum, seq=longest)
+        """InputError naming the first setting outside its range, the range and the value given (NaN and
+        infinities are outside every range)."""
+        if self.model not in ("small", "micro") or self.init not in ("random", "bundled"):
+            raise InputError("train_model", model=self.model, init=self.init)
+        closed = {"seed": (self.seed, 0, MAX_SEED), "batch": (self.batch_size, 1, bound.max_batch),
+                  "seq_len": (self.seq_len, 1, min(bound.max_seq_len, context_length)),
+                  "accum": (self.accum_steps, 1, bound.max_accum), "warmup": (self.warmup_steps, 0, MAX_STEPS),
+                  "schedule": (self.schedule_steps, 1, MAX_STEPS), "wd": (self.weight_decay, 0, 1),
+                  "min_lr_ratio": (self.min_lr_ratio, 0, 1)}
+        for name, (value, low, high) in closed.items():
+            if not low <= value <= high:
+                raise InputError("train_setting", setting_text="train." + name, low=low, high=high, value=value)
+        for name, value, high in (("lr", self.lr, MAX_LR), ("clip", self.clip, MAX_CLIP)):
+            if not 0 < value <= high:
+                raise InputError("train_setting_positive", setting_text="train." + name, high=high, value=value)
 
 
 # -- 1A corpus, 1B tokenizer, 1C batches ---------------------------------------------------------------------
@@ -260,10 +279,13 @@ class Trainer:
         """bound: the server's limits() unless given (the command line sets its own)."""
         self.settings, self.limits = settings, bound or limits()
         self.device = pick_device(device)
+        if settings.model not in ("small", "micro"):
+            raise InputError("train_model", model=settings.model, init=settings.init)
         folder = resolve_path(settings.model)
+        config = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+        settings.check(config.max_position_embeddings, self.limits)  # before any weight is made
         self.tokenizer = WordTokenizer.load(folder)
-        self.module = self._initial_weights(folder).to(self.device).train()
-        settings.check(self.module.config.max_position_embeddings, self.limits)
+        self.module = self._initial_weights(folder, config).to(self.device).train()
         self.corpus = load_corpus(settings.model)
         self.named_params = list(self.module.named_parameters())  # the tied LM head appears once, as embed_tokens
         self.optimizer = AdamW(self.named_params, settings.weight_decay)
@@ -272,16 +294,19 @@ class Trainer:
         self.history: list[HistoryPoint] = []
         self.last: StepReport | None = None
 
-    def _initial_weights(self, folder: Path) -> Llama:
+    def _initial_weights(self, folder: Path, config: LlamaConfig) -> Llama:
         if self.settings.init == "bundled":
             return Llama.load(folder).requires_grad_(True)
-        config = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
         torch.manual_seed(self.settings.seed)
         return init_weights(Llama(config))
 
     @property
     def steps_done(self) -> int:
         return self.optimizer.t
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        return self.settings.identity
 
     @property
     def config(self) -> LlamaConfig:
@@ -294,8 +319,7 @@ class Trainer:
 
     def update_settings(self, settings: TrainSettings) -> TrainSettings:
         """Hyper-parameters change from the next step on; model, init and seed need a new Trainer."""
-        assert (settings.model, settings.init, settings.seed) == (self.settings.model, self.settings.init,
-                                                                  self.settings.seed)
+        assert settings.identity == self.identity
         settings.check(self.config.max_position_embeddings, self.limits)
         self.settings = settings
         self.optimizer.weight_decay = settings.weight_decay
@@ -341,6 +365,11 @@ class Trainer:
             raise InputError("train_out_of_memory", device=str(self.device)) from None
         params = [p for _, p in self.named_params]
         group_norms = [float(global_norm([p.grad for p in ps])) for ps in self.group_params]
+        loss = float(per_position.sum() / (labels != IGNORE).sum())
+        if not math.isfinite(loss) or not all(map(math.isfinite, group_norms)):
+            # an update from it would make every weight NaN: refuse the step, the weights stay as they were
+            self.module.zero_grad(set_to_none=True)
+            raise InputError("train_not_finite", step=index + 1, loss=loss, lr=f"{lr:.2e}")
         before, after = clip_gradients(params, s.clip)
         old = [p.detach().clone() for p in params]
         self.optimizer.step(lr)
@@ -356,7 +385,7 @@ class Trainer:
         report = StepReport(
             step=self.steps_done, batch=batch, micro_batch=s.batch_size,
             logits_shape=(s.batch_size, s.seq_len, self.config.vocab_size),
-            token_loss=token_loss, prob_right=np.exp(-token_loss), loss=float(loss_np.sum() / real.sum()),
+            token_loss=token_loss, prob_right=np.exp(-token_loss), loss=loss,
             micro_losses=[float(loss_np[r].sum() / max(1, c)) for r, c in zip(micro_rows, counts)],
             micro_tokens=counts, groups=self.groups, group_grad_norms=group_norms, grad_norm=before,
             grad_norm_clipped=after, clip=s.clip, lr=lr, weight_decay=s.weight_decay,
@@ -386,17 +415,22 @@ class CheckpointStore:
         self.limit = limit
         self.root = Path(tempfile.mkdtemp(prefix="decode-lab-train-"))
         self.saved: dict[str, Path] = {}
+        self.bases: dict[str, str] = {}  # name -> the bundled model it was trained from (its architecture)
+        self.saves = 0
         weakref.finalize(self, shutil.rmtree, str(self.root), True)
 
-    def save(self, trainer: Trainer) -> tuple[str, list[tuple[str, int]]]:
+    def save(self, trainer: Trainer, in_use: str | None = None) -> tuple[str, list[tuple[str, int]]]:
+        """Save under a name no earlier save of this store had (a loaded checkpoint is always the one on disk);
+        past the limit the oldest goes, except `in_use`, the one the session is running."""
         s = trainer.settings
-        name = f"{s.model}-{s.init}-seed{s.seed}-step{trainer.steps_done}"
+        self.saves += 1
+        name = f"ckpt{self.saves}-{s.model}-{s.init}-seed{s.seed}-step{trainer.steps_done}"
         folder = self.root / name
         files = trainer.save(folder)
-        self.saved.pop(name, None)
-        self.saved[name] = folder
-        while len(self.saved) > self.limit:
-            shutil.rmtree(self.saved.pop(next(iter(self.saved))), ignore_errors=True)
+        self.saved[name], self.bases[name] = folder, s.model
+        evictable = [n for n in self.saved if n not in (name, in_use)]  # oldest first
+        while len(self.saved) > self.limit and evictable:
+            shutil.rmtree(self.saved.pop(evictable.pop(0)), ignore_errors=True)
         return name, files
 
 
