@@ -299,10 +299,14 @@ class SpeculativeRun:
         return sum(r.accepted for r in self.rounds)
 
     @property
+    def judged(self) -> int:
+        """Proposals the target looked at: those after a rejection were dropped unjudged."""
+        return sum(r.judged for r in self.rounds)
+
+    @property
     def alpha(self) -> float | None:
-        """Acceptance rate: proposals kept / proposals judged (those after a rejection were never judged)."""
-        judged = sum(r.judged for r in self.rounds)
-        return self.accepted / judged if judged else None
+        """Acceptance rate: proposals kept / proposals judged."""
+        return self.accepted / self.judged if self.judged else None
 
     @property
     def tokens_per_pass(self) -> float | None:
@@ -536,7 +540,8 @@ def report(run: SpeculativeRun, speed: SpeedComparison | None) -> dict:
         "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids]},
         "output": {"ids": run.new_ids, "text": tok.decode(run.new_ids), "stop_reason": run.stop_reason},
         "counts": {"new_tokens": len(run.new_ids), "target_passes": run.target_passes,
-                   "draft_passes": run.draft_passes, "proposed": run.proposed, "accepted": run.accepted},
+                   "draft_passes": run.draft_passes, "proposed": run.proposed, "judged": run.judged,
+                   "accepted": run.accepted},
         "acceptance": {"alpha": None if alpha is None else round(alpha, 6),
                        "expected_tokens_per_pass": None if alpha is None
                        else round(expected_tokens_per_pass(alpha, run.gamma), 6),
@@ -557,7 +562,7 @@ def print_rounds(rep: dict) -> None:
               f"cache {r['target_cache_len_checked']} -> {r['target_cache_len']}  {r['ms']:.2f} ms")
     print(f"output {rep['output']['text']!r} stop: {rep['output']['stop_reason']}")
     print(f"{c['new_tokens']} tokens in {c['target_passes']} target passes ({c['draft_passes']} draft passes); "
-          f"accepted {c['accepted']} of {c['proposed']} proposed; α = {a['alpha']}, "
+          f"accepted {c['accepted']} of {c['judged']} judged ({c['proposed']} proposed); α = {a['alpha']}, "
           f"tokens per pass {a['tokens_per_pass']} (expected {a['expected_tokens_per_pass']})")
     t = rep["timing"]
     if "speedup" in t:
