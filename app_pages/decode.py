@@ -142,7 +142,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
                      [[i, s.cache_len, number(s.cache_bytes), number(s.cache_bytes_formula),
                        number(s.cache_bytes_reserved)] for i, s in latest])
         + paragraph_html(t("decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,
-                           b=info.bytes_per_element, per_position=per_position), "dl-caption"))
+                           b=info.bytes_per_element, per_position=number(per_position),
+                           positions=number(trace.cache_len), total=number(trace.cache_bytes_formula)), "dl-caption"))
 
     if st.session_state.check_each_step:
         check = generate.check_last_step(model, gen)

@@ -89,6 +89,25 @@ def reset() -> None:
     st.session_state.spec_run, st.session_state.spec_speed = None, None
 
 
+CROP_BY_KIND = {"resampled": "rejected", "corrected": "rejected", "bonus": "all_kept", "target": "no_proposal",
+                "eos": "eos"}
+
+
+def cache_note(r: decoding.Round) -> str:
+    """What the round's crop removed from the target's cache, then what each cache holds: prompt lookup keeps no
+    cache; the draft's lags the target's after a round that kept every proposal or made none."""
+    crop = t("speculative.crop_" + CROP_BY_KIND[r.next_kind], dropped=r.target_len_checked - r.target_len_after)
+    if r.draft_len_after is None:
+        held = t("speculative.cache_target_only")
+    elif r.draft_len_after == r.target_len_after:
+        held = t("speculative.cache_both")
+    elif r.next_kind == "bonus":
+        held = t("speculative.cache_draft_lacks_last")
+    else:
+        held = t("speculative.cache_draft_not_fed", behind=r.target_len_after - r.draft_len_after)
+    return f"{crop} {held}"
+
+
 # -- settings: draft, γ, prompt, sampling -----------------------------------------------------------------------
 draft_names = [d.split(":")[0] for d in drafts.draft_choices(model)]
 if st.session_state.spec_exit_for != info.name:  # each model starts from its own suggested K
@@ -173,7 +192,7 @@ with left:
         st.markdown(t("speculative.next_eos"))
     else:
         st.markdown(t("speculative.next_" + last.next_kind, token=md_escape(tok.token(last.next_id)),
-                      id=last.next_id, n=last.accepted, gamma=last.gamma))
+                      id=last.next_id, n=last.accepted, proposed=len(last.checks)))
     if last.residual_top:
         st.caption(t("speculative.residual_caption"))
         st.dataframe([{t("speculative.col_token"): tok.token(x), t("speculative.col_p"): round(p, 4),
@@ -187,7 +206,7 @@ with right:
     st.dataframe([{t("speculative.col_cache"): t("speculative." + stage), t("speculative.target_cache"): target_len}
                   | ({t("speculative.draft_cache"): draft_len} if has_draft_cache else {})
                   for stage, target_len, draft_len in stages], hide_index=True, width="stretch")
-    st.caption(t("speculative.cache_note", dropped=last.target_len_checked - last.target_len_after))
+    st.caption(cache_note(last))
     st.caption(t("speculative.round_ms", draft=f"{last.draft_ms:.1f}", target=f"{last.target_ms:.1f}",
                  total=f"{last.total_ms:.1f}", passes=last.draft_passes))
 
@@ -199,7 +218,7 @@ m1.metric(t("speculative.tokens"), len(run.new_ids))
 m2.metric(t("speculative.target_passes"), run.target_passes, help=t("speculative.target_passes_help"))
 m3.metric(t("speculative.draft_passes"), run.draft_passes)
 m4.metric(t("speculative.alpha"), "—" if alpha is None else f"{alpha:.2f}",
-          help=t("speculative.alpha_help", accepted=run.accepted, proposed=run.proposed))
+          help=t("speculative.alpha_help", accepted=run.accepted, judged=run.judged, proposed=run.proposed))
 m5.metric(t("speculative.per_pass"), f"{run.tokens_per_pass:.2f}",
           delta=None if alpha is None else t("speculative.expected",
                                                 value=f"{rules.expected_tokens_per_pass(alpha, run.gamma):.2f}"),

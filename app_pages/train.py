@@ -82,6 +82,11 @@ def greedy_side_by_side(trainer: Trainer, name: str, folder: str, prompt: str) -
     return answers
 
 
+def group_name(kind: str, layer: int | None, tied: bool) -> str:
+    """A parameter group's row label; the embedding's says it is the LM head too only when the two are tied."""
+    return t("train.group_embed_tied" if kind == "embed" and tied else "train.group_" + kind, layer=layer)
+
+
 def token_label(tok: WordTokenizer, token_id: int) -> str:
     return "—" if token_id == IGNORE else tok.token(int(token_id))
 
@@ -227,10 +232,11 @@ st.html(table_html([t("train.position"), t("train.input_tokens"), t("train.label
                    [[i, tok.token(int(batch.inputs[row, i])), tok.token(int(batch.labels[row, i])),
                      f"{report.prob_right[row, i]:.4f}", f"{report.token_loss[row, i]:.4f}"]
                     for i in real_positions]))
-st.markdown(t("train.loss_explain", real=n_real, loss=f"{report.loss:.4f}", ln_v=f"{trainer.ln_vocab:.4f}", v=V))
+st.markdown(t("train.loss_explain_" + trainer.settings.init, real=n_real, loss=f"{report.loss:.4f}",
+              ln_v=f"{trainer.ln_vocab:.4f}", v=V))
 
 st.subheader(t("train.h_3b"), anchor="cell-3b")
-group_names = [t("train.group_" + kind, layer=layer) for kind, layer in report.groups]
+group_names = [group_name(kind, layer, cfg.tie_word_embeddings) for kind, layer in report.groups]
 table_height = 36 * (len(group_names) + 1) + 3  # every group visible without scrolling
 st.dataframe({t("train.group"): group_names, t("train.grad_norm"): report.group_grad_norms}, hide_index=True,
              height=table_height,

@@ -80,6 +80,50 @@ def test_early_exit_and_lookup_drafts():
     assert run.stop_reason == "eos" and len(run.rounds) == 1
 
 
+def test_a_draft_that_proposes_fewer_than_gamma_is_counted_by_what_it_proposed():
+    """Lookup copies the 5 tokens that followed "the cat" though γ = 8: the target keeps 3, rejects the 4th and
+    never judges the 5th. The verdict divides by the 5 proposed, α by the 4 judged."""
+    at = click(open_page("en", prompt="the cat eats fish . the cat", draft="lookup", gamma=8), "spec_start")
+    run = at.session_state["spec_run"]
+    assert (run.gamma, run.proposed, run.judged, run.accepted) == (8, 5, 4, 3)
+    assert any(m.value.startswith("3/5 proposals kept; ") for m in at.markdown)
+    alpha = next(m for m in at.metric if m.label == "acceptance rate α")
+    assert alpha.value == "0.75"
+    assert alpha.proto.help.endswith(": 3 kept of 4 judged, out of 5 proposed.")
+
+
+@pytest.mark.parametrize(("prompt", "draft", "gamma", "kind", "crop", "held"), [
+    ("bố đi làm", "small-draft", 3, "bonus", "crop_all_kept", "cache_draft_lacks_last"),
+    ("my mother cooks", "small-draft", 4, "corrected", "crop_rejected", "cache_both"),
+    ("a year has", "small-draft", 4, "eos", "crop_eos", "cache_both"),
+    ("the cat eats fish . the cat", "lookup", 8, "corrected", "crop_rejected", "cache_target_only"),
+])
+def test_the_cache_note_says_what_each_cache_holds_after_the_round(prompt, draft, gamma, kind, crop, held):
+    """After a round that keeps all γ the draft's cache lacks its own last proposal too (7 target positions,
+    6 draft); after a rejection both hold every token but the newest; prompt lookup keeps no cache."""
+    at = click(open_page("en", prompt=prompt, draft=draft, gamma=gamma), "spec_start")
+    first = at.session_state["spec_run"].rounds[0]
+    assert first.next_kind == kind
+    if held == "cache_draft_lacks_last":
+        assert (first.target_len_after, first.draft_len_after) == (7, 6)
+    elif held == "cache_both":
+        assert first.draft_len_after == first.target_len_after
+    note = (text("speculative." + crop, "en").format(dropped=first.target_len_checked - first.target_len_after)
+            + " " + text("speculative." + held, "en"))
+    assert note in [c.value for c in at.caption]
+
+
+def test_a_round_without_proposal_leaves_the_draft_cache_behind():
+    """Five new tokens at most: round 1 yields 4, so round 2 has room for no proposal; the draft is fed nothing."""
+    at = open_app(PAGE, TIMEOUT, lang="en", model_name="small", device="cpu", prompt_mode="text",
+                  prompt_text="my mother cooks", spec_draft="small-draft", spec_gamma=4, max_new_tokens=5)
+    click(click(at, "spec_start"), "spec_next")
+    last = at.session_state["spec_run"].rounds[-1]
+    assert (last.next_kind, last.target_len_after, last.draft_len_after) == ("target", 8, 7)
+    assert (text("speculative.crop_no_proposal", "en") + " "
+            + text("speculative.cache_draft_not_fed", "en").format(behind=1)) in [c.value for c in at.caption]
+
+
 def test_sampled_round_shows_r_and_the_resampling_distribution():
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     for key, value in {"lang": "en", "model_name": "small", "device": "cpu", "prompt_mode": "text",

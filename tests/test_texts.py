@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from model.texts import LANGUAGES, strings
+from model.training.train import load_corpus
 from ui.map_view import PARTS, load_cells
 from ui.widgets import token_strip_html
 
@@ -140,6 +141,17 @@ def test_vietnamese_wording_of_the_cells():
     assert "Dùng softmax đổi logits thành" in cell("3A")["vi"]["does"]
     # "nạp" is the app's word for loading weights: a token is "đưa vào"
     assert not any("nạp token" in c["vi"][p] for c in load_cells() for p in CELL_PARTS)
+
+
+def test_cell_1a_says_what_this_app_s_corpus_is():
+    """Neither deduplicated nor split: the numbers come from the corpus itself."""
+    sentences = load_corpus("small").sentences
+    counts = Counter(sentences)
+    assert (len(sentences), len(counts), max(counts.values())) == (6000, 889, 40)
+    vi, en = cell("1A")["vi"], cell("1A")["en"]
+    assert "6,000 sentences of small's corpus hold only 889 distinct ones, one of them repeated 40 times" in en["does"]
+    assert "6.000 câu của corpus small chỉ có 889 câu khác nhau, một câu lặp lại 40 lần" in vi["does"]
+    assert "This app keeps no validation part" in en["outputs"] and "App này không tách phần kiểm định" in vi["outputs"]
 
 
 def test_flash_page_calls_a_tile_a_tile():

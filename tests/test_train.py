@@ -14,6 +14,7 @@ from model.errors import InputError
 from model.tools.cli import main
 from model.training import train
 from model.training.train import IGNORE, CheckpointStore, Trainer, TrainSettings
+from ui.map_view import load_cells
 
 MICRO = TrainSettings(model="micro", seed=0, batch_size=4, seq_len=4)
 SMALL = TrainSettings(model="small", seed=0, batch_size=6, seq_len=10)
@@ -214,6 +215,11 @@ def test_checkpointing_and_bfloat16_measured_side_by_side():
     assert ckpt.activation_bytes < fp32.activation_bytes
     assert bf16.activation_bytes < fp32.activation_bytes
     assert all(p.grad is None for _, p in trainer.named_params) and trainer.steps_done == 0
+    # the figure cell 4A cites: autocast keeps norms, softmax, the loss and the residual stream in float32
+    mib = [f"{r.activation_bytes / 2**20:.2f}" for r in (fp32, bf16)]
+    share = f"−{1 - bf16.activation_bytes / fp32.activation_bytes:.0%}".replace("%", " %")
+    assert f"{mib[0]} → {mib[1]} MiB ({share})" == "12.17 → 10.01 MiB (−18 %)"
+    assert "12.17 → 10.01 MiB (−18 %)" in next(c for c in load_cells() if c["id"] == "4A")["en"]["does"]
 
 
 def test_step_limit_and_bad_settings_are_input_errors():

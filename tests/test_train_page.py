@@ -93,6 +93,29 @@ def test_memory_measure_shows_both_savers():
     assert at.session_state["train_trainer"].steps_done == 1  # measuring trains nothing
 
 
+@pytest.mark.parametrize(("model", "embedding", "lm_head"), [
+    ("small", "embedding (shared with the LM head)", False),  # tie_word_embeddings: true
+    ("micro", "embedding", True),                             # false: the LM head is a group of its own
+])
+def test_the_embedding_is_called_the_lm_head_only_when_the_two_are_tied(model, embedding, lm_head):
+    at = click(open_train("en", model), "train_one")
+    assert at.session_state["train_trainer"].config.tie_word_embeddings is not lm_head
+    for table in (at.dataframe[0], at.dataframe[1]):  # 3B's gradient norms, 3D's update ratios
+        groups = list(table.value["Parameter group"])
+        assert groups[0] == embedding and ("LM head" in groups) is lm_head
+
+
+@pytest.mark.parametrize("init", ["random", "bundled"])
+def test_the_first_loss_is_said_to_be_near_ln_v_only_from_random_weights(init):
+    at = click(open_app(PAGE, TIMEOUT, lang="en", device="cpu", train_model="micro", train_init=init), "train_one")
+    trainer = at.session_state["train_trainer"]
+    (explain,) = [m.value for m in at.markdown if m.value.startswith("Loss = the mean of −ln p(label)")]
+    assert ("the first loss is close to ln V" in explain) is (init == "random")
+    assert ("well below ln V" in explain) is (init == "bundled")
+    if init == "bundled":  # micro's bundled weights: 0.41 against ln 8 = 2.08
+        assert trainer.last.loss < trainer.ln_vocab / 2
+
+
 def test_bad_settings_are_a_sentence():
     at = open_train("en")
     at.number_input(key="train_seq_len").set_value(30).run()  # micro's context holds 16 positions

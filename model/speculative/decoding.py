@@ -127,10 +127,14 @@ class SpeculativeRun:
         return sum(r.accepted for r in self.rounds)
 
     @property
+    def judged(self) -> int:
+        """Proposals the target looked at: those after a rejection were dropped unjudged."""
+        return sum(r.judged for r in self.rounds)
+
+    @property
     def alpha(self) -> float | None:
-        """Acceptance rate: proposals kept / proposals judged (those after a rejection were never judged)."""
-        judged = sum(r.judged for r in self.rounds)
-        return self.accepted / judged if judged else None
+        """Acceptance rate: proposals kept / proposals judged."""
+        return self.accepted / self.judged if self.judged else None
 
     @property
     def tokens_per_pass(self) -> float | None:

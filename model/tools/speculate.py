@@ -41,7 +41,8 @@ def report(run: SpeculativeRun, speed: SpeedComparison | None, unknown: list[str
         "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids], "unknown": unknown},
         "output": {"ids": run.new_ids, "text": tok.decode(run.new_ids), "stop_reason": run.stop_reason},
         "counts": {"new_tokens": len(run.new_ids), "target_passes": run.target_passes,
-                   "draft_passes": run.draft_passes, "proposed": run.proposed, "accepted": run.accepted},
+                   "draft_passes": run.draft_passes, "proposed": run.proposed, "judged": run.judged,
+                   "accepted": run.accepted},
         "acceptance": {"alpha": None if alpha is None else round(alpha, 6),
                        "expected_tokens_per_pass": None if alpha is None
                        else round(expected_tokens_per_pass(alpha, run.gamma), 6),
@@ -64,7 +65,7 @@ def print_rounds(rep: dict) -> None:
               f"cache {r['target_cache_len_checked']} -> {r['target_cache_len']}  {r['ms']:.2f} ms")
     print(f"output {rep['output']['text']!r} stop: {rep['output']['stop_reason']}")
     print(f"{c['new_tokens']} tokens in {c['target_passes']} target passes ({c['draft_passes']} draft passes); "
-          f"accepted {c['accepted']} of {c['proposed']} proposed; α = {a['alpha']}, "
+          f"accepted {c['accepted']} of {c['judged']} judged ({c['proposed']} proposed); α = {a['alpha']}, "
           f"tokens per pass {a['tokens_per_pass']} (expected {a['expected_tokens_per_pass']})")
     t = rep["timing"]
     if "speedup" in t:
