@@ -246,3 +246,18 @@ def test_fetched_models_are_listed_only_once_converted(monkeypatch, tmp_path):
     (tmp_path / "smollm2").mkdir()
     (tmp_path / "smollm2" / "config.json").write_text("{}")
     assert catalog.list_models() == ["small", "micro", "smollm2"]
+
+
+def test_the_command_line_is_the_operator_and_opens_a_folder_without_the_servers_lock(tmp_path, capsys, monkeypatch):
+    """What `train --save` just wrote, `trace --model DIR` runs; a web visitor still gets the list only."""
+    from model.tools.cli import main
+
+    monkeypatch.delenv("DECODE_LAB_ALLOW_PATHS", raising=False)
+    folder = str(tmp_path / "my-checkpoint")
+    assert main(["train", "--model", "micro", "--steps", "2", "--save", folder]) == 0
+    capsys.readouterr()
+    assert main(["trace", "--model", folder, "--prompt-ids", "1,3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt"]["ids"] == [1, 3]
+    with pytest.raises(InputError) as locked:
+        load_model(folder, "cpu")
+    assert locked.value.code == "path_not_allowed"

@@ -47,11 +47,12 @@ def model_key(name: str, device: str = "auto") -> tuple[str, str]:
     return name, pick_device(device).type
 
 
-def load_model(name: str = "small", device: str = "auto", allow_download: bool = False) -> LoadedModel:
+def load_model(name: str = "small", device: str = "auto", allow_download: bool = False,
+               operator: bool = False) -> LoadedModel:
     """A listed name, a model folder, or a Hugging Face Hub id (a download only when the operator allows it and
-    `allow_download` asks for it). Llama checkpoints the native model can run load there, the rest in
-    transformers."""
-    return _load_reporting_failures(lambda: locate(name, allow_download), name, device)
+    `allow_download` asks for it; operator: the command line, see catalog.locate). Llama checkpoints the native
+    model can run load there, the rest in transformers."""
+    return _load_reporting_failures(lambda: locate(name, allow_download, operator), name, device)
 
 
 def load_session_checkpoint(name: str, folder: str, device: str = "auto") -> LoadedModel:

@@ -246,7 +246,7 @@ def run_model_bench(name: str, device: str = "auto", quick: bool = False) -> Non
     from model.weights.catalog import locate
 
     dev = pick_device(device)
-    location = locate(name)
+    location = locate(name, operator=True)
     t0 = time.perf_counter()
     models = native_and_transformers(Path(location.where), name, dev)
     print(f"{name}: both engines loaded in {time.perf_counter() - t0:.1f} s")

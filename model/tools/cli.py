@@ -79,7 +79,7 @@ def cmd_trace(args) -> int:
     from model.engine.sampling import SamplingSettings
     from model.engine.tokenizer import encode_chat
 
-    model = load_model(args.model, args.device, args.allow_download)
+    model = load_model(args.model, args.device, args.allow_download, operator=True)
     if args.prompt_ids is not None:
         ids = parse_prompt_ids(model, args.prompt_ids)
         prompt_text, unknown = model.tokenizer.decode(ids), []

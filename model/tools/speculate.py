@@ -74,7 +74,7 @@ def print_rounds(rep: dict) -> None:
 
 
 def run_cli(args) -> int:
-    target = load_model(args.model, args.device)
+    target = load_model(args.model, args.device, operator=True)
     unknown = []
     if args.prompt_ids is not None:
         ids = parse_prompt_ids(target, args.prompt_ids)

@@ -101,23 +101,25 @@ def _listed_folder(name: str, s: Settings) -> Path | None:
     return None
 
 
-def locate(name: str, allow_download: bool = False) -> Location:
+def locate(name: str, allow_download: bool = False, operator: bool = False) -> Location:
     """Where `name` points: a listed model, a folder, or a Hub id, refused early when the settings forbid it.
-    A download needs the operator's DECODE_LAB_ALLOW_DOWNLOADS and this request's `allow_download`."""
+    A web visitor's download needs the operator's DECODE_LAB_ALLOW_DOWNLOADS and this request's `allow_download`.
+    operator: the command line, run by whoever runs the machine: any folder opens, and `allow_download` (its
+    --allow-download) alone allows a download; the locks are for the web server's visitors."""
     s = settings()
     listed = _listed_folder(name, s)
     if listed is not None:
         if name in FETCHED and not (listed / "config.json").is_file():
             raise InputError("not_fetched", name=name)
         return Location(name, str(listed), True, False)
-    if not s.allow_paths:
+    if not (s.allow_paths or operator):
         raise InputError("path_not_allowed", path=name, models=", ".join(list_models(s.models_dir)))
     folder = Path(name).expanduser()
     if folder.exists() or not HUB_ID.fullmatch(name) or ".." in name:
         if not folder.is_dir():
             raise InputError("model_not_found", path=name)
         return Location(name, str(folder.resolve()), True, False)
-    return Location(name, name, False, s.allow_downloads and allow_download)
+    return Location(name, name, False, (s.allow_downloads or operator) and allow_download)
 
 
 def read_config(path: Path, name: str) -> dict:
