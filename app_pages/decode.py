@@ -32,6 +32,8 @@ from ui.session import (
     strip_tokens,
 )
 from ui.widgets import (
+    BACK_KEY,
+    NEXT_KEY,
     attention_row_html,
     box_html,
     heading_html,
@@ -85,8 +87,9 @@ def step_view() -> None:
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
-                  on_click=on_next)
-        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back)
+                  on_click=on_next, shortcut=NEXT_KEY, help=t("keys.next"))
+        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back,
+                  shortcut=BACK_KEY, help=t("keys.back"))
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)

@@ -21,7 +21,7 @@ from model.engine.flash import (
 from ui import svg
 from ui.i18n import t
 from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
-from ui.widgets import box_html, legend_html, paragraph_html, table_html
+from ui.widgets import BACK_KEY, NEXT_KEY, box_html, legend_html, paragraph_html, table_html
 
 TOLERANCE = 1e-5
 PRECISIONS = {"float16": 2, "float32": 4}
@@ -96,9 +96,10 @@ def tile_walk() -> None:
         st.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
                   disabled=index == 0, width=150)
         st.button(t("flash.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
-                  disabled=index == 0, width=150)
+                  disabled=index == 0, width=150, shortcut=BACK_KEY, help=t("keys.back"))
         st.button(t("flash.next"), key="flash_next", icon=":material/chevron_right:", icon_position="right",
-                  type="primary", on_click=shift, args=(1,), disabled=index == last, width=150)
+                  type="primary", on_click=shift, args=(1,), disabled=index == last, width=150, shortcut=NEXT_KEY,
+                  help=t("keys.next"))
         st.button(t("flash.last"), key="flash_last", icon=":material/last_page:", icon_position="right", on_click=go_to,
                   args=(last,), disabled=index == last, width=150)
     st.html(tile_html(index, last))

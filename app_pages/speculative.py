@@ -19,7 +19,7 @@ from ui.session import (
     sampling_settings,
 )
 from ui.state import keep_across_pages
-from ui.widgets import choice, md_escape, token_strip
+from ui.widgets import NEXT_KEY, choice, md_escape, token_strip
 
 PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
                  "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None, "spec_run_to_end_requested": False,
@@ -148,7 +148,7 @@ if run is None:
     st.stop()
 finished = run.stop_reason is not None
 b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
-          disabled=finished, width="stretch", on_click=next_round)
+          disabled=finished, width="stretch", on_click=next_round, shortcut=NEXT_KEY, help=t("keys.next"))
 b3.button(t("speculative.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
           width="stretch", on_click=request_run_to_end)
 b4.button(t("speculative.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)

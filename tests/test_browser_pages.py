@@ -109,3 +109,28 @@ def test_rapid_sampling_changes_only_redraw_the_current_step(app_server, browser
     fed, position = re.search(r"fed (.+) at position (\d+)", summary).groups()
     chip = page.locator(".tok").nth(int(position)).inner_text()
     assert chip.split("\n")[0] == fed  # the strip shows the token that was really fed at that position
+
+
+def test_arrow_keys_step_and_go_back_but_not_while_typing(app_server, browser_page):
+    """Issue 25: → is Next and ← is Back on Decode; in a text box (the sampling seed) the arrows only move the
+    caret."""
+    page, words = browser_page, LABELS["en"]
+    page.goto(f"{app_server}/decode?lang=en")
+    click(page, words["prefill"])
+    page.get_by_text(re.compile(words["cache"])).first.wait_for(timeout=60_000)
+    start = cache_positions(page, "en")
+    page.locator("h1").first.click()  # the focus off any box, as after reading the page
+    page.keyboard.press("ArrowRight")
+    wait_for_cache(page, "en", start + 1)
+    page.keyboard.press("ArrowRight")
+    wait_for_cache(page, "en", start + 2)
+    page.keyboard.press("ArrowLeft")
+    wait_for_cache(page, "en", start + 1)
+    box = page.locator(".st-key-seed input")
+    box.click()
+    for key in ("ArrowLeft", "ArrowRight", "ArrowRight"):
+        box.press(key)
+    page.wait_for_timeout(1500)  # a step, had one started, shows well within this
+    wait_idle(page)
+    assert cache_positions(page, "en") == start + 1
+    assert page.locator("[data-testid='stException']").count() == 0
