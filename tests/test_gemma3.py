@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from model import cli, fetch
-from model.catalog import fetched_folder, list_models
 from model.errors import InputError
+from model.tools import cli
+from model.weights import fetch
+from model.weights.catalog import fetched_folder, list_models
 
 FOLDER = fetched_folder("gemma3")
 
@@ -143,7 +144,7 @@ def test_conversion_config_names_and_shapes():
 
 @needs_model
 def test_tokenizer_ids_equal_transformers_gguf_tokenizer():
-    from model.tokenizer import load_tokenizer
+    from model.engine.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(FOLDER)
     for typed, ids in GGUF_TOKENIZER_IDS.items():
