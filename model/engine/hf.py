@@ -157,6 +157,9 @@ class HFCache(LayerBytes):
         for layer in range(self.n_layers):
             crop_layer(self.dynamic, layer, n)
 
+    def can_crop(self, n: int) -> bool:
+        return True  # every layer keeps every position (new_dynamic_cache)
+
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         return layer_kv(self.dynamic, layer)
 
