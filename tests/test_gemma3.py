@@ -365,3 +365,49 @@ def test_held_cache_bytes_follow_the_windowed_formula_at_700_positions(gemma3, l
     # the buffers reserve at most the window plus two crop margins on a sliding layer, twice the positions on a full
     assert trace.layer_bytes_reserved[0] <= (512 + 128) * 2 * 256 * 4
     assert gen.memory_bytes <= gen.budget_bytes
+
+
+@needs_model
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_every_page_runs_on_gemma3(lang):
+    """One visitor's session: Prefill, Decode (Next, Next, Back), Cache, Flash and Speculative (early exit as the
+    draft: the model's own first layers, the only draft that shares its 262,144-token vocabulary) on gemma3."""
+    from apptest import click, open_app
+
+    at = open_app("app_pages/prefill.py", 180, lang=lang, model_name="gemma3", device="cpu")
+    assert at.session_state["prompt_text"] == CAPITAL and at.session_state["prompt_mode"] == "text"
+    click(at, "run_prefill")
+    gen = at.session_state["generation"]
+    assert gen.prompt_ids == GGUF_TOKENIZER_IDS[CAPITAL] and not at.error
+    assert any("gemma-3-270m-q4_k_m.gguf" in h.proto.body for h in at.get("html"))
+    by_kind = {"vi": "15 lớp cửa sổ trượt × min(8, 512)", "en": "15 sliding-window layers × min(8, 512)"}[lang]
+    assert any(by_kind in m.value for m in at.markdown)
+    at.switch_page("app_pages/decode.py").run()
+    for key in ("next", "next", "back"):
+        click(at, key)
+    assert gen.cache.length == 9 and gen.new_ids[:1] == [7325] and not at.error  # " một"
+    at.switch_page("app_pages/cache.py").run()
+    assert not at.exception and any(by_kind.replace("8", "9") in m.value for m in at.markdown)
+    at.switch_page("app_pages/flash.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.session_state["spec_draft"] = "early-exit"
+    at.switch_page("app_pages/speculative.py").run()
+    assert at.number_input(key="spec_exit_layers").value == 12  # two thirds of 18
+    click(at, "spec_start")
+    click(at, "spec_next")
+    run = at.session_state["spec_run"]
+    assert run.draft.name == "early-exit:12" and len(run.rounds) == 2 and not at.error
+    assert run.cache.length == len(run.ids) - 1
+
+
+@needs_model
+def test_cli_trace_json_says_engine_and_architecture(capsys):
+    assert cli.main(["trace", "--model", "gemma3", "--prompt", CAPITAL, "--max-new-tokens", "3", "--check",
+                     "--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["engine"] == "native" and report["model"]["architecture"] == "gemma3_text"
+    assert report["model"]["sliding_window"] == 512 and len(report["model"]["sliding_layers"]) == 15
+    assert report["prompt"]["ids"] == GGUF_TOKENIZER_IDS[CAPITAL]
+    assert [s["chosen_token"] for s in report["steps"]] == [" một", " trong", " những"]
+    assert all(s["max_abs_logit_diff"] <= 1e-3 and s["cache_bytes"] == s["cache_bytes_formula"]
+               for s in report["steps"])

@@ -56,6 +56,11 @@ class ModelInfo:
         """The sliding window of the sliding layers, None when every layer attends over the whole cache."""
         return next((w for w in self.layer_windows if w is not None), None)
 
+    def held_positions(self, layer: int, positions: int) -> int:
+        """The positions a layer's cache holds after `positions`: all, or on a sliding layer its window."""
+        window = self.layer_windows[layer] if self.layer_windows else None
+        return positions if window is None else min(positions, window)
+
     def cache_bytes_formula(self, positions: int) -> int:
         """What the cache holds after `positions` positions: 2 × n_kv × d_head × bytes × (full layers × positions
         + sliding layers × min(positions, window))."""
