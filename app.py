@@ -42,8 +42,9 @@ with st.sidebar:
                       on_change=on_model_change)
         st.checkbox(t("sidebar.allow_download"), key="allow_download", help=t("sidebar.allow_download_help"))
     choice(st.selectbox, t("sidebar.device"), DEVICES, key="device", format_func=labels("device.", DEVICES).get)
-    if "smollm2" not in MODELS:
-        st.caption(t("model.smollm2_missing"))
+    for fetched in FETCHED:
+        if fetched not in MODELS:
+            st.caption(t(f"model.{fetched}_missing"))
 st.query_params["lang"] = lang()
 warn_before_leaving(st.session_state.generation is not None)
 

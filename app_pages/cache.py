@@ -6,7 +6,7 @@ from model.engine.counting import cumulative_positions, positions_with_cache, po
 from model.tools.bench import contexts_for, percentile, time_per_token
 from ui import charts
 from ui.i18n import t
-from ui.session import current_model, generation, guarded
+from ui.session import cache_by_layer_kind, current_model, generation, guarded
 
 PRESETS = {"13/5": (13, 5), "2/4": (2, 4)}
 
@@ -52,6 +52,9 @@ else:
     r3.metric(t("cache.with"), gen.positions_with_cache)
     r4.metric(t("cache.without"), gen.positions_without_cache)
     st.caption(t("cache.your_run_note", cache=gen.cache.length, fed=sum(len(s.input_ids) for s in gen.steps)))
+    by_kind = cache_by_layer_kind(model.info, gen.cache.length, gen.cache.nbytes())
+    if by_kind:
+        st.markdown(by_kind)
 
 st.subheader(t("cache.measured"))
 info = model.info

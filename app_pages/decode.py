@@ -16,6 +16,7 @@ from model.engine.counting import cache_bytes_formula
 from ui import svg
 from ui.i18n import number, t
 from ui.session import (
+    cache_by_layer_kind,
     callback_error_here,
     generation,
     layer_head_selectors,
@@ -107,6 +108,10 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         cache=trace.cache_len, ms=f"{trace.ms:.2f}", device=info.device, dtype=info.dtype))
 
     cached = tokens[: trace.cache_len]
+    window = info.layer_windows[layer] if info.layer_windows else None
+    window_edge = (paragraph_html(t("decode.window_edge", layer=layer, window=window,
+                                    edge=trace.cache_len - window), "dl-caption")
+                   if window is not None and trace.cache_len > window else "")
     dropped = (paragraph_html(t("decode.attention_dropped", n=gen.attention_dropped,
                                 mb=round(gen.budget_bytes / 2**20)), "dl-caption") if gen.attention_dropped else "")
     attention = (
@@ -114,6 +119,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         + paragraph_html(t("decode.attention_row", token=md_escape(tok.token(trace.input_ids[-1])),
                            n=trace.cache_len), "dl-caption")
         + attention_row_html(cached, trace.attention[layer, head, -1])  # (cache_len,): the newest query
+        + window_edge
         + paragraph_html(t("decode.attention_history"), "dl-caption") + dropped
         + svg.heatmap_svg(generate.attention_history(gen, layer, head),
                           [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention")))
@@ -144,9 +150,10 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
                       t("decode.reserved")],
                      [[i, s.cache_len, number(s.cache_bytes), number(s.cache_bytes_formula),
                        number(s.cache_bytes_reserved)] for i, s in latest])
-        + paragraph_html(t("decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,
-                           b=info.bytes_per_element, per_position=number(per_position),
-                           positions=number(trace.cache_len), total=number(trace.cache_bytes_formula)), "dl-caption"))
+        + paragraph_html(cache_by_layer_kind(info, trace.cache_len, trace.cache_bytes) or t(
+            "decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,
+            b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
+            total=number(trace.cache_bytes_formula)), "dl-caption"))
 
     if st.session_state.check_each_step:
         check = generate.check_last_step(model, gen)

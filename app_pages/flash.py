@@ -23,7 +23,6 @@ from ui.i18n import t
 from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
 from ui.widgets import BACK_KEY, NEXT_KEY, box_html, legend_html, paragraph_html, table_html
 
-TOLERANCE = 1e-5
 PRECISIONS = {"float16": 2, "float32": 4}
 
 
@@ -139,13 +138,13 @@ tile_walk()
 st.latex(t("flash.latex_update"))
 
 st.subheader(t("flash.check"))
-passed = result.max_abs_diff <= TOLERANCE
+passed = result.max_abs_diff <= result.tolerance
 m1, m2 = st.columns([1, 4])
 m1.metric(t("flash.check_metric"), f"{result.max_abs_diff:.2e}", help=t("flash.check_help"))
 with m2:
     (st.success if passed else st.error)(t(
         "flash.check_result_pass" if passed else "flash.check_result_fail", block=block, tiles=len(steps),
-        skipped=len(steps) - len(read), n=n, diff=f"{result.max_abs_diff:.2e}", tol=TOLERANCE))
+        skipped=len(steps) - len(read), n=n, diff=f"{result.max_abs_diff:.2e}", tol=f"{result.tolerance:.2g}"))
     if n % block:
         st.info(t("flash.ragged", n=n, block=block, rest=n % block))
 

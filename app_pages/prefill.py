@@ -5,7 +5,7 @@ import streamlit as st
 from model.engine.counting import cache_bytes_formula
 from ui import charts
 from ui.i18n import number, t
-from ui.session import generation, layer_head_selectors, page_start, prompt_form
+from ui.session import cache_by_layer_kind, generation, layer_head_selectors, page_start, prompt_form
 from ui.widgets import md_escape, probability_bars_html, shown, table_html, token_strip
 
 TOP_BARS = 10
@@ -49,19 +49,23 @@ weights = trace.attention[layer, head]  # (N, N)
 st.plotly_chart(charts.attention_heatmap(weights, labels, labels, height=max(320, min(640, 60 + 34 * n))),
                 key="prefill_heatmap")
 st.caption(t("prefill.attention_read", n=n, masked=n * (n - 1) // 2))
+if info.layer_windows and info.layer_windows[layer] is not None:
+    st.caption(t("prefill.window_edge", layer=layer, window=info.layer_windows[layer]))
 with st.expander(t("prefill.all_heads", layer=layer)):
     st.plotly_chart(charts.heads_grid(trace.attention[layer], t("common.head_n")), key="prefill_heads")
 
 st.subheader(t("prefill.cache"))
-per_layer_formula = cache_bytes_formula(1, info.n_kv_heads, trace.cache_len, info.d_head, info.bytes_per_element)
+layer_formulas = [cache_bytes_formula(1, info.n_kv_heads, info.held_positions(i, trace.cache_len), info.d_head,
+                                      info.bytes_per_element) for i in range(info.n_layers)]  # sliding: the window
 st.html(table_html(
     [t("common.layer"), t("prefill.cache_shape"), t("prefill.cache_measured"), t("prefill.cache_formula"),
      t("prefill.cache_reserved")],
-    [[i, " × ".join(map(str, shape)), number(held), number(per_layer_formula), number(reserved)]
-     for i, (shape, held, reserved) in enumerate(zip(trace.layer_shapes, trace.layer_bytes,
-                                                      trace.layer_bytes_reserved))]))
-st.markdown(t("prefill.cache_total", layers=info.n_layers, kv=info.n_kv_heads, n=trace.cache_len, d=info.d_head,
-              b=info.bytes_per_element, formula=number(trace.cache_bytes_formula), measured=number(trace.cache_bytes)))
+    [[i, " × ".join(map(str, shape)), number(held), number(formula), number(reserved)]
+     for i, (shape, held, formula, reserved) in enumerate(zip(trace.layer_shapes, trace.layer_bytes, layer_formulas,
+                                                               trace.layer_bytes_reserved))]))
+st.markdown(cache_by_layer_kind(info, trace.cache_len, trace.cache_bytes) or t(
+    "prefill.cache_total", layers=info.n_layers, kv=info.n_kv_heads, n=trace.cache_len, d=info.d_head,
+    b=info.bytes_per_element, formula=number(trace.cache_bytes_formula), measured=number(trace.cache_bytes)))
 st.caption(t("prefill.cache_reserved_total", reserved=number(trace.cache_bytes_reserved)))
 
 st.subheader(t("prefill.logits"))

@@ -11,12 +11,13 @@ from collections.abc import Callable
 import streamlit as st
 
 from model.engine import generate
+from model.engine.counting import cache_bytes_formula
 from model.engine.loading import load_model, load_session_checkpoint, model_key
 from model.engine.runtime import LoadedModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
-from ui.i18n import labels, lang, t
+from ui.i18n import labels, lang, number, t
 from ui.widgets import choice, md_escape, token_strip
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,21 @@ def on_next() -> None:
 
 def on_back() -> None:
     _with_generation(generate.back)
+
+
+def cache_by_layer_kind(info, n: int, measured: int) -> str | None:
+    """Where the cache's bytes go on a model with sliding-window layers (Gemma 3), as a sentence; None on a model
+    whose layers all keep every position."""
+    if info.window is None:
+        return None
+    sliding = len(info.sliding_layers)
+    full = info.n_layers - sliding
+    held = min(n, info.window)
+    full_bytes = cache_bytes_formula(full, info.n_kv_heads, n, info.d_head, info.bytes_per_element)
+    sliding_bytes = cache_bytes_formula(sliding, info.n_kv_heads, held, info.d_head, info.bytes_per_element)
+    return t("cache.by_layer_kind", full=full, sliding=sliding, n=n, window=info.window, held=held,
+             kv=info.n_kv_heads, d=info.d_head, b=info.bytes_per_element, full_bytes=number(full_bytes),
+             sliding_bytes=number(sliding_bytes), total=number(full_bytes + sliding_bytes), measured=number(measured))
 
 
 def layer_head_selectors(info, redraw: str | None = None) -> tuple[int, int]:

@@ -9,6 +9,8 @@ from ui.i18n import lang
 # A model's example prompt. smollm2 speaks English only: its example stays English in the Vietnamese UI.
 DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi": "ăn", "en": "ăn"},
                    "smollm2": {"vi": "What is the capital of France?", "en": "What is the capital of France?"},
+                   # a base model, which continues a text; it writes Vietnamese, so its example is Vietnamese in both
+                   "gemma3": {"vi": "Thủ đô của Việt Nam là", "en": "Thủ đô của Việt Nam là"},
                    "other": {"vi": "Thủ đô của Việt Nam là", "en": "The capital of France is"}}
 PROMPT_MODES = {"micro": "ids", "smollm2": "chat"}  # the mode a model starts in; "text" otherwise
 DEFAULTS = {

@@ -11,6 +11,9 @@ from typing import Protocol
 import torch
 
 MIN_CAPACITY = 16
+# positions a sliding-window layer keeps beyond its window, so that Back and speculative decoding's rejections can
+# crop that far and still find every key the next query needs; a crop farther back fills the cache again
+CROP_MARGIN = 64
 
 
 class Cache(Protocol):
@@ -18,6 +21,8 @@ class Cache(Protocol):
     def length(self) -> int: ...
 
     def crop(self, n: int) -> None: ...
+
+    def can_crop(self, n: int) -> bool: ...
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None: ...
 
@@ -67,18 +72,26 @@ class KVCache(LayerBytes):
     """Per layer, K and V of shape (batch, n_kv_heads, positions, d_head).
 
     Each layer's K and V live in a buffer that doubles when full, so a decode step writes its one new position
-    in place instead of copying the whole cache (what torch.cat would do every step). Everything the cache
-    hands out is the first `length` positions of those buffers: the positions it holds.
+    in place instead of copying the whole cache (what torch.cat would do every step). A full-attention layer holds
+    every position; a sliding-window layer (`windows[i]`, Gemma 3) only the `window` latest ones, the keys its last
+    query attended over: older positions are dropped, so its memory stops growing (transformers' sliding-window
+    cache drops them too). It keeps CROP_MARGIN more in its buffer, for crops.
     """
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, windows: list[int | None] | None = None):
         self.n_layers = n_layers
+        self.windows = list(windows) if windows is not None else [None] * n_layers  # None: full attention
         self._keys: list[torch.Tensor | None] = [None] * n_layers    # (B, n_kv, capacity, d_head)
         self._values: list[torch.Tensor | None] = [None] * n_layers
-        self._lengths = [0] * n_layers
+        self._lengths = [0] * n_layers  # positions the layer has seen: the sequence length
+        self._starts = [0] * n_layers   # the position in buffer slot 0: above 0 once a sliding layer dropped some
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new positions' K, V (B, n_kv, T, d_head) to `layer`; return all of them (B, n_kv, S, d_head)."""
+        """Add the new positions' K, V (B, n_kv, T, d_head) to `layer`; return the keys and values the new
+        queries attend over (B, n_kv, S, d_head), which end at the last new position: S = past + T on a full layer,
+        on a sliding one the window before the first new query and the T new ones."""
+        if self.windows[layer] is not None:
+            return self._append_sliding(layer, k, v)
         start, end = self._lengths[layer], self._lengths[layer] + k.shape[2]
         if self._keys[layer] is None or end > self._keys[layer].shape[2]:
             self._grow(layer, k, end)
@@ -98,20 +111,58 @@ class KVCache(LayerBytes):
                 bigger[:, :, :held] = store[layer][:, :, :held]
             store[layer] = bigger
 
+    def _append_sliding(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        window, start, past = self.windows[layer], self._starts[layer], self._lengths[layer]
+        end = past + k.shape[2]
+        first_needed = max(start, past - window + 1)  # the oldest key the first new query sees
+        buffer = self._keys[layer]
+        if k.shape[2] == 1 and buffer is not None and end - start <= buffer.shape[2]:
+            # a decode step: written in place, like a full layer
+            self._keys[layer][:, :, past - start] = k[:, :, 0]
+            self._values[layer][:, :, past - start] = v[:, :, 0]
+            self._lengths[layer] = end
+            seen = slice(first_needed - start, end - start)
+            return self._keys[layer][:, :, seen], self._values[layer][:, :, seen]
+        # several positions, or a full buffer: the pass attends over the held keys and the new ones; the buffer
+        # then keeps only the window after the last position and the margin before it, in a buffer with room
+        # for CROP_MARGIN more decode steps
+        keys = torch.cat((self._keys[layer][:, :, :past - start], k), dim=2) if buffer is not None else k
+        values = torch.cat((self._values[layer][:, :, :past - start], v), dim=2) if buffer is not None else v
+        keep_from = max(start, end - window - CROP_MARGIN)
+        kept = end - keep_from
+        capacity = max(MIN_CAPACITY, min(2 * kept, window + 2 * CROP_MARGIN))
+        for store, new in ((self._keys, keys), (self._values, values)):
+            store[layer] = new.new_empty(*new.shape[:2], capacity, new.shape[3])
+            store[layer][:, :, :kept] = new[:, :, keep_from - start:]
+        self._starts[layer], self._lengths[layer] = keep_from, end
+        return keys[:, :, first_needed - start:], values[:, :, first_needed - start:]
+
     @property
     def length(self) -> int:
         return self._lengths[0]
 
+    def can_crop(self, n: int) -> bool:
+        """Whether every layer still holds what the position after the first n needs: a sliding layer that dropped
+        positions older than n − window cannot give them back."""
+        return n == 0 or all(window is None or start <= max(0, n - window)
+                             for window, start in zip(self.windows, self._starts))
+
     def crop(self, n: int) -> None:
         """Keep the first n positions, forget the rest (Back rewinds the sequence this way)."""
-        if not 0 <= n <= self.length:
+        if not 0 <= n <= self.length or not self.can_crop(n):
             raise ValueError(f"cannot crop a cache of {self.length} positions to {n}")
         # per layer: after a pass that stopped half-way (out of memory) later layers may hold fewer
         self._lengths = [min(held, n) for held in self._lengths]
+        if n == 0:
+            self._starts = [0] * self.n_layers
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """K and V (B, n_kv, positions, d_head) that `layer` holds, None before its first append."""
+        """K and V (B, n_kv, positions, d_head) that `layer` holds, None before its first append: every position,
+        or on a sliding-window layer the `window` latest."""
         if self._keys[layer] is None:
             return None
-        held = self._lengths[layer]
-        return self._keys[layer][:, :, :held], self._values[layer][:, :, :held]
+        start, held = self._starts[layer], self._lengths[layer]
+        window = self.windows[layer]
+        first = start if window is None else max(start, held - window)
+        kept = slice(first - start, held - start)
+        return self._keys[layer][:, :, kept], self._values[layer][:, :, kept]

@@ -20,6 +20,9 @@ def cumulative_positions(prompt_len: int, new_tokens: int) -> tuple[list[int], l
     return with_cache, without_cache
 
 
-def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: int, bytes_per_element: int) -> int:
-    """K and V (the 2) for every layer, KV head, position and dimension."""
-    return 2 * n_layers * n_kv_heads * positions * d_head * bytes_per_element
+def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: int, bytes_per_element: int,
+                        sliding_layers: int = 0, window: int | None = None) -> int:
+    """K and V (the 2) for every layer, KV head, position and dimension. Of the n_layers, `sliding_layers` attend
+    over a sliding window and hold at most `window` positions (Gemma 3 270M: 3 × n + 15 × min(n, 512) positions)."""
+    held = (n_layers - sliding_layers) * positions + sliding_layers * min(positions, window or positions)
+    return 2 * n_kv_heads * held * d_head * bytes_per_element

@@ -23,7 +23,7 @@ from model.engine.cache import Cache
 from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.runtime import LoadedModel
 from model.engine.sampling import Draw, SamplingSettings, check_settings, draw
-from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute
+from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute, rewind
 from model.engine.tokenizer import Encoded, UnknownWordsError
 from model.errors import InputError
 
@@ -200,7 +200,7 @@ def step(model: LoadedModel, gen: Generation) -> StepTrace | None:
 def _restore_logits(model: LoadedModel, gen: Generation) -> None:
     """Run the last step again on its cropped cache: the logits it had, without keeping them all along."""
     trace = gen.steps[-1]
-    gen.cache.crop(trace.positions[0])
+    rewind(model, gen.cache, gen.ids, trace.positions[0])
     again = (prefill(model, gen.cache, trace.input_ids) if trace.phase == "prefill"
              else decode(model, gen.cache, trace.input_ids[0]))
     trace.logits = again.logits
@@ -213,7 +213,7 @@ def back(model: LoadedModel, gen: Generation) -> bool:
     gen.checks.pop(len(gen.steps) - 1, None)
     gen.steps.pop()
     gen.samples.pop()
-    gen.cache.crop(gen.steps[-1].cache_len)
+    rewind(model, gen.cache, gen.ids, gen.steps[-1].cache_len)
     if gen.steps[-1].logits is None:
         _restore_logits(model, gen)
     gen.attention_dropped = min(gen.attention_dropped, len(gen.steps) - 1)

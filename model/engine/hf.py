@@ -157,6 +157,9 @@ class HFCache(LayerBytes):
         for layer in range(self.n_layers):
             crop_layer(self.dynamic, layer, n)
 
+    def can_crop(self, n: int) -> bool:
+        return True  # every layer keeps every position (new_dynamic_cache)
+
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         return layer_kv(self.dynamic, layer)
 
@@ -231,6 +234,7 @@ def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.d
         d_head=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads, vocab_size=cfg.vocab_size,
         context_length=_context_length(cfg), dtype=str(dtype).removeprefix("torch."), device=str(device),
         bytes_per_element=dtype.itemsize, eos_id=_eos_id(cfg, tokenizer), language=language,
+        architecture=cfg.model_type,
     )
 
 

@@ -78,12 +78,21 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's rotation angles, (n_positions, d_head) each, float32 like transformers."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    angles = torch.arange(n_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (n_positions, d_head/2)
-    angles = torch.cat((angles, angles), dim=-1)                                         # (n_positions, d_head)
+def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """(d_head/2,) the rotation speed of each pair of dimensions: θ^(−2i/d_head), float32 like transformers."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotation angles at `positions` (n,), (n, d_head) each."""
+    angles = positions.float()[:, None] * inv_freq[None, :]  # (n, d_head/2)
+    angles = torch.cat((angles, angles), dim=-1)             # (n, d_head)
     return angles.cos(), angles.sin()
+
+
+def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, (n_positions, d_head) each."""
+    return rope_cos_sin(torch.arange(n_positions), inverse_frequencies(head_dim, theta))
 
 
 def rotate_half(x):
@@ -93,6 +102,24 @@ def rotate_half(x):
 
 def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
+
+
+def attend(q, k, v, mask, scale: float):
+    """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
+    q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
+    GQA: query head h reads KV head h // groups. Grouping the query heads by KV head lets the matmul broadcast
+    over each group instead of copying K and V once per query head."""
+    B, n_heads, T, d_head = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    groups = n_heads // n_kv
+    q_grouped = q.view(B, n_kv, groups, T, d_head)                            # (B, n_kv, groups, T, d_head)
+    scores = q_grouped @ k.unsqueeze(2).transpose(-2, -1) / scale              # (B, n_kv, groups, T, S)
+    scores = scores.view(B, n_heads, T, S)                                     # (B, n_heads, T, S)
+    if mask is not None:
+        scores = scores + mask
+    weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
+    out = weights.view(B, n_kv, groups, T, S) @ v.unsqueeze(2)                # (B, n_kv, groups, T, d_head)
+    return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
 
 
 class Attention(nn.Module):
@@ -112,18 +139,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)                     # (B, n_kv, S, d_head), S = past + T
-        S = k.shape[2]
-        # GQA: query head h reads KV head h // groups. Grouping the query heads by KV head lets the
-        # matmul broadcast over each group instead of copying K and V once per query head.
-        groups = self.n_heads // self.n_kv_heads
-        q_grouped = q.view(B, self.n_kv_heads, groups, T, self.head_dim)          # (B, n_kv, groups, T, d_head)
-        scores = q_grouped @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(self.head_dim)  # (B, n_kv, groups, T, S)
-        scores = scores.view(B, self.n_heads, T, S)                                # (B, n_heads, T, S)
-        if mask is not None:
-            scores = scores + mask
-        weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
-        out = weights.view(B, self.n_kv_heads, groups, T, S) @ v.unsqueeze(2)     # (B, n_kv, groups, T, d_head)
-        out = out.view(B, self.n_heads, T, self.head_dim).transpose(1, 2).reshape(B, T, -1)  # (B, T, n_heads·d_head)
+        out, weights = attend(q, k, v, mask, math.sqrt(self.head_dim))
         return self.o_proj(out), weights, (q, k, v)
 
 
@@ -155,16 +171,27 @@ class Block(nn.Module):
         return x, weights, qkv
 
 
-def causal_mask(n_new: int, n_past: int, device, dtype) -> torch.Tensor | None:
-    """(n_new, n_past + n_new) additive mask: new position i sees every cached position and new ones ≤ i."""
-    if n_new == 1:
-        return None  # one new query may see the whole cache
+def causal_mask(n_new: int, n_past: int, device, dtype, window: int | None = None,
+                first_key: int = 0) -> torch.Tensor | None:
+    """(n_new, n_past + n_new − first_key) additive mask over the keys at positions first_key .. n_past + n_new − 1:
+    new position i sees the keys at positions ≤ i; with a sliding window only the `window` latest (its own
+    included). None where every query sees every key (one new query over a full cache)."""
+    if n_new == 1 and window is None:
+        return None
     total = n_past + n_new
-    allowed = torch.ones(n_new, total, dtype=torch.bool, device=device).tril(diagonal=n_past)
-    return torch.zeros(n_new, total, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
+    queries = torch.arange(n_past, total, device=device)[:, None]  # (n_new, 1)
+    keys = torch.arange(first_key, total, device=device)[None, :]  # (1, keys)
+    allowed = keys <= queries
+    if window is not None:
+        allowed &= keys > queries - window
+    if bool(allowed.all()):
+        return None
+    return torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
 
 
 class Llama(nn.Module):
+    architecture = "llama"  # the config's model_type
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         assert cfg.num_attention_heads % cfg.num_key_value_heads == 0, "n_heads must be a multiple of n_kv_heads"
@@ -182,8 +209,14 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def new_cache(self) -> KVCache:
-        return KVCache(self.config.num_hidden_layers)
+    @property
+    def windows(self) -> list[int | None]:
+        """No sliding window: every layer attends over the whole cache."""
+        return [None] * self.config.num_hidden_layers
+
+    def new_cache(self, n_layers: int | None = None) -> KVCache:
+        """A cache for the first n_layers blocks (all of them by default)."""
+        return KVCache(n_layers or self.config.num_hidden_layers)
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
@@ -231,7 +264,11 @@ class Llama(nn.Module):
     def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Llama:
         folder = Path(folder)
         cfg = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
-        model = cls(cfg)
-        tensors = load_file(folder / "model.safetensors")
-        model.load_state_dict(tensors, strict=not cfg.tie_word_embeddings)
-        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        return load_weights(cls(cfg), folder, device, dtype)
+
+
+def load_weights(model: nn.Module, folder: Path, device, dtype) -> nn.Module:
+    """model.safetensors into a model built from its config (a tied LM head is not in the file), ready to run."""
+    tensors = load_file(folder / "model.safetensors")
+    model.load_state_dict(tensors, strict=not model.config.tie_word_embeddings)
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

@@ -1,5 +1,5 @@
-"""Loading a model: where it is (model/weights/catalog.py), checks before any weight is read, then the native Llama
-(model/engine/runtime.py) or transformers (model/engine/hf.py).
+"""Loading a model: where it is (model/weights/catalog.py), checks before any weight is read, then the native Llama or
+Gemma 3 (model/engine/runtime.py) or transformers (model/engine/hf.py).
 
 Every way loading can fail ends as an InputError, a sentence in the user's language; the details (paths,
 the library's exception) go to the server log. Checked before loading: the operator's settings, a config
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from model.engine.gemma3 import Gemma3, Gemma3Config
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
 from model.engine.tokenizer import load_tokenizer
@@ -36,6 +37,8 @@ from model.weights.catalog import (
 log = logging.getLogger(__name__)
 
 FLOAT32_BYTES = 4
+# the native architectures by the config's model_type: the module and its config
+NATIVE = {"llama": (Llama, LlamaConfig), "gemma3_text": (Gemma3, Gemma3Config)}
 
 
 def model_key(name: str, device: str = "auto") -> tuple[str, str]:
@@ -100,7 +103,8 @@ def _load(location: Location, device: str) -> LoadedModel:
         except Exception:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
-        return warmed_up(NativeModel(name, Llama.load(folder, dev), tokenizer, dev, language(name)))
+        module = NATIVE[config["model_type"]][0].load(folder, dev)
+        return warmed_up(NativeModel(name, module, tokenizer, dev, language(name)))
     from model.engine import hf
 
     return warmed_up(hf.load_transformers(location, dev, language(name)))
@@ -119,8 +123,9 @@ def count_parameters(config: dict, native: bool, name: str) -> int:
     shapes without memory, so a config asking for 64 GiB costs nothing to check."""
     try:
         if native:
+            architecture, architecture_config = NATIVE[config["model_type"]]
             with torch.device("meta"):
-                module = Llama(LlamaConfig.from_hf_dict(config))
+                module = architecture(architecture_config.from_hf_dict(config))
         else:
             from model.engine import hf
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from model.engine.cache import Cache, KVCache
+from model.engine.counting import cache_bytes_formula
+from model.engine.gemma3 import Gemma3
 from model.engine.llama import Llama
 from model.engine.tokenizer import TextTokenizer
 from model.errors import InputError
@@ -41,6 +43,29 @@ class ModelInfo:
     bytes_per_element: int
     eos_id: int | None
     language: str | None = None  # "en", "vi", "vi+en" for the listed models: what the model was trained to write
+    architecture: str = "llama"  # the config's model_type: "llama", "gemma3_text", "gpt2"…
+    # per layer, the sliding window its cache keeps (None: every position); () when not known (transformers)
+    layer_windows: tuple[int | None, ...] = ()
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        return [i for i, window in enumerate(self.layer_windows) if window is not None]
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window of the sliding layers, None when every layer attends over the whole cache."""
+        return next((w for w in self.layer_windows if w is not None), None)
+
+    def held_positions(self, layer: int, positions: int) -> int:
+        """The positions a layer's cache holds after `positions`: all, or on a sliding layer its window."""
+        window = self.layer_windows[layer] if self.layer_windows else None
+        return positions if window is None else min(positions, window)
+
+    def cache_bytes_formula(self, positions: int) -> int:
+        """What the cache holds after `positions` positions: 2 × n_kv × d_head × bytes × (full layers × positions
+        + sliding layers × min(positions, window))."""
+        return cache_bytes_formula(self.n_layers, self.n_kv_heads, positions, self.d_head, self.bytes_per_element,
+                                   len(self.sliding_layers), self.window)
 
     def kv_head(self, head: int) -> int:
         """The KV head that query head `head` reads: under GQA n_heads / n_kv_heads query heads share one."""
@@ -102,7 +127,7 @@ class LoadedModel:
 
 
 class NativeModel(LoadedModel):
-    def __init__(self, name: str, module: Llama, tokenizer: TextTokenizer | None, device: torch.device,
+    def __init__(self, name: str, module: Llama | Gemma3, tokenizer: TextTokenizer | None, device: torch.device,
                  language: str | None = None):
         cfg = module.config
         self.module, self.tokenizer, self.device = module, tokenizer, device
@@ -113,6 +138,7 @@ class NativeModel(LoadedModel):
             context_length=cfg.max_position_embeddings, dtype=str(dtype).removeprefix("torch."),
             device=str(device), bytes_per_element=dtype.itemsize,
             eos_id=tokenizer.eos_id if tokenizer is not None else cfg.eos_token_id, language=language,
+            architecture=module.architecture, layer_windows=tuple(module.windows),
         )
 
     def new_cache(self) -> KVCache:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from model.engine.counting import cache_bytes_formula
 from model.engine.runtime import LoadedModel, synchronize
 from model.errors import InputError
 
@@ -27,7 +26,7 @@ class StepTrace:
     layer_shapes: list[tuple[int, ...]]  # per layer, the shape of K (and of V): (batch, n_kv, positions, d_head)
     layer_bytes: list[int]     # per layer, bytes of the K plus V positions held
     layer_bytes_reserved: list[int]  # per layer, bytes of the K and V buffers
-    cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes
+    cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes (sliding layers: ≤ window)
     logits: np.ndarray | None  # (vocab,) at the last position, float32; kept for the prefill and the latest steps
     ms: float                  # wall time of the forward pass, device synchronised
 
@@ -56,8 +55,7 @@ def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
         layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
         cache_bytes_reserved=cache.nbytes_reserved(),
         layer_bytes_reserved=[cache.layer_bytes_reserved(i) for i in range(info.n_layers)],
-        cache_bytes_formula=cache_bytes_formula(info.n_layers, info.n_kv_heads, cache.length, info.d_head,
-                                                info.bytes_per_element),
+        cache_bytes_formula=info.cache_bytes_formula(cache.length),
         logits=logits.float().cpu().numpy(), ms=ms,
     )
 
@@ -71,6 +69,18 @@ def prefill(model: LoadedModel, cache, ids: list[int]) -> StepTrace:
 def decode(model: LoadedModel, cache, token_id: int) -> StepTrace:
     """One new position attends over everything cached; its K, V are appended."""
     return _run(model, cache, "decode", [token_id])
+
+
+def rewind(model: LoadedModel, cache, ids: list[int], n: int) -> None:
+    """Make `cache` hold the first n of `ids`, as if the steps after them never ran: a crop, exact wherever every
+    layer still holds what position n needs. Farther back than a sliding-window layer's margin (it dropped older
+    positions) the cache is emptied and filled again by one pass over ids[:n]: slower, equally exact."""
+    if cache.can_crop(n):
+        cache.crop(n)
+        return
+    cache.crop(0)
+    if n:
+        model.forward(ids[:n], cache, output_attentions=False)
 
 
 def recompute(model: LoadedModel, ids: list[int]) -> np.ndarray:

@@ -34,6 +34,7 @@ import torch
 from model.engine.generate import check_request
 from model.engine.runtime import LoadedModel, NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, draw_from, sample, uniform
+from model.engine.steps import rewind
 from model.errors import InputError
 from model.speculative.drafts import Proposal, make_draft
 from model.speculative.rules import acceptance_probability, residual, shown_probs
@@ -242,7 +243,7 @@ def next_round(run: SpeculativeRun) -> Round | None:
     new_ids = [c.id for c in checks if c.accepted] + ([] if next_id is None else [next_id])
     run.new_ids += new_ids
     # both caches keep every token but the newest, which the next round feeds: plain decoding's state
-    run.cache.crop(len(run.ids) - 1)
+    rewind(target, run.cache, run.ids, len(run.ids) - 1)
     run.draft.keep(len(run.ids) - 1)
     t3 = time.perf_counter()
     round_ = Round(

