@@ -50,6 +50,7 @@ CHECK_TOLERANCE = 1e-4
 TOP_BARS = 12
 TABLE_ROWS = 6  # the cache table shows the latest steps; the chart shows them all
 STEP_VIEW = "decode_step"  # the fragment that draws the current step
+CHECK_POLL_S = 0.15  # how often the page asks whether the step's background check is done
 
 model = page_start("decode")
 info, tok = model.info, model.tokenizer
@@ -88,14 +89,26 @@ def step_view() -> None:
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
-                  on_click=on_next, shortcut=NEXT_KEY, help=t("keys.next"))
+                  on_click=on_next, shortcut=NEXT_KEY)
         st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back,
-                  shortcut=BACK_KEY, help=t("keys.back"))
+                  shortcut=BACK_KEY)
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
     callback_error_here()  # why Next, Back or a sampling change failed, under the buttons
     st.html(step_html(gen, st.session_state.layer, st.session_state.head))
+    if st.session_state.check_each_step and len(gen.steps) - 1 not in gen.checks:
+        wait_for_check(len(gen.steps) - 1)
+
+
+@st.fragment(run_every=CHECK_POLL_S)
+def wait_for_check(index: int) -> None:
+    """Asks every CHECK_POLL_S whether this step's check, running in the background, is done; then one whole-page
+    run draws the verdict in place, and no longer draws this poller (Streamlit then stops its timer). Between two
+    polls nothing runs, so a Next is never kept waiting by a check."""
+    gen = st.session_state.generation
+    if gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
+        st.rerun()
 
 
 def step_html(gen: generate.Generation, layer: int, head: int) -> str:
@@ -155,8 +168,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
             b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
             total=number(trace.cache_bytes_formula)), "dl-caption"))
 
-    if st.session_state.check_each_step:
-        check = generate.check_last_step(model, gen)
+    check = generate.check_last_step_in_background(model, gen) if st.session_state.check_each_step else None
+    if check is not None:
         passed = check.max_abs_diff <= CHECK_TOLERANCE
         verdict = t("decode.check_result_pass" if passed else "decode.check_result_fail", tol=CHECK_TOLERANCE,
                     n=trace.cache_len)
@@ -165,6 +178,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
                       + box_html(verdict, "pass" if passed else "fail")
                       + paragraph_html(t("decode.check_timing", n=trace.cache_len, ms=f"{check.ms:.1f}",
                                          step_ms=f"{trace.ms:.1f}"), "dl-caption"))
+    elif st.session_state.check_each_step:
+        check_html = box_html(t("decode.checking", n=trace.cache_len), "note")
     else:
         check_html = paragraph_html(t("decode.check_off"), "dl-caption")
     stop = (box_html(t("decode.stopped", reason=t("stop." + gen.stop_reason)), "note") if gen.stop_reason

@@ -148,7 +148,7 @@ if run is None:
     st.stop()
 finished = run.stop_reason is not None
 b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
-          disabled=finished, width="stretch", on_click=next_round, shortcut=NEXT_KEY, help=t("keys.next"))
+          disabled=finished, width="stretch", on_click=next_round, shortcut=NEXT_KEY)
 b3.button(t("speculative.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
           width="stretch", on_click=request_run_to_end)
 b4.button(t("speculative.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)

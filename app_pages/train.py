@@ -132,7 +132,7 @@ asked_steps = int(st.session_state.train_n)
 run_steps = min(asked_steps, left_steps)
 b1, b2, b3, b4, _ = st.columns([1.1, 1, 1.3, 1, 1.6], vertical_alignment="bottom")
 one = b1.button(t("train.one_step"), key="train_one", type="primary", icon=":material/skip_next:",
-                disabled=left_steps < 1, width="stretch", shortcut=NEXT_KEY, help=t("keys.next"))
+                disabled=left_steps < 1, width="stretch", shortcut=NEXT_KEY)
 b2.number_input(t("train.n_steps"), 1, 500, key="train_n")
 run = b3.button(t("train.run_n", n=run_steps if left_steps else asked_steps), key="train_run",
                 icon=":material/fast_forward:", disabled=left_steps < 1, width="stretch")

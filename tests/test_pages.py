@@ -1,6 +1,9 @@
 """Each page under AppTest: no exception, Next/Back move the cache by ±1, language switch keeps state."""
 
 
+import threading
+from html import escape
+
 import pytest
 from apptest import click, element_order, open_app
 from streamlit.testing.v1 import AppTest
@@ -139,3 +142,62 @@ def test_cache_page_measures_time_per_token_with_the_conditions():
     assert all(len(r.cached_ms) == 10 and len(r.recompute_ms) == 10 for r in rows)
     assert "small" in conditions and "cpu" in conditions and "float32" in conditions and "batch 1" in conditions
     assert at.dataframe and not at.error
+
+
+def step_view_html(at: AppTest) -> str:
+    return " ".join(h.proto.body for h in at.html)
+
+
+def test_the_token_comes_first_and_its_own_check_follows(monkeypatch):
+    """Issue 25: Next draws the new token with "checking…"; the recompute runs in the background and its verdict,
+    for that step's positions, replaces it on a later run. A slow recompute does not hold the token back."""
+    real = generate.recompute
+    release = threading.Event()
+
+    def slow_recompute(model, ids):
+        release.wait(timeout=30)
+        return real(model, ids)
+
+    at = click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill")
+    gen = at.session_state["generation"]
+    monkeypatch.setattr(generate, "recompute", slow_recompute)
+    click(at, "next")
+    n = gen.steps[-1].cache_len
+    checking = escape(text("decode.checking", "en").format(n=n))
+    assert checking in step_view_html(at) and len(gen.steps) == 2 and 1 not in gen.checks
+    future = gen.pending_checks[1][1]
+    release.set()
+    future.result(timeout=30)
+    at.run()
+    verdict = escape(text("decode.check_result_pass", "en").format(n=n, tol="0.0001"))
+    html = step_view_html(at)
+    assert verdict in html and checking not in html
+
+
+def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced_it(monkeypatch, small):
+    """The first step 1's check is made wrong (its recompute is off by 1) and held until Back and Next made another
+    step 1: when it finishes, the new step must still have no verdict, and then get its own."""
+    real, calls = generate.recompute, []
+    releases = [threading.Event(), threading.Event()]
+
+    def recompute(model, ids):
+        calls.append(ids)
+        mine = len(calls) - 1
+        releases[mine].wait(timeout=30)
+        return real(model, ids) + (1.0 if mine == 0 else 0.0)
+
+    gen = generate.start(small, small.tokenizer.encode("the dog").ids, generate.SamplingSettings(), 5)
+    monkeypatch.setattr(generate, "recompute", recompute)
+    generate.step(small, gen)
+    assert generate.check_last_step_in_background(small, gen) is None
+    first = gen.pending_checks[1][1]
+    generate.back(small, gen)
+    generate.step(small, gen)
+    assert generate.check_last_step_in_background(small, gen) is None  # queued behind the first
+    second = gen.pending_checks[1][1]
+    releases[0].set()
+    first.result(timeout=30)
+    assert 1 not in gen.checks  # the old step's wrong verdict did not land on the new step
+    releases[1].set()
+    second.result(timeout=30)
+    assert gen.checks[1].max_abs_diff <= 1e-4 and not gen.pending_checks

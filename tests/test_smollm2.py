@@ -272,3 +272,34 @@ def test_browser_run_to_end_grows_the_strip_and_stops_at_a_click(app_server, bro
 def test_a_prompt_of_only_the_start_token_is_said_as_such(capsys):
     assert cli.main(["trace", "--model", "smollm2", "--prompt", "<|im_start|>"]) == 2
     assert capsys.readouterr().err.strip() == text("error.only_start_token", "en").format(token="<|im_start|>")
+
+
+@pytest.mark.browser
+@needs_model
+def test_browser_the_token_of_a_next_shows_before_its_check_and_the_verdict_is_that_steps(app_server, browser_page):
+    """Issue 25: at 200+ positions SmolLM2's recompute takes longer than its step; the new chip is on the page
+    while the check box still says it is checking, then the verdict names the positions of that very step."""
+    page = browser_page
+    page.goto(f"{app_server}/decode?lang=en")
+    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    page.get_by_text(text("prompt.chat_label", "en")).wait_for(timeout=180_000)
+    page.locator("[class*='st-key-prompt_mode'] button").get_by_text("text", exact=True).click()
+    box = page.get_by_label(text("prompt.label", "en"), exact=True)
+    box.fill(", ".join(str(i) for i in range(1, 71)) + ",")
+    box.press("Enter")
+    wait_idle(page)
+    page.locator(".st-key-run_prefill button").click()
+    page.get_by_text(re.compile(r"cache: \d+ positions")).first.wait_for(timeout=180_000)
+    wait_idle(page)
+    page.get_by_text(re.compile(r"^MATCH: recomputing the \d+ positions")).first.wait_for(timeout=60_000)
+    chips = page.locator(".tok").count()
+    assert chips > 200
+    page.locator(".st-key-next button").click()
+    page.wait_for_function(f"document.querySelectorAll('.tok').length === {chips + 1}", timeout=60_000)
+    checking = text("decode.checking", "en").format(n=chips)
+    assert page.get_by_text(checking).count() == 1  # the token is here, its check is not yet
+    verdict = text("decode.check_result_pass", "en").format(n=chips, tol="0.0001")
+    page.get_by_text(verdict).wait_for(timeout=60_000)
+    assert page.get_by_text(checking).count() == 0 and page.locator(".tok").count() == chips + 1
+    assert page.locator("[data-testid='stException']").count() == 0

@@ -56,7 +56,8 @@ CSS = """
 .dl-box.note{background:rgba(28,131,225,0.1);color:#004280}
 </style>
 """
-# the step buttons' keys: Streamlit ignores a shortcut while the focus is in a text box
+# the step buttons' keys, shown on the buttons (a help tooltip would make Streamlit draw each button twice);
+# Streamlit ignores a shortcut while the focus is in a text box (tests/test_browser_pages.py)
 NEXT_KEY, BACK_KEY = "Right", "Left"
 STATUS_COLOURS = {"chosen": "#e8590c", "kept": "#1f5fbf", "other": "#1f5fbf", "cut_p": "#ffc9a8", "cut_k": "#adb5bd"}
 

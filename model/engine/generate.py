@@ -11,10 +11,12 @@ steps' attention rows are dropped; the budget counts Generation.memory_bytes (ke
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,6 +55,8 @@ class Generation:
     samples: list[Draw] = field(default_factory=list)  # samples[i] was drawn from steps[i]'s logits
     stop_reason: str | None = None
     checks: dict[int, RecomputeCheck] = field(default_factory=dict)  # step index -> its check
+    # step index -> (the step, its check running in the background)
+    pending_checks: dict[int, tuple[StepTrace, Future]] = field(default_factory=dict)
     attention_dropped: int = 0    # decode steps (from step 1 on) whose attention rows left to fit the budget
 
     @property
@@ -237,17 +241,54 @@ class RecomputeCheck:
     ms: float            # the recompute's own time: the work the cache saved at this step
 
 
+def _recompute_check(model: LoadedModel, ids: list[int], trace: StepTrace) -> RecomputeCheck:
+    start = time.perf_counter()
+    logits = recompute(model, ids)
+    return RecomputeCheck(max_abs_logit_diff(trace, logits), 1000 * (time.perf_counter() - start))
+
+
 def check_last_step(model: LoadedModel, gen: Generation) -> RecomputeCheck:
     """Recompute the last step's whole sequence without a cache and compare the logits.
     Done once per step: the page redraws often (sliders, selectors), the answer does not change."""
     index = len(gen.steps) - 1
     if index not in gen.checks:
         trace = gen.steps[index]
-        start = time.perf_counter()
-        logits = recompute(model, gen.ids[: trace.cache_len])
-        ms = 1000 * (time.perf_counter() - start)
-        gen.checks[index] = RecomputeCheck(max_abs_logit_diff(trace, logits), ms)
+        gen.checks[index] = _recompute_check(model, gen.ids[: trace.cache_len], trace)
     return gen.checks[index]
+
+
+# One check at a time in the process, beside the sessions' own steps: a Next never waits for a check, and on a
+# 2-core machine the checks of a whole class queue here instead of slowing everybody's tokens.
+_background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-check")
+
+
+def check_last_step_in_background(model: LoadedModel, gen: Generation) -> RecomputeCheck | None:
+    """The last step's check if it is done; otherwise start it (once) and return None. The result lands in
+    gen.checks only while that step is still the run's step at that index: a verdict belongs to its own step.
+    A check still waiting for its turn when the run moves on is cancelled."""
+    index = len(gen.steps) - 1
+    if index in gen.checks:
+        return gen.checks[index]
+    trace = gen.steps[index]
+    for stale, (stepped, future) in list(gen.pending_checks.items()):
+        if stepped is not trace and future.cancel():
+            del gen.pending_checks[stale]
+    if gen.pending_checks.get(index, (None,))[0] is not trace:
+        # the ids and the logits as they are now (a shallow copy keeps them when the run drops old logits)
+        ids, as_stepped = gen.ids[: trace.cache_len], copy.copy(trace)
+
+        def check() -> None:
+            try:
+                result = _recompute_check(model, ids, as_stepped)
+            except Exception:  # out of memory, say: a verdict of NaN fails, and says so, instead of never coming
+                result = RecomputeCheck(float("nan"), 0.0)
+            if index < len(gen.steps) and gen.steps[index] is trace:
+                gen.checks[index] = result
+            if gen.pending_checks.get(index, (None,))[0] is trace:
+                del gen.pending_checks[index]
+
+        gen.pending_checks[index] = (trace, _background_checks.submit(check))
+    return None
 
 
 def run_to_end(model: LoadedModel, gen: Generation, on_step: Callable[[Generation], None] | None = None,
