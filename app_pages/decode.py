@@ -7,6 +7,7 @@ attention, the probabilities, the cache (two SVG charts among them), the check a
 whole-page run instead, so that its Stop button can interrupt it.
 """
 
+from functools import partial
 from html import escape
 
 import streamlit as st
@@ -28,6 +29,7 @@ from ui.session import (
     redraw_only,
     request_run_to_end,
     reset,
+    run_as_trace_json,
     run_to_end,
     sampling_controls,
     strip_tokens,
@@ -195,3 +197,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
 
 
 step_view()
+# the file is made when it is asked for (no work on a Next), from the run as it is then
+st.download_button(t("decode.download"), key="download_run", icon=":material/download:", on_click="ignore",
+                   file_name="decode-lab-run.json", mime="application/json",
+                   data=partial(run_as_trace_json, model, generation(model), st.session_state.prompt_of_run,
+                                st.session_state.prompt_unknown), help=t("decode.download_help"))

@@ -1,11 +1,14 @@
 """Speculative decoding: a draft proposes γ tokens, the model checks them in one pass, accepts a prefix and
 crops the rest from both caches; the round's arithmetic, running counts and the measured speed."""
 
+import json
+from functools import partial
 from html import escape
 
 import streamlit as st
 
 from model.speculative import decoding, drafts, rules
+from model.tools import speculate
 from ui.i18n import labels, t
 from ui.session import (
     LiveStrip,
@@ -23,7 +26,7 @@ from ui.widgets import NEXT_KEY, choice, md_escape, token_strip
 
 PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
                  "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None, "spec_run_to_end_requested": False,
-                 "spec_running": False}
+                 "spec_running": False, "spec_unknown": []}
 ROUND_CSS = """<style>
 .tok.spec-accepted{background:#d3f9d8;border-color:#2b8a3e}
 .tok.spec-target{background:#ffe8cc;border-color:#e8590c;font-weight:700}
@@ -51,7 +54,7 @@ def start_run() -> None:
                                                         int(st.session_state.max_new_tokens)))
     if run is not None and guarded_in_callback(lambda: decoding.next_round(run)) is not None:
         st.session_state.spec_run, st.session_state.spec_for = run, (info.name, info.device)
-        st.session_state.spec_speed = None
+        st.session_state.spec_speed, st.session_state.spec_unknown = None, prompt[1]
 
 
 def next_round() -> None:
@@ -83,6 +86,11 @@ def run_strip(run: decoding.SpeculativeRun) -> tuple[list[str], list[int], list[
     kinds = [""] * len(run.prompt_ids) + ["new"] * (before - len(run.prompt_ids))
     kinds += ["spec-accepted"] * last.accepted + ["spec-target"] * (len(last.new_ids) - last.accepted)
     return [tok.token(i) for i in run.ids], run.ids, kinds
+
+
+def run_json(run: decoding.SpeculativeRun, speed: decoding.SpeedComparison | None, unknown: list[str]) -> str:
+    """The run as `python -m model speculate --json` prints it."""
+    return json.dumps(speculate.report(run, speed, unknown), ensure_ascii=False)
 
 
 def reset() -> None:
@@ -253,6 +261,9 @@ else:
                      c=f"{speed.cost_ratio:.2f}",
                      value=f"{rules.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio):.2f}"))
 
+st.download_button(t("speculative.download"), key="spec_download", icon=":material/download:", on_click="ignore",
+                   file_name="decode-lab-speculative.json", mime="application/json",
+                   data=partial(run_json, run, speed, st.session_state.spec_unknown))
 st.subheader(t("speculative.answer"))
 st.markdown(t("speculative.answer_text", text=md_escape(tok.decode(run.new_ids)) or "∅", n=len(run.new_ids)))
 if finished:

@@ -201,3 +201,34 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     releases[1].set()
     second.result(timeout=30)
     assert gen.checks[1].max_abs_diff <= 1e-4 and not gen.pending_checks
+
+
+def test_the_downloaded_run_is_the_clis_trace_json(capsys):
+    """Issue 25: Download the run gives `trace --json` for the same prompt and settings: the same keys, tokens and
+    ids, probabilities within 1e-6 (times and the check's figures differ by nature)."""
+    import json
+
+    from model.tools.cli import main
+    from ui.session import run_as_trace_json
+
+    at = click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill")
+    click(at, "run_to_end")
+    assert at.get("download_button")
+    gen = at.session_state["generation"]
+    from model.engine.loading import load_model
+
+    page = json.loads(run_as_trace_json(load_model("small", "cpu"), gen, at.session_state["prompt_of_run"],
+                                        at.session_state["prompt_unknown"]))
+    assert main(["trace", "--model", "small", "--prompt", at.session_state["prompt_text"], "--max-new-tokens",
+                 str(gen.max_new_tokens), "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    assert page.keys() == cli.keys() and page["prompt"] == cli["prompt"] and page["output"] == cli["output"]
+    assert page["counts"] == cli["counts"] and page["model"] == cli["model"]
+    for ours, theirs in zip(page["steps"], cli["steps"], strict=True):
+        ours.pop("max_abs_logit_diff", None)
+        assert ours.keys() == theirs.keys()
+        for key in ours.keys() - {"ms", "chosen_prob", "top"}:
+            assert ours[key] == theirs[key], key
+        assert abs(ours["chosen_prob"] - theirs["chosen_prob"]) <= 1e-6
+        assert [t["id"] for t in ours["top"]] == [t["id"] for t in theirs["top"]]
+        assert max(abs(a["prob"] - b["prob"]) for a, b in zip(ours["top"], theirs["top"])) <= 1e-6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,7 @@ from model.engine.runtime import LoadedModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
+from model.tools.cli import trace_report
 from ui.i18n import labels, lang, number, t
 from ui.widgets import choice, md_escape, token_strip
 
@@ -151,17 +153,23 @@ def callback_error_here() -> None:
         st.session_state.callback_error = None
 
 
-def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str]) -> None:
+def start_generation(model: LoadedModel, prompt_ids: list[int], unknown: list[str], prompt_text: str = "") -> None:
     """Prefill the prompt as this session's new run; InputError leaves the previous run in place."""
     stops = tuple(s for s in st.session_state.stop_text.split("|") if s)
     gen = generate.start(model, prompt_ids, sampling_settings(), int(st.session_state.max_new_tokens), stops)
     st.session_state.generation = gen
     st.session_state.generation_for = (model.info.name, model.info.device)
     st.session_state.prompt_unknown = unknown
+    st.session_state.prompt_of_run = prompt_text or model.tokenizer.decode(prompt_ids)  # as `trace` reports it
 
 
 def reset() -> None:
     st.session_state.generation = None
+
+
+def run_as_trace_json(model: LoadedModel, gen: generate.Generation, prompt_text: str, unknown: list[str]) -> str:
+    """The run as `python -m model trace --json` prints it: the same schema and numbers."""
+    return json.dumps(trace_report(model, gen, prompt_text, unknown), ensure_ascii=False)
 
 
 def prompt_modes(model: LoadedModel) -> list[str]:
@@ -184,7 +192,8 @@ def prefill(model: LoadedModel, mode: str) -> None:
     """The Run prefill button's callback: the run starts before the page script, so the page draws it in the same
     script run (the Decode page shows its step view at once, not the form and then a second run). A refused prompt
     keeps the previous run; the form says why, under its button."""
-    guarded_in_callback(lambda: start_generation(model, *encoded_prompt(model, mode)))
+    text = "" if mode == "ids" else st.session_state.prompt_text
+    guarded_in_callback(lambda: start_generation(model, *encoded_prompt(model, mode), text))
 
 
 def prompt_form(model: LoadedModel) -> None:
