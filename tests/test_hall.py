@@ -23,6 +23,7 @@ from ws_client import (
     LectureHall,
     Session,
     choose_sampling,
+    descendants,
     free_port,
     open_decode_session,
     prompts_for,
@@ -41,23 +42,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("nginx") is None and shutil.which("nginx", path="/usr/sbin") is None,
     reason="nginx is not installed and this run may not install it: `./dev test` (or apt-get install -y nginx) "
            "installs Debian's package")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` now (children of children included), from /proc."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        children = parents.get(todo.pop(), [])
-        found.update(children)
-        todo += children
-    return found
 
 
 def alive(pid: int) -> bool:

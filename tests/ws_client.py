@@ -86,6 +86,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` now (children of children included), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found.update(children)
+        todo += children
+    return found
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -217,6 +234,11 @@ class LectureHall:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def nginx_pids(self) -> list[int]:
+        """nginx's master and its worker (the worker does the proxying)."""
+        master = int(re.search(r"^hall: nginx pid (\d+)", self.log(), re.M).group(1))
+        return [master, *sorted(descendants(master))]
 
     def replicas(self) -> dict[int, tuple[int, int]]:
         return {int(n): (int(pid), int(port)) for n, pid, port in REPLICA_LINE.findall(self.log())}
