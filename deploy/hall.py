@@ -1,10 +1,12 @@
 """A lecture hall: N app processes on loopback ports behind Debian's nginx, started and stopped as one.
 
-    .venv/bin/python deploy/hall.py [--replicas N] [--port P] [--address A]     (./dev serve … runs it)
+    .venv/bin/python deploy/hall.py [--replicas N] [--port P] [--address A] [--tls-cert CRT --tls-key KEY]
+                                    (./dev serve … runs it)
 
 Each replica is `streamlit run app.py` on a free port of 127.0.0.1 with the classroom settings; once every one
 answers /_stcore/health, nginx runs in the foreground on a config generated into a run folder of its own (not
-/etc/nginx), listening on A:P. Sticky sessions: a cookie, not ip_hash (why: README, "Deploying for a school").
+/etc/nginx), listening on A:P (HTTPS with a certificate: TLS ends at nginx). Sticky sessions: a cookie, not
+ip_hash (why: README, "Deploying for a school").
 Ctrl-C or SIGTERM stops nginx and every replica; a replica that dies is started again on its port. Bad
 configuration (the port taken, nginx missing) is one sentence on stderr and exit status 2.
 """
@@ -65,7 +67,7 @@ http {{
         default $cookie_{cookie};
     }}
     map $cookie_{cookie} $decode_lab_new_seat {{
-        ""      "{cookie}=$request_id; Path=/; HttpOnly; SameSite=Lax";
+        ""      "{cookie}=$request_id; Path=/; HttpOnly; SameSite=Lax{secure}";
         default "";
     }}
     map $http_upgrade $connection_upgrade {{
@@ -82,8 +84,8 @@ http {{
     }}
 
     server {{
-        listen {address}:{port};
-        proxy_http_version 1.1;
+        listen {address}:{port}{ssl};
+{tls}        proxy_http_version 1.1;
         proxy_set_header Host $host;
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         proxy_set_header X-Forwarded-Proto $scheme;
@@ -210,15 +212,19 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def write_config(run_dir: Path, address: str, port: int, replicas: list[Replica]) -> Path:
+def write_config(run_dir: Path, address: str, port: int, replicas: list[Replica],
+                 tls: tuple[Path, Path] | None) -> Path:
     servers = "\n".join(f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout=5s;" for r in replicas)
+    tls_lines = "" if tls is None else (f"        ssl_certificate {tls[0]};\n        ssl_certificate_key {tls[1]};\n"
+                                        "        ssl_protocols TLSv1.2 TLSv1.3;\n")
     conf = run_dir / "nginx.conf"
     conf.write_text(NGINX_CONF.format(run_dir=run_dir, cookie=SEAT_COOKIE, servers=servers, address=address,
-                                      port=port, replica_header=REPLICA_HEADER))
+                                      port=port, replica_header=REPLICA_HEADER, ssl=" ssl" if tls else "",
+                                      tls=tls_lines, secure="; Secure" if tls else ""))
     return conf
 
 
-def serve(replica_count: int, address: str, port: int) -> int:
+def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | None) -> int:
     nginx = find_nginx()
     taken = port_taken(address, port)
     if taken:
@@ -241,11 +247,12 @@ def serve(replica_count: int, address: str, port: int) -> int:
         wait_healthy(replicas, lambda: bool(stop_signal))
         if stop_signal:
             return 0
-        conf = write_config(run_dir, address, port, replicas)
+        conf = write_config(run_dir, address, port, replicas, tls)
         nginx_proc = subprocess.Popen([nginx, "-p", str(run_dir), "-c", str(conf), "-e", "stderr"],
                                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-        print(f"hall: nginx pid {nginx_proc.pid} on http://{address}:{port} in front of {replica_count} replicas "
-              f"(config {conf}); Ctrl-C stops all", flush=True)
+        scheme = "https" if tls else "http"
+        print(f"hall: nginx pid {nginx_proc.pid} on {scheme}://{address}:{port} in front of {replica_count} "
+              f"replicas (config {conf}); Ctrl-C stops all", flush=True)
         while not stop_signal:
             if nginx_proc.poll() is not None:
                 print(f"hall: nginx exited with status {nginx_proc.returncode}; stopping the replicas",
@@ -273,13 +280,21 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8501, help="the port nginx listens on (default 8501)")
     parser.add_argument("--address", default="0.0.0.0",
                         help="the address nginx listens on (default 0.0.0.0: every interface)")
+    parser.add_argument("--tls-cert", type=Path, help="a certificate (PEM): nginx speaks HTTPS and wss")
+    parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     args = parser.parse_args()
     try:
         if args.replicas < 1:
             raise BadConfiguration("--replicas must be at least 1.")
         if not 0 < args.port < 65536:
             raise BadConfiguration("--port must be between 1 and 65535.")
-        return serve(args.replicas, args.address, args.port)
+        if (args.tls_cert is None) != (args.tls_key is None):
+            raise BadConfiguration("--tls-cert and --tls-key go together: give both, or neither for plain HTTP.")
+        tls = None if args.tls_cert is None else (args.tls_cert.resolve(), args.tls_key.resolve())
+        for path in tls or ():
+            if not path.is_file():
+                raise BadConfiguration(f"{path} is not a file: --tls-cert and --tls-key name PEM files.")
+        return serve(args.replicas, args.address, args.port, tls)
     except BadConfiguration as bad:
         print(f"hall: {bad}", file=sys.stderr)
         return 2

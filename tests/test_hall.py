@@ -146,8 +146,16 @@ def test_sigint_stops_nginx_and_every_replica(hall):
     assert "hall: stopped nginx and every replica" in hall.log()
 
 
-def test_sigterm_stops_a_hall_of_one():
-    with LectureHall(replicas=1) as one:
+def test_a_hall_of_one_behind_tls_and_sigterm_stops_it(tmp_path):
+    """TLS ends at nginx (the README's self-signed example); a service manager's SIGTERM stops all as Ctrl-C."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a self-signed certificate (Debian: apt-get install -y openssl)")
+    cert, key = tmp_path / "hall.crt", tmp_path / "hall.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout", str(key),
+                    "-out", str(cert), "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    with LectureHall(replicas=1, tls=(cert, key)) as one:  # started = its health answered over verified HTTPS
+        assert one.first_page_cookie().endswith("; Secure")
         processes = descendants(one.proc.pid)
         assert one.stop(signal.SIGTERM) == 0
     assert len(processes) >= 3 and [pid for pid in processes if alive(pid)] == []

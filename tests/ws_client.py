@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -72,9 +73,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def healthy(url: str) -> bool:
+def healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+        with urllib.request.urlopen(url + "/_stcore/health", timeout=2, context=context) as r:
             return r.status == 200
     except OSError:
         return False
@@ -194,14 +195,18 @@ class StreamlitServer:
 
 class LectureHall:
     """deploy/hall.py (replicas behind nginx) on a free port of 127.0.0.1 until the `with` block ends; its output
-    goes to a log file. replicas(): {number: (pid, port)} as the hall last printed them (a restart prints again)."""
+    goes to a log file. replicas(): {number: (pid, port)} as the hall last printed them (a restart prints again).
+    tls: (certificate, key) for HTTPS, the certificate trusted by this client's requests (self.context)."""
 
-    def __init__(self, replicas: int = 2):
+    def __init__(self, replicas: int = 2, tls: tuple[Path, Path] | None = None):
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}/_stcore/stream"
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.ws_url = f"{'wss' if tls else 'ws'}://127.0.0.1:{self.port}/_stcore/stream"
+        self.context = ssl.create_default_context(cafile=tls[0]) if tls else None
         self.command = [sys.executable, str(ROOT / "deploy" / "hall.py"), "--replicas", str(replicas),
-                        "--port", str(self.port), "--address", "127.0.0.1"]
+                        "--port", str(self.port), "--address", "127.0.0.1",
+                        *(["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else [])]
         self.proc: subprocess.Popen | None = None
         self.log_path = Path(tempfile.mkstemp(prefix="hall-", suffix=".log")[1])
 
@@ -210,7 +215,7 @@ class LectureHall:
             self.proc = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 2 * START_TIMEOUT_S
-        while "hall: nginx pid" not in self.log() or not healthy(self.url):
+        while "hall: nginx pid" not in self.log() or not healthy(self.url, self.context):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the hall did not start (exit {self.proc.returncode}):\n{self.log()[-3000:]}")
@@ -243,11 +248,14 @@ class LectureHall:
     def replicas(self) -> dict[int, tuple[int, int]]:
         return {int(n): (int(pid), int(port)) for n, pid, port in REPLICA_LINE.findall(self.log())}
 
+    def first_page_cookie(self) -> str:
+        """The Set-Cookie header of a browser's first page load: its seat."""
+        with urllib.request.urlopen(self.url + "/", timeout=10, context=self.context) as r:
+            return r.headers["Set-Cookie"]
+
     def new_seat(self) -> dict[str, str]:
-        """What a browser's first page load gets: the seat cookie, as the header its websocket then sends."""
-        with urllib.request.urlopen(self.url + "/", timeout=10) as r:
-            cookie = r.headers["Set-Cookie"].split(";", 1)[0]
-        return {"Cookie": cookie}
+        """The seat cookie of a first page load, as the header that browser's websocket then sends."""
+        return {"Cookie": self.first_page_cookie().split(";", 1)[0]}
 
 
 async def open_decode_session(ws_url: str, prompt: str, headers: dict[str, str] | None = None,
