@@ -252,7 +252,7 @@ def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | 
                                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         scheme = "https" if tls else "http"
         print(f"hall: nginx pid {nginx_proc.pid} on {scheme}://{address}:{port} in front of {replica_count} "
-              f"replicas (config {conf}); Ctrl-C stops all", flush=True)
+              f"replica{'s' if replica_count > 1 else ''} (config {conf}); Ctrl-C stops all", flush=True)
         while not stop_signal:
             if nginx_proc.poll() is not None:
                 print(f"hall: nginx exited with status {nginx_proc.returncode}; stopping the replicas",
