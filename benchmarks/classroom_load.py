@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from conditions import ROOT, p50_p95, print_conditions, server_options
-from ws_client import Session, StreamlitServer
+from ws_client import StreamlitServer, open_decode_session, prompts_for
 
 from model.engine import generate
 from model.engine.loading import load_model
@@ -28,13 +28,6 @@ from model.engine.sampling import SamplingSettings
 from ui.state import DEFAULTS
 
 SOLO_CLICKS = 10
-
-
-def prompts_for(model, count: int) -> list[str]:
-    """`count` different two-word prompts from the model's own vocabulary (no <unk>: each prompt is distinct)."""
-    tok = model.tokenizer
-    words = [w for w in (tok.token(i) for i in range(model.info.vocab_size)) if w.isalpha()]
-    return [f"{words[i % len(words)]} {words[(7 * i + 3) % len(words)]}" for i in range(count)]
 
 
 def solo_ids(model, prompt: str, nexts: int) -> list[int]:
@@ -47,21 +40,13 @@ def solo_ids(model, prompt: str, nexts: int) -> list[int]:
     return gen.ids
 
 
-async def open_session(server: StreamlitServer, prompt: str) -> Session:
-    session = Session(server.ws_url, page="decode", query="lang=en")
-    await session.connect()
-    await session.run()
-    session.set_value("prompt_text", prompt)
-    return session
-
-
 async def measure(server: StreamlitServer, prompts: list[str], rounds: int) -> dict:
-    solo = await open_session(server, prompts[0])  # also warms the server up: imports, model load
+    solo = await open_decode_session(server.ws_url, prompts[0])  # also warms the server up: imports, model load
     await solo.run("run_prefill")
     alone = [await solo.run("next") for _ in range(SOLO_CLICKS)]
     await solo.close()
 
-    sessions = [await open_session(server, p) for p in prompts]
+    sessions = [await open_decode_session(server.ws_url, p) for p in prompts]
     prefill = await asyncio.gather(*(s.run("run_prefill") for s in sessions))
     next_times, cpu_per_click = [], []
     for _ in range(rounds):
