@@ -14,6 +14,7 @@ import streamlit as st
 
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula
+from model.engine.tokenizer import joined_characters
 from ui import svg
 from ui.i18n import number, t
 from ui.session import (
@@ -191,7 +192,9 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         + heading_html(t("decode.answer"))
         + paragraph_html(t("decode.answer_text", text=md_escape(tok.decode(gen.new_ids)) or "∅", n=len(gen.new_ids)))
         + stop)
-    return (token_strip_html(tokens, ids, kinds) + summary
+    joined = joined_characters(tok, ids)
+    legend = (paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else "")
+    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
             + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
             f"<div>{check_and_answer}</div></div>")
 

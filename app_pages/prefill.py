@@ -3,6 +3,7 @@
 import streamlit as st
 
 from model.engine.counting import cache_bytes_formula
+from model.engine.tokenizer import joined_characters
 from ui import charts
 from ui.i18n import number, t
 from ui.session import cache_by_layer_kind, generation, layer_head_selectors, page_start, prompt_form
@@ -36,7 +37,10 @@ n = len(gen.prompt_ids)
 st.subheader(t("prefill.tokens"))
 unknown = st.session_state.prompt_unknown
 kinds = ["unknown" if i == tok.unk_id else "" for i in gen.prompt_ids]
-token_strip(prompt_tokens, gen.prompt_ids, kinds)
+joined = joined_characters(tok, gen.prompt_ids)
+token_strip(prompt_tokens, gen.prompt_ids, kinds, joined)
+if any(c is not None for c in joined):
+    st.caption(t("tokens.byte_legend"))
 if unknown:
     st.warning(t("prefill.unknown", words=md_escape(", ".join(unknown))))
 st.markdown(t("prefill.one_pass", n=n, ms=f"{trace.ms:.1f}", device=info.device, dtype=info.dtype))

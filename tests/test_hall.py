@@ -27,6 +27,7 @@ from ws_client import (
     free_port,
     open_decode_session,
     prompts_for,
+    run_async,
     solo_trace_ids,
 )
 
@@ -101,7 +102,7 @@ def hall():
 def test_twenty_sessions_behind_nginx_and_a_replica_killed_mid_run(hall, small):
     prompts = prompts_for(small, SESSIONS)
     seeds = list(range(SESSIONS))
-    result = asyncio.run(sessions_with_a_replica_killed(hall, prompts, seeds))
+    result = run_async(sessions_with_a_replica_killed(hall, prompts, seeds))
     traced = [solo_trace_ids(p, NEW_TOKENS, TEMPERATURE, seed) for p, seed in zip(prompts, seeds)]
 
     def solo(i: int, nexts: int) -> list[int]:

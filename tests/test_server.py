@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from conftest import wait_for_charts, wait_idle
 from playwright.sync_api import expect
-from ws_client import Session, StreamlitServer
+from ws_client import Session, StreamlitServer, run_async
 
 from model.engine import generate
 from model.engine.loading import load_model
@@ -29,13 +28,6 @@ ISOLATION_PROMPTS = ["the dog", "my mother", "con mèo", "the cat eats"]
 NEXT_CLICKS = 3
 GREEDY = SamplingSettings(temperature=0.0, top_k=None, top_p=1.0, seed=0)  # the page's defaults
 PAGE_NEW_TOKENS = 20  # the page's default "max new tokens"
-
-
-def run_async(coroutine):
-    """asyncio.run in a thread of its own: Playwright's sync API (the browser tests of the same pytest run) keeps an
-    event loop running in the main thread, where asyncio.run refuses to start another."""
-    with ThreadPoolExecutor(max_workers=1) as worker:
-        return worker.submit(asyncio.run, coroutine).result()
 
 
 def ws_url(http_url: str) -> str:

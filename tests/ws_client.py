@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import websockets
@@ -408,3 +409,10 @@ class Session:
             if 'class="tok-strip"' in body:
                 return [int(x) for x in re.findall(r"id (\d+)</small>", body)]
         return None
+
+
+def run_async(coroutine):
+    """asyncio.run in a thread of its own: Playwright's sync API (the browser tests of the same pytest run) keeps an
+    event loop running in the main thread, where asyncio.run refuses to start another."""
+    with ThreadPoolExecutor(max_workers=1) as worker:
+        return worker.submit(asyncio.run, coroutine).result()

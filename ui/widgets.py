@@ -11,7 +11,7 @@ from html import escape
 
 import streamlit as st
 
-from ui.i18n import lang
+from ui.i18n import lang, t
 
 CSS = """
 <style>
@@ -24,6 +24,7 @@ CSS = """
 .tok.current{background:#ffe8cc;border-color:#e8590c;font-weight:700}
 .tok.unknown{background:#ffe3e3;border-color:#c92a2a}
 .tok.special{font-family:monospace;font-size:15px}
+.tok.bytes{font-family:monospace;font-size:14px;border-style:dashed}
 .att-row{display:flex;flex-wrap:wrap;gap:3px;margin:2px 0 8px 0}
 .att{border-radius:5px;padding:2px 6px;font-size:15px;line-height:1.25;text-align:center;border:1px solid #ced4da;
      white-space:pre;min-width:28px}
@@ -67,18 +68,25 @@ def shown(token: str) -> str:
     return token.replace("\n", "↵") if token else "∅"
 
 
-def token_strip_html(tokens: list[str], ids: list[int], kinds: list[str]) -> str:
-    """A row of token chips: token above, position and id below; kinds add CSS classes."""
+def token_strip_html(tokens: list[str], ids: list[int], kinds: list[str],
+                     joined: list[str | None] | None = None) -> str:
+    """A row of token chips: token above, position and id below; kinds add CSS classes. A byte piece (part of a
+    character, shown as <E1><BB>) says in its tooltip why, and which character it makes with its neighbours
+    (joined: tokenizer.joined_characters of the ids)."""
     chips = []
     for position, (tok, tid, kind) in enumerate(zip(tokens, ids, kinds)):
-        special = " special" if tok.startswith("<") and tok.endswith(">") else ""
-        chips.append(f'<div class="tok {escape(kind)}{special}">{escape(shown(tok))}'
+        piece = joined[position] if joined is not None else None
+        if piece is not None:
+            extra = f' bytes" title="{escape(t("tokens.byte_piece", char=piece.strip() or piece))}'
+        else:
+            extra = " special" if tok.startswith("<") and tok.endswith(">") else ""
+        chips.append(f'<div class="tok {escape(kind)}{extra}">{escape(shown(tok))}'
                      f"<small>#{position} · id {tid}</small></div>")
     return '<div class="tok-strip">' + "".join(chips) + "</div>"
 
 
-def token_strip(tokens: list[str], ids: list[int], kinds: list[str]) -> None:
-    st.html(token_strip_html(tokens, ids, kinds))
+def token_strip(tokens: list[str], ids: list[int], kinds: list[str], joined: list[str | None] | None = None) -> None:
+    st.html(token_strip_html(tokens, ids, kinds, joined))
 
 
 def attention_row_html(tokens: list[str], weights) -> str:

@@ -15,7 +15,7 @@ import torch
 
 from model.engine.cache import LayerBytes
 from model.engine.runtime import LoadedModel, ModelInfo
-from model.engine.tokenizer import Encoded
+from model.engine.tokenizer import Encoded, raw_token_bytes, readable_token
 from model.errors import InputError
 from model.weights.catalog import SAFETENSORS, Location
 
@@ -194,12 +194,16 @@ class HFTokenizer:
         return [text[a:b] for i, (a, b) in zip(ids, offsets, strict=True) if i == self.unk_id]
 
     def token(self, token_id: int) -> str:
-        """A readable form: the text the token stands for (" the"), or its raw name when that is only part of
-        a character (byte-level pieces of a Vietnamese letter)."""
+        """A readable form: the text the token stands for (" the"), or, when that is only part of a character
+        (byte-level pieces of a Vietnamese letter), its bytes as <E1><BB>."""
         if not 0 <= token_id < len(self._tok):
             return f"<{token_id}>"
-        text = self._tok.decode([token_id])
-        return text if text and "\ufffd" not in text else self._tok.convert_ids_to_tokens(token_id)
+        return readable_token(self._tok.convert_ids_to_tokens(token_id), self._tok.decode([token_id]))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if not 0 <= token_id < len(self._tok):
+            return b""
+        return raw_token_bytes(self._tok.convert_ids_to_tokens(token_id), self._tok.decode([token_id]))
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

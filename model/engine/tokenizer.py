@@ -7,6 +7,7 @@ with unknown-word reporting, and subword (byte-level BPE) ones with a chat templ
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,63 @@ from model.errors import InputError
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 NO_SPACE_BEFORE = set(".,!?;:")
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback (Gemma): one byte a token
+SHOWN_BYTE = re.compile(r"<[0-9A-F]{2}>")         # a byte of a cut character, as shown_bytes writes it
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE writes each byte as a printable letter (bytes_to_unicode); this maps them back."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def shown_bytes(data: bytes) -> str:
+    """Whole UTF-8 characters as text, each byte of a character cut by the tokenizer as <XX>: "á»" (the byte-level
+    alias) looks like a Vietnamese letter and is not one; <E1><BB> is what the token holds."""
+    text = data.decode("utf-8", errors="surrogateescape")  # a lone byte b becomes the surrogate U+DC00 + b
+    return "".join(f"<{ord(c) - 0xDC00:02X}>" if "\udc80" <= c <= "\udcff" else c for c in text)
+
+
+def raw_token_bytes(raw: str, text: str) -> bytes:
+    """The bytes a token holds: of its text when that is whole characters, else read from its raw name (a <0xXX>
+    byte token, or byte-level letters); a raw name of neither kind gives its text's bytes."""
+    byte_token = BYTE_TOKEN.fullmatch(raw)
+    if byte_token:
+        return bytes([int(byte_token[1], 16)])
+    if "\ufffd" in text and all(c in BYTE_LEVEL for c in raw):
+        return bytes(BYTE_LEVEL[c] for c in raw)
+    return text.encode("utf-8")
+
+
+def readable_token(raw: str, text: str) -> str:
+    """The text a token stands for (" the"), or, when that is only part of a character, its bytes (<E1><BB>)."""
+    if text and "\ufffd" not in text:
+        return text
+    data = raw_token_bytes(raw, text)
+    return shown_bytes(data) if "\ufffd" not in data.decode("utf-8", errors="surrogateescape") else raw
+
+
+def joined_characters(tokenizer: TextTokenizer, ids: list[int]) -> list[str | None]:
+    """Per position: for a byte piece (a token holding part of a character), the text that it and its neighbours
+    write together ("ủ"); None for a token that is whole characters."""
+    joined: list[str | None] = [None] * len(ids)
+    i = 0
+    while i < len(ids):
+        if not SHOWN_BYTE.search(tokenizer.token(ids[i])):
+            i += 1
+            continue
+        end = i + 1  # a character has at most 4 bytes: its pieces span at most 4 tokens
+        while end < len(ids) and end - i < 4 and "\ufffd" in tokenizer.decode(ids[i:end]):
+            end += 1
+        text = tokenizer.decode(ids[i:end])
+        for position in range(i, end):
+            joined[position] = text
+        i = end
+    return joined
 
 
 class UnknownWordsError(ValueError):
@@ -46,6 +104,8 @@ class TextTokenizer(Protocol):
     def encode_chat(self, messages: list[dict[str, str]]) -> Encoded: ...
 
     def token(self, token_id: int) -> str: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -133,6 +193,9 @@ class WordTokenizer:
     def token(self, token_id: int) -> str:
         return self.id_to_token.get(token_id, f"<{token_id}>")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.token(token_id).encode("utf-8")
+
     def decode(self, ids: list[int]) -> str:
         """Words joined by spaces, special tokens dropped, no space before punctuation."""
         text = ""
@@ -172,13 +235,16 @@ class SubwordTokenizer:
         return self.encode(render_chat(self.chat_template, messages, **self._special))
 
     def token(self, token_id: int) -> str:
-        """A readable form: the text the token stands for (" the"), or its raw name when that is only part of
-        a character (byte-level pieces of a Vietnamese letter)."""
+        """A readable form: the text the token stands for (" the"), or, when that is only part of a character
+        (byte-level pieces of a Vietnamese letter), its bytes as <E1><BB>."""
         raw = self._tok.id_to_token(token_id) if token_id >= 0 else None
         if raw is None:
             return f"<{token_id}>"
-        text = self._tok.decode([token_id], skip_special_tokens=False)
-        return text if text and "\ufffd" not in text else raw
+        return readable_token(raw, self._tok.decode([token_id], skip_special_tokens=False))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        raw = self._tok.id_to_token(token_id) if token_id >= 0 else None
+        return b"" if raw is None else raw_token_bytes(raw, self._tok.decode([token_id], skip_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

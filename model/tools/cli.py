@@ -29,8 +29,9 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
             "cache_bytes_formula": trace.cache_bytes_formula,
             "attention_shape": [info.n_layers, info.n_heads, len(trace.input_ids), trace.cache_len],
             "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
-            "chosen_prob": round(drawn.chosen_prob, 6),
-            "top": [{"id": int(i), "token": tok.token(int(i)), "prob": round(float(p), 6)}
+            "chosen_bytes": tok.token_bytes(drawn.chosen_id).hex(" "), "chosen_prob": round(drawn.chosen_prob, 6),
+            "top": [{"id": int(i), "token": tok.token(int(i)), "bytes": tok.token_bytes(int(i)).hex(" "),
+                     "prob": round(float(p), 6)}
                     for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
             "ms": round(trace.ms, 3),
         }
@@ -42,8 +43,9 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
                   "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
                   "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
                   "dtype": info.dtype, "device": info.device},
+        # token: the readable form (a byte piece as <E1><BB>); bytes: what each token holds, in hex
         "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
-                   "unknown": unknown},
+                   "bytes": [tok.token_bytes(i).hex(" ") for i in gen.prompt_ids], "unknown": unknown},
         "steps": steps,
         "output": {"ids": gen.new_ids, "text": tok.decode(gen.new_ids), "stop_reason": gen.stop_reason},
         "counts": {"prompt_len": len(gen.prompt_ids), "new_tokens": len(gen.new_ids),
