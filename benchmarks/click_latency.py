@@ -162,6 +162,7 @@ INSTRUMENT_JS = """
 @dataclass
 class Click:
     settled_ms: float   # click → settled, in the page
+    shown_ms: float | None  # click → the expected text first on the page (a Next's new token), before settling
     finished_ms: float  # click → the page's main thread handled "script finished"
     server_cpu_ms: float  # the server process's CPU time meanwhile
     kib: float          # websocket bytes the page received meanwhile
@@ -180,6 +181,9 @@ SETTLED_JS = """
 """
 
 
+SHOWN_JS = "expect => new RegExp(expect).test(document.body.textContent)"
+
+
 class Timer:
     """Runs one user action; returns a Click: the page's times, the server's CPU time, the bytes it sent.
     `pace` runs before each action: the reference pages' clicks, interleaved with the app's."""
@@ -193,10 +197,14 @@ class Timer:
         before = self.page.evaluate("[window.__lat.finished, window.__lat.bytes]")
         cpu = self.server.cpu_seconds()
         action()
+        shown = None
+        if expect:  # the Decode page shows a Next's token before its check's verdict: when the token came
+            self.page.wait_for_function(SHOWN_JS, arg=expect, polling="raf", timeout=SETTLE_TIMEOUT_MS)
+            shown = self.page.evaluate("performance.now() - window.__lat.input")
         self.page.wait_for_function(SETTLED_JS, arg=[QUIET_MS, before[0], expect], polling=20,
                                     timeout=SETTLE_TIMEOUT_MS)
         lat = self.page.evaluate("window.__lat")
-        return Click(lat["last"] - lat["input"], lat["finishedAt"] - lat["input"],
+        return Click(lat["last"] - lat["input"], shown, lat["finishedAt"] - lat["input"],
                      1000 * (self.server.cpu_seconds() - cpu), (lat["bytes"] - before[1]) / 1024)
 
 
@@ -377,6 +385,12 @@ def main() -> None:
         f50, cpu50, kib50 = (p50_p95([getattr(c, f) for c in rows])[0] for f in ("finished_ms", "server_cpu_ms", "kib"))
         print(f"{name:<25} {len(rows):>6} {s50:>7.0f} {s95:>7.0f} {s95 / bare95:>7.2f}×   {f50:>9.0f} {cpu50:>10.0f} "
               f"{kib50:>9.1f}")
+    for name in ("first Next after prefill", "Decode Next"):
+        shown = [c.shown_ms for c in result["times"][name] if c.shown_ms is not None]
+        if shown:
+            h50, h95 = p50_p95(shown)
+            print(f"{name}: click → its token on the page p50 {h50:.0f} ms, p95 {h95:.0f} ms ({h95 / bare95:.2f}× the "
+                  "bare page's p95); the check's verdict follows")
     first = result["times"]["Prefill"][0]
     print(f"the page's first Prefill: {first.settled_ms:.0f} ms (included above)")
     if result["engine"]:
