@@ -246,6 +246,11 @@ def test_browser_gamma_and_k_survive_a_visit_and_the_next_start_uses_them(app_se
     for _ in range(3):  # 4 -> 7
         page.keyboard.press("ArrowRight")
     wait_idle(page)
+    page.get_by_text(text("speculative.sampling", "en")).click()  # the expander with the sampling seed
+    seed = page.locator(".st-key-seed input")
+    seed.fill("5")
+    seed.press("Enter")
+    wait_idle(page)
     page.get_by_role("button", name="Start (round 1)").click()
     page.get_by_text(re.compile(r"Round 1: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
     page.locator("[data-testid='stSidebarNav']").get_by_role("link", name="Decode").click()
@@ -253,7 +258,8 @@ def test_browser_gamma_and_k_survive_a_visit_and_the_next_start_uses_them(app_se
     page.locator("[data-testid='stSidebarNav']").get_by_role("link", name="Speculative decoding").click()
     page.get_by_text(re.compile(r"Round 1: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
     assert page.locator(".st-key-spec_gamma input[type='range']").input_value() == "7"
-    assert k.input_value() == "3"
+    assert k.input_value() == "3" and seed.input_value() == "5"
+    assert page.get_by_role("button", name="Start (round 1)").count() == 1
     page.get_by_role("button", name="Next round").click()
     page.get_by_text(re.compile(r"Round 2: early-exit:3 proposes \d+ tokens \(γ = 7\)")).wait_for(timeout=60_000)
     assert page.locator("[data-testid='stException']").count() == 0
