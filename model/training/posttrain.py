@@ -138,6 +138,8 @@ def completion_labels(ids: list[int], n_prompt: int) -> list[int]:
 
 
 def completion_rows(seqs: list[tuple[list[int], int]], pad_id: int) -> Rows:
+    if not seqs or any(len(ids) <= n for ids, n in seqs):  # no rows, or a row without an answer token
+        raise InputError("finetune_empty")
     width = max(len(ids) for ids, _ in seqs) - 1
     inputs = np.full((len(seqs), width), pad_id, dtype=np.int64)
     labels = np.full((len(seqs), width), IGNORE, dtype=np.int64)

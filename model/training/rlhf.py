@@ -197,7 +197,7 @@ class RLHF(PostTrainer):
         per_token = -(advantages[:, None] * ratio - s.beta * kl) * mask
         loss = (per_token.sum(1) / mask.sum(1)).mean()
         grad_norm = self.optimize(loss)
-        kl_mean = float((kl.sum(1) / mask.sum(1)).mean())
+        kl_mean = float((kl.detach().sum(1) / mask.sum(1)).mean())
         self.last_samples = [{"prompt": groups[i // s.group_size],
                               "answer": self.tokenizer.decode(ids[n:]), "reward": float(rewards[i]),
                               "advantage": float(advantages[i])}
