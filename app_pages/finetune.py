@@ -110,6 +110,8 @@ def controls(method: str):
             guarded(trainer.step)
         else:
             run_steps(method, trainer, min(n, BOUND.max_steps - trainer.steps_used), trainer.step)
+        if trainer.settings.model == "small" and trainer.history:  # a few ms: the "now" answers follow each click
+            trainer.after = guarded(trainer.answers)
     return trainer
 
 
@@ -117,7 +119,7 @@ def before_after(trainer) -> None:
     if st.button(t("finetune.refresh_after"), key=f"ft_{trainer.method}_after", icon=":material/compare_arrows:"):
         trainer.after = guarded(trainer.answers)
     now = getattr(trainer, "after", None)
-    rows = [[md_escape(p), md_escape(b) or "∅", md_escape(a) if now else "…"]
+    rows = [[p, b or "∅", (a or "∅") if now else "…"]
             for (p, b), (_, a) in zip(trainer.before, now or trainer.before)]
     st.html(table_html([t("finetune.prompt"), t("finetune.before"), t("finetune.after", step=trainer.steps_done)],
                        rows))
@@ -197,7 +199,7 @@ def lora_view(trainer) -> None:
 def dpo_view(trainer) -> None:
     data = preference_pairs(int(st.session_state.ft_dpo_seed))[:SHOWN_PAIRS]
     st.html(table_html([t("finetune.prompt"), t("finetune.chosen"), t("finetune.rejected")],
-                       [[md_escape(p.prompt), md_escape(p.chosen), md_escape(p.rejected)] for p in data]))
+                       [[p.prompt, p.chosen, p.rejected] for p in data]))
     if trainer is not None and trainer.history:
         r = trainer.history[-1]
         st.markdown(t("finetune.dpo_read", loss=f"{r['loss']:.4f}", margin=f"{r['margin']:.4f}",
@@ -235,7 +237,7 @@ def rlhf_samples(trainer) -> None:
         return
     st.html(table_html([t("finetune.prompt"), t("finetune.sample"), t("finetune.col_reward"),
                         t("finetune.advantage")],
-                       [[md_escape(s["prompt"]), md_escape(s["answer"]) or "∅", f"{s['reward']:.3f}",
+                       [[s["prompt"], s["answer"] or "∅", f"{s['reward']:.3f}",
                          f"{s['advantage']:+.3f}"] for s in trainer.last_samples[:8]]))
     r = trainer.history[-1]
     st.markdown(t("finetune.rlhf_read", reward=f"{r['reward']:.3f}", kl=f"{r['kl']:.4f}",

@@ -64,3 +64,31 @@ def test_bad_input_is_one_sentence_and_the_session_keeps_its_runs():
     click(at, "ft_dpo_one")
     assert [e.value for e in at.error] == [text("error.finetune_beta", "en").format(value="0\\.0")]
     assert trainer(at, "sft").steps_done == 1
+
+
+BROWSER = {"vi": {"one": "Một bước", "rm": "Một bước mô hình thưởng", "step": "bước 1/", "rm_done": "Sau 1 bước:"},
+           "en": {"one": "One step", "rm": "One reward-model step", "step": "step 1/", "rm_done": "After 1 steps:"}}
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_step_on_each_tab_in_a_real_browser(app_server, browser_page, artifacts, lang):
+    from conftest import wait_idle
+
+    page, words = browser_page, BROWSER[lang]
+    page.goto(f"{app_server}/finetune?lang={lang}")
+    wait_idle(page)
+    for method in ("sft", "lora", "rlhf", "dpo"):
+        page.get_by_role("tab", name=text("finetune.tab_" + method, lang)).click()
+        panel = page.locator("[role='tabpanel']:visible")
+        if method == "rlhf":
+            panel.get_by_role("button", name=words["rm"], exact=True).click()
+            panel.get_by_text(words["rm_done"]).first.wait_for(timeout=120_000)  # the reward model's first step
+        panel.get_by_role("button", name=words["one"], exact=True).click()
+        wait_idle(page, 120_000)
+        panel.get_by_text(words["step"]).first.wait_for(timeout=120_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert page.locator("[data-testid='stAlertContentError']").count() == 0
+        page.set_viewport_size({"width": 1440, "height": 2600})
+        page.screenshot(path=str(artifacts / f"finetune-{method}-{lang}.png"), full_page=True)
+        page.set_viewport_size({"width": 1440, "height": 900})
