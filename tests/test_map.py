@@ -206,6 +206,11 @@ def test_all_dims_nothing_and_an_unknown_band_means_all():
         assert not any("dim" in c or "hl" in c for c in classes)
 
 
+def test_all_22_cells_open_a_live_view():
+    cells = [c["id"] for c in load_cells()]
+    assert len(cells) == 22 and [c for c in cells if not live_views(c)] == []
+
+
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_live_links_go_to_the_app_pages_and_keep_the_language(lang):
     html = build(lang)

@@ -34,6 +34,8 @@ PAGES: tuple[PageSpec, ...] = (
              {"1A": "cell-1a", "1B": "cell-1b", "1C": "cell-1c", "2A": "cell-2", "2B": "cell-2", "2C": "cell-2",
               "2D": "cell-2", "3A": "cell-3a", "3B": "cell-3b", "3C": "cell-3c", "3D": "cell-3d", "3E": "cell-3e",
               "4A": "cell-4a", "4B": "cell-4b", "4C": "cell-4c"}),
+    PageSpec("finetune", "app_pages/finetune.py", ":material/tune:",
+             {"4D": "cell-4d", "4E": "cell-4e", "4F": "cell-4f", "4G": "cell-4g"}),
 )
 DEFAULT_PAGE = "map"
 

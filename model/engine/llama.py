@@ -63,6 +63,9 @@ class ForwardOutput:
     attentions: list[torch.Tensor] | None   # per layer (B, n_heads, T, S), S = cached + new positions
     # one layer's q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head)
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    # the last block's output after the final norm, (B, T or 1, hidden): what the LM head reads (and a reward
+    # model's scalar head, model/training/rlhf.py)
+    hidden: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
@@ -246,8 +249,9 @@ class Llama(nn.Module):
                 qkv = layer_qkv
         if last_logits_only:
             x = x[:, -1:]
-        logits = self.lm_head(self.model.norm(x))                # (B, T or 1, vocab)
-        return ForwardOutput(logits, attentions, qkv)
+        hidden = self.model.norm(x)                              # (B, T or 1, hidden)
+        logits = self.lm_head(hidden)                            # (B, T or 1, vocab)
+        return ForwardOutput(logits, attentions, qkv, hidden)
 
     # -- Hugging Face checkpoint layout: config.json + model.safetensors --------------------------------
 

@@ -1,4 +1,4 @@
-"""python -m model trace | count | build | train | speculate | bench | fetch — the engine from the command line."""
+"""python -m model trace | count | build | train | finetune | speculate | bench | fetch: the engine from the shell."""
 
 from __future__ import annotations
 
@@ -130,6 +130,12 @@ def cmd_train(args) -> int:
     return run_cli(args)
 
 
+def cmd_finetune(args) -> int:
+    from model.tools.finetune import run_cli
+
+    return run_cli(args)
+
+
 def cmd_speculate(args) -> int:
     from model.tools.speculate import run_cli
 
@@ -206,6 +212,26 @@ def parser() -> argparse.ArgumentParser:
                     "that is not empty")
     tr.add_argument("--json", action="store_true", help="one JSON object instead of one line per step")
     tr.set_defaults(run=cmd_train)
+
+    ft = sub.add_parser("finetune", help="post-training step by step: SFT, LoRA, DPO or RLHF in miniature")
+    ft.add_argument("--method", required=True, choices=["sft", "lora", "dpo", "rlhf"])
+    ft.add_argument("--model", default="small", choices=["small", "smollm2"], help="smollm2: sft and lora")
+    ft.add_argument("--steps", type=int, default=50, help="optimizer steps (rlhf: of the policy)")
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--batch", type=int, default=16, help="pairs per step (rlhf: prompts × group)")
+    ft.add_argument("--lr", type=float, default=0.0, help="0 = the method's default")
+    ft.add_argument("--rank", type=int, default=4, help="lora: r")
+    ft.add_argument("--alpha", type=float, default=8.0, help="lora: alpha (the update is alpha/r · B A x)")
+    ft.add_argument("--targets", default="qv", choices=["qv", "all"], help="lora: q_proj, v_proj or every linear")
+    ft.add_argument("--beta", type=float, default=0.1, help="dpo: β; rlhf: the KL penalty's weight")
+    ft.add_argument("--group", type=int, default=8, help="rlhf: answers sampled per prompt")
+    ft.add_argument("--reward-steps", type=int, default=40, help="rlhf: reward-model steps first")
+    ft.add_argument("--length-bonus", type=float, default=0.0, help="rlhf: reward += bonus × answer length")
+    ft.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    ft.add_argument("--save", default=None, help="write the model (lora: merged, adapter in DIR/adapter)")
+    ft.add_argument("--overwrite", action="store_true", help="with --save: a folder that is not empty")
+    ft.add_argument("--json", action="store_true", help="one JSON object instead of one line per step")
+    ft.set_defaults(run=cmd_finetune)
 
     sp = sub.add_parser("speculate", help="speculative decoding: a draft proposes, the model checks in one pass")
     add_run_arguments(sp, "the target model: small, smollm2, a model folder")
