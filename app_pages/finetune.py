@@ -2,6 +2,7 @@
 tab with its data, its loss, its numbers per step (chart and table) and the same prompts answered before and now."""
 
 import time
+from functools import partial
 
 import streamlit as st
 import torch
@@ -17,7 +18,7 @@ from ui import charts
 from ui.i18n import t
 from ui.session import guarded
 from ui.state import keep_across_pages
-from ui.widgets import md_escape, table_html, token_strip
+from ui.widgets import csv_of, md_escape, table_html, token_strip
 
 BOUND = limits()
 CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
@@ -132,6 +133,9 @@ def numbers(method: str, trainer) -> None:
     keys = [k for k in trainer.history[-1] if k not in ("lr",)]
     st.dataframe({t("finetune.col_" + k): [r[k] for r in trainer.history] for k in keys}, hide_index=True,
                  height=220, key=f"ft_{method}_table")
+    st.download_button(t("train.download_curve"), key=f"ft_{method}_download", icon=":material/download:",
+                       on_click="ignore", file_name=f"decode-lab-{method}.csv", mime="text/csv",
+                       data=partial(csv_of, trainer.history))
 
 
 def use_this_model(method: str, trainer) -> None:

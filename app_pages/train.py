@@ -17,7 +17,6 @@ from model.engine.tokenizer import WordTokenizer
 from model.training.train import (
     IGNORE,
     CheckpointStore,
-    HistoryPoint,
     Trainer,
     TrainSettings,
     limits,
@@ -28,7 +27,7 @@ from ui import charts
 from ui.i18n import labels, t
 from ui.session import guarded, shared_model
 from ui.state import default_prompt, keep_across_pages
-from ui.widgets import NEXT_KEY, choice, md_escape, table_html, token_strip
+from ui.widgets import NEXT_KEY, choice, csv_of, md_escape, table_html, token_strip
 
 BOUND = limits()
 DEFAULTS = TrainSettings()
@@ -96,13 +95,6 @@ def greedy_side_by_side(trainer: Trainer, name: str, folder: str, prompt: str) -
 def group_name(kind: str, layer: int | None, tied: bool) -> str:
     """A parameter group's row label; the embedding's says it is the LM head too only when the two are tied."""
     return t("train.group_embed_tied" if kind == "embed" and tied else "train.group_" + kind, layer=layer)
-
-
-def curve_csv(trainer: Trainer) -> str:
-    """Every step so far, one row each, the fields of `python -m model train --json`'s steps."""
-    fields = [f.name for f in dataclasses.fields(HistoryPoint)]
-    rows = [",".join(fields)] + [",".join(repr(getattr(p, f)) for f in fields) for p in trainer.history]
-    return "\n".join(rows) + "\n"
 
 
 def token_label(tok: WordTokenizer, token_id: int) -> str:
@@ -296,7 +288,8 @@ st.markdown(t("train.adamw_explain", lr=f"{report.lr:.2e}", wd=f"{report.weight_
 st.subheader(t("train.h_3e"), anchor="cell-3e")
 st.plotly_chart(loss_figure(trainer), key="train_loss_curve")
 st.download_button(t("train.download_curve"), key="train_download", icon=":material/download:", on_click="ignore",
-                   file_name="decode-lab-train.csv", mime="text/csv", data=partial(curve_csv, trainer))
+                   file_name="decode-lab-train.csv", mime="text/csv",
+                   data=partial(csv_of, [dataclasses.asdict(p) for p in trainer.history]))
 if st.button(t("train.save"), key="train_save", icon=":material/save:"):
     if st.session_state.train_store is None:
         st.session_state.train_store = CheckpointStore(BOUND.max_checkpoints)

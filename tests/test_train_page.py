@@ -258,3 +258,17 @@ def test_browser_settings_and_run_survive_a_visit_with_a_non_default_seed(app_se
     page_.get_by_text("This step's batch holds 3 sentences", exact=False).first.wait_for()
     assert page_.locator("[data-testid='stException']").count() == 0
     assert page_.get_by_text("Something unexpected went wrong").count() == 0
+
+
+def test_the_curve_downloads_as_csv_with_a_row_per_step():
+    import dataclasses
+
+    from model.training.train import HistoryPoint
+    from ui.widgets import csv_of
+
+    at = click(click(open_train("en"), "train_one"), "train_one")
+    assert at.get("download_button")
+    history = at.session_state["train_trainer"].history
+    lines = csv_of([dataclasses.asdict(p) for p in history]).splitlines()
+    assert lines[0].split(",") == [f.name for f in dataclasses.fields(HistoryPoint)] and len(lines) == 3
+    assert float(lines[2].split(",")[1]) == history[1].loss

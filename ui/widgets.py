@@ -6,6 +6,8 @@ with every click makes the browser recompute the style of the whole page.
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Callable, Sequence
 from html import escape
 
@@ -192,3 +194,14 @@ def warn_before_leaving(run_held: bool) -> None:
     """A reload or a closed tab starts a new session and loses the run: while there is one, the browser asks first."""
     handler = "() => true" if run_held else "null"
     st.html(f"<script>window.onbeforeunload = {handler};</script>", unsafe_allow_javascript=True)
+
+
+def csv_of(rows: list[dict]) -> str:
+    """One line per row under a header of the first row's keys (a training curve, for a spreadsheet)."""
+    if not rows:
+        return ""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
