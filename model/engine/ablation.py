@@ -25,7 +25,8 @@ def parse_heads(text: str, info: ModelInfo) -> list[tuple[int, int]]:
     for part in text.split(","):
         match = HEAD.fullmatch(part)
         if match is None or not (int(match[1]) < info.n_layers and int(match[2]) < info.n_heads):
-            raise InputError("bad_heads", heads=text, example="0.1,2.3", layers=info.n_layers - 1, heads_last=info.n_heads - 1)
+            raise InputError("bad_heads", heads=text, example="0.1,2.3", layers=info.n_layers - 1,
+                             heads_last=info.n_heads - 1)
         pairs.append((int(match[1]), int(match[2])))
     return pairs
 
