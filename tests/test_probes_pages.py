@@ -52,3 +52,19 @@ def test_heads_off_on_the_prefill_page():
     assert not at.exception and not at.error
     assert text("ablation.title", "en").format(heads="3.1") in step_view_html(at)
     assert_same_run(before, run_state(at.session_state["generation"]))
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_token_tax_on_the_prefill_page_before_any_run(lang):
+    at = open_app("app_pages/prefill.py", lang=lang, model_name="small", device="cpu")
+    assert "token-tax" in {h.proto.anchor for h in at.subheader}
+    at.toggle(key="tax_shown").set_value(True).run()
+    html = step_view_html(at)
+    assert not at.exception and not at.error and "<td>small</td><td>6</td><td>7</td><td>0.86</td>" in html
+    at.session_state["tax_twin"] = 3  # typed: an HTML sentence is shown escaped, never run
+    at.run()
+    at.text_input(key="tax_vi").input("<b>mèo</b>").run()
+    at.text_input(key="tax_en").input("cat").run()
+    assert not at.exception and "<b>mèo" not in step_view_html(at)
+    at.text_input(key="tax_en").input("   ").run()
+    assert [e.value for e in at.error] == [text("error.empty_prompt", lang)]

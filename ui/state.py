@@ -20,6 +20,7 @@ DEFAULTS = {
     "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [], "prompt_of_run": "", "check_each_step": True,
     "run_to_end_requested": False, "logit_lens": False, "heads_off": [],
+    "tax_shown": False, "tax_twin": 0, "tax_vi": "", "tax_en": "",
     "count_n": 13, "count_t": 5, "bench_result": None,
     "flash_step": 0, "flash_block": 1, "flash_for": None, "flash_custom_n": 32768, "flash_custom_d": 128,
     "flash_custom_block": 128, "flash_walk": None, "flash_walk_for": None,

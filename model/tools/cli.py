@@ -157,6 +157,37 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def tokens_report(taxes) -> dict:
+    """Each model's pieces and costs of the sentences, as `tokens --json` prints them."""
+    rows = []
+    for tax in taxes:
+        sentences = [{"text": p.text, "ids": p.ids, "tokens": p.tokens, "joined": p.joined, "unknown": p.unknown,
+                      **tax.cost(p)} for p in tax.sentences]
+        rows.append({"model": tax.model, "kv_bytes_per_position": tax.shape.cache_bytes(1),
+                     "sentences": sentences, "ratio": None if tax.ratio is None else round(tax.ratio, 4)})
+    return {"new_tokens": taxes[0].new_tokens, "models": rows}
+
+
+def cmd_tokens(args) -> int:
+    from model.engine.token_tax import tax_models, token_tax
+
+    names = args.models.split(",") if args.models else tax_models()
+    texts = (args.text,) + ((args.twin,) if args.twin is not None else ())
+    report = tokens_report([token_tax(name.strip(), texts) for name in names])
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    print(f"positions assume an answer of {report['new_tokens']} tokens")
+    for row in report["models"]:
+        for sentence in row["sentences"]:
+            print(f"{row['model']:<8} {sentence['n_tokens']:>4} tokens {sentence['cache_bytes']:>10} B cached  "
+                  f"{sentence['positions_with_cache']:>5} / {sentence['positions_without_cache']:>6} positions  "
+                  f"{' | '.join(sentence['tokens'])}")
+        if row["ratio"] is not None:
+            print(f"{row['model']:<8} vi / en = {row['ratio']:.2f}")
+    return 0
+
+
 def cmd_count(args) -> int:
     print(f"with cache:    {positions_with_cache(args.N, args.T)}")
     print(f"without cache: {positions_without_cache(args.N, args.T)}")
@@ -236,6 +267,13 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("N", type=int, help="prompt length")
     c.add_argument("T", type=int, help="new tokens")
     c.set_defaults(run=cmd_count)
+
+    tk = sub.add_parser("tokens", help="the token tax: a sentence (and its English twin) through each tokenizer")
+    tk.add_argument("--text", required=True, help="the sentence, in Vietnamese")
+    tk.add_argument("--twin", default=None, help="its English translation: the vi / en ratio")
+    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 (default: every one)")
+    tk.add_argument("--json", action="store_true", help="one JSON object instead of one line per sentence")
+    tk.set_defaults(run=cmd_tokens)
 
     b = sub.add_parser("build", help="re-create a bundled model from scratch")
     b.add_argument("name", choices=["micro", "small", "small-draft"])
