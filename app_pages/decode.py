@@ -17,6 +17,7 @@ from model.engine.counting import cache_bytes_formula
 from model.engine.tokenizer import joined_characters
 from ui import svg
 from ui.i18n import number, t
+from ui.probes import probe_controls, probes_html
 from ui.session import (
     cache_by_layer_kind,
     callback_error_here,
@@ -71,6 +72,7 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
     sampling_controls(redraw=STEP_VIEW)
     st.toggle(t("decode.check_each_step"), key="check_each_step", help=t("decode.check_help"),
               on_change=redraw_only, args=(STEP_VIEW,))
+    probe_controls(info, redraw=STEP_VIEW)
 
 
 if st.session_state.run_to_end_requested:
@@ -196,7 +198,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
     legend = (paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else "")
     return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
             + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
-            f"<div>{check_and_answer}</div></div>")
+            f"<div>{check_and_answer}</div></div>"
+            + probes_html(model, gen, len(gen.steps) - 1, lens=st.session_state.logit_lens))
 
 
 step_view()

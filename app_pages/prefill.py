@@ -6,7 +6,9 @@ from model.engine.counting import cache_bytes_formula
 from model.engine.tokenizer import joined_characters
 from ui import charts
 from ui.i18n import number, t
+from ui.probes import probe_controls, probes_html
 from ui.session import cache_by_layer_kind, generation, layer_head_selectors, page_start, prompt_form
+from ui.token_tax import token_tax_section
 from ui.widgets import md_escape, probability_bars_html, shown, table_html, token_strip
 
 TOP_BARS = 10
@@ -28,6 +30,7 @@ prompt_form(model)
 gen = generation(model)
 if gen is None:
     st.info(t("prefill.press_run"))
+    token_tax_section()
     st.stop()
 
 trace = gen.steps[0]
@@ -78,4 +81,10 @@ names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "ot
 st.html(probability_bars_html([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
                               list(drawn.top_status[:TOP_BARS]), names))
 st.markdown(t("prefill.first_token", token=md_escape(tok.token(drawn.chosen_id)), id=drawn.chosen_id))
+with st.container(horizontal=True):
+    probe_controls(info, lens=False)
+if st.session_state.heads_off:
+    st.caption(t("ablation.prefill_step"))
+    st.html(probes_html(model, gen, 0, lens=False))
 st.page_link("app_pages/decode.py", label=t("prefill.go_decode"), icon=":material/replay:")
+token_tax_section()

@@ -25,7 +25,7 @@ class PageSpec:
 PAGES: tuple[PageSpec, ...] = (
     PageSpec("map", "app_pages/map.py", ":material/map:"),
     PageSpec("prefill", "app_pages/prefill.py", ":material/input:",
-             {"1B": "", "2B": "", "5A": "", "5B": ""}),
+             {"1B": "token-tax", "2B": "", "5A": "", "5B": ""}),
     PageSpec("decode", "app_pages/decode.py", ":material/replay:", {"2D": "", "5B": "", "5C": ""}),
     PageSpec("cache", "app_pages/cache.py", ":material/balance:", {"5B": ""}),
     PageSpec("flash", "app_pages/flash.py", ":material/bolt:", {"2B": ""}),

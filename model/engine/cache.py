@@ -137,6 +137,22 @@ class KVCache(LayerBytes):
         self._starts[layer], self._lengths[layer] = keep_from, end
         return keys[:, :, first_needed - start:], values[:, :, first_needed - start:]
 
+    def copy_first(self, n: int) -> KVCache:
+        """A cache holding this one's first n positions, on which a step leaves this cache exactly as it was: it
+        starts from views of the held tensors cut at n positions, so its first append copies them into buffers of
+        its own (a buffer is written in place only below its end) instead of writing into this cache's."""
+        if not 0 <= n <= self.length or not self.can_crop(n):
+            raise ValueError(f"cannot copy the first {n} positions of a cache of {self.length}")
+        copy = KVCache(self.n_layers, self.windows)
+        if n == 0:
+            return copy
+        for layer in range(self.n_layers):
+            start = self._starts[layer]
+            copy._keys[layer] = self._keys[layer][:, :, :n - start]
+            copy._values[layer] = self._values[layer][:, :, :n - start]
+            copy._starts[layer], copy._lengths[layer] = start, n
+        return copy
+
     @property
     def length(self) -> int:
         return self._lengths[0]

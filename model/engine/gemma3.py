@@ -33,6 +33,7 @@ from model.engine.llama import (
     inverse_frequencies,
     load_weights,
     rope_cos_sin,
+    switch_heads_off,
 )
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -104,7 +105,7 @@ class Gemma3Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, n_past: int, cache: KVCache | None, layer: int):
+    def forward(self, x, cos, sin, n_past: int, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
@@ -118,7 +119,7 @@ class Gemma3Attention(nn.Module):
         out, weights = attend(q, k, v, mask, self.scale)  # weights (B, n_heads, T, S)
         if first_key > 0:  # the views index keys by position: the positions before the window get weight 0
             weights = F.pad(weights, (first_key, 0))      # (B, n_heads, T, n_past + T)
-        return self.o_proj(out), weights, (q, k, v)
+        return self.o_proj(switch_heads_off(out, heads_off, self.head_dim)), weights, (q, k, v)
 
 
 class GeGLU(nn.Module):
@@ -144,8 +145,8 @@ class Gemma3Block(nn.Module):
         self.mlp = GeGLU(cfg)
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, n_past, cache, layer):
-        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, n_past, cache, layer)
+    def forward(self, x, cos, sin, n_past, cache, layer, heads_off=()):
+        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, n_past, cache, layer, heads_off)
         x = x + self.post_attention_layernorm(attn_out)
         x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         return x, weights, qkv
@@ -185,7 +186,8 @@ class Gemma3(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
-                n_layers: int | None = None) -> ForwardOutput:
+                n_layers: int | None = None, output_hidden_states: bool = False,
+                heads_off: dict[int, tuple[int, ...]] | None = None) -> ForwardOutput:
         """As Llama.forward: ids (B, T) continue the sequence held in `cache`, or start one when cache is None;
         the attention weights per layer are (B, n_heads, T, n_past + T), zero outside a sliding layer's window."""
         T = ids.shape[1]
@@ -195,17 +197,21 @@ class Gemma3(nn.Module):
         rope = {kind: tuple(t.to(x.dtype) for t in rope_cos_sin(positions, inv_freq))  # (T, d_head) each
                 for kind, inv_freq in ((FULL, self.inv_freq_full), (SLIDING, self.inv_freq_sliding))}
         attentions, qkv = [] if output_attentions else None, None
+        hidden_states = [] if output_hidden_states else None
+        heads_off = heads_off or {}
         for i, block in enumerate(self.model.layers[:n_layers]):
             cos, sin = rope[self.config.layer_types[i]]
-            x, weights, layer_qkv = block(x, cos, sin, n_past, cache, i)
+            x, weights, layer_qkv = block(x, cos, sin, n_past, cache, i, heads_off.get(i, ()))
             if output_attentions:
                 attentions.append(weights)
             if i == output_qkv_layer:
                 qkv = layer_qkv
+            if output_hidden_states:
+                hidden_states.append(x[:, -1:] if last_logits_only else x)
         if last_logits_only:
             x = x[:, -1:]
         logits = self.lm_head(self.model.norm(x))  # (B, T or 1, vocab)
-        return ForwardOutput(logits, attentions, qkv)
+        return ForwardOutput(logits, attentions, qkv, hidden_states=hidden_states)
 
     @classmethod
     def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Gemma3:

@@ -66,6 +66,8 @@ class ForwardOutput:
     # the last block's output after the final norm, (B, T or 1, hidden): what the LM head reads (and a reward
     # model's scalar head, model/training/rlhf.py)
     hidden: torch.Tensor | None = None
+    # per layer the residual stream after the block (B, T or 1, hidden), before the final norm (the logit lens)
+    hidden_states: list[torch.Tensor] | None = None
 
 
 class RMSNorm(nn.Module):
@@ -125,6 +127,17 @@ def attend(q, k, v, mask, scale: float):
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
 
 
+def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
+    """out (B, T, n_heads·d_head), the heads' outputs side by side, with the given heads' parts set to zero: what
+    the layer's output projection would get if those heads said nothing. No heads: out itself, untouched."""
+    if not heads:
+        return out
+    B, T, _ = out.shape
+    per_head = out.view(B, T, -1, head_dim).clone()  # (B, T, n_heads, d_head)
+    per_head[:, :, list(heads)] = 0
+    return per_head.view(B, T, -1)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -134,7 +147,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int):
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
@@ -143,7 +156,7 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(layer, k, v)                     # (B, n_kv, S, d_head), S = past + T
         out, weights = attend(q, k, v, mask, math.sqrt(self.head_dim))
-        return self.o_proj(out), weights, (q, k, v)
+        return self.o_proj(switch_heads_off(out, heads_off, self.head_dim)), weights, (q, k, v)
 
 
 class MLP(nn.Module):
@@ -167,8 +180,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache, layer):
-        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
+    def forward(self, x, cos, sin, mask, cache, layer, heads_off=()):
+        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, heads_off)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, weights, qkv
@@ -223,14 +236,18 @@ class Llama(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
-                n_layers: int | None = None, activation_checkpointing: bool = False) -> ForwardOutput:
+                n_layers: int | None = None, activation_checkpointing: bool = False,
+                output_hidden_states: bool = False, heads_off: dict[int, tuple[int, ...]] | None = None
+                ) -> ForwardOutput:
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which
         saves T − 1 rows of vocab-sized logits.
         n_layers: run only the first n blocks, then the final norm and the LM head (early exit: the model's own
         shallow part as a cheap draft for speculative decoding); the cache then needs only n layers.
         activation_checkpointing (training, no cache): each block's inner activations are not kept for backward
-        but recomputed there, block by block; the outputs are the same."""
+        but recomputed there, block by block; the outputs are the same.
+        output_hidden_states: also return the residual stream after each block (the logit lens reads it).
+        heads_off: layer -> query heads whose attention output is set to zero in that layer (switching heads off)."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
@@ -238,20 +255,24 @@ class Llama(nn.Module):
         sin = self.rope_sin[n_past:n_past + T].to(x.dtype)
         mask = causal_mask(T, n_past, ids.device, x.dtype)
         attentions, qkv = [] if output_attentions else None, None
+        hidden_states = [] if output_hidden_states else None
+        heads_off = heads_off or {}
         for i, block in enumerate(self.model.layers[:n_layers]):
             if activation_checkpointing:
                 x, weights, layer_qkv = checkpoint(block, x, cos, sin, mask, cache, i, use_reentrant=False)
             else:
-                x, weights, layer_qkv = block(x, cos, sin, mask, cache, i)
+                x, weights, layer_qkv = block(x, cos, sin, mask, cache, i, heads_off.get(i, ()))
             if output_attentions:
                 attentions.append(weights)
             if i == output_qkv_layer:
                 qkv = layer_qkv
+            if output_hidden_states:
+                hidden_states.append(x[:, -1:] if last_logits_only else x)
         if last_logits_only:
             x = x[:, -1:]
         hidden = self.model.norm(x)                              # (B, T or 1, hidden)
         logits = self.lm_head(hidden)                            # (B, T or 1, vocab)
-        return ForwardOutput(logits, attentions, qkv, hidden)
+        return ForwardOutput(logits, attentions, qkv, hidden, hidden_states)
 
     # -- Hugging Face checkpoint layout: config.json + model.safetensors --------------------------------
 

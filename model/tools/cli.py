@@ -55,6 +55,31 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
     }
 
 
+def token_row(tok, token_id: int, prob: float) -> dict:
+    return {"id": token_id, "token": tok.token(token_id), "prob": round(prob, 6)}
+
+
+def lens_report(model, gen) -> list[dict]:
+    """The last step's logit lens: per layer the top ids with their probabilities and the chosen token's rank."""
+    from model.engine.lens import logit_lens
+
+    lens = logit_lens(model, gen.cache, gen.steps[-1], gen.samples[-1].chosen_id)
+    return [{"layer": row.layer, "top": [token_row(model.tokenizer, i, p) for i, p in zip(row.top_ids, row.top_probs)],
+             "chosen_rank": row.chosen_rank, "chosen_prob": round(row.chosen_prob, 6)} for row in lens.layers]
+
+
+def ablation_report(model, gen, heads: list[tuple[int, int]]) -> dict:
+    """The last step again with `heads` switched off, beside the real one (the run goes on untouched)."""
+    from model.engine.ablation import ablate
+
+    index, tok = len(gen.steps) - 1, model.tokenizer
+    result = ablate(model, gen.cache, gen.steps[index], heads, gen.settings, index, gen.samples[index].chosen_id)
+    return {"heads": [f"{layer}.{head}" for layer, head in heads], "kl": result.kl,
+            "top": [token_row(tok, i, p) for i, p in result.top_after],
+            "chosen_id": result.chosen_after, "chosen_token": tok.token(result.chosen_after),
+            "changed": result.changed}
+
+
 def print_table(report: dict) -> None:
     m, p = report["model"], report["prompt"]
     window = (f", {len(m['sliding_layers'])} of them with a {m['sliding_window']}-position sliding window"
@@ -73,6 +98,13 @@ def print_table(report: dict) -> None:
         line = (f"{s['index']:>4} {s['phase']:<8} {inputs[:10]:<10} {s['cache_len']:>5} {s['cache_bytes']:>9} "
                 f"{s['cache_bytes_formula']:>9} {chosen[:14]:<14} {s['chosen_prob']:>6.3f} {s['ms']:>8.2f}")
         print(line + (f"  {s['max_abs_logit_diff']:.2e}" if check else ""))
+        for row in s.get("logit_lens", []):
+            top = "  ".join(f"{t['token']!r} {t['prob']:.3f}" for t in row["top"])
+            print(f"       lens after layer {row['layer']:>2}: {top}   chosen at rank {row['chosen_rank']}")
+        if "ablation" in s:
+            a = s["ablation"]
+            print(f"       heads {','.join(a['heads'])} off: KL {a['kl']:.4f} nats, chosen {a['chosen_token']!r}"
+                  + (" (changed)" if a["changed"] else " (the same)"))
     o, c, t = report["output"], report["counts"], report["timing"]
     print(f"output ids {o['ids']} text {o['text']!r} stop: {o['stop_reason']}")
     print(f"positions processed: {c['positions_with_cache']} with cache, {c['positions_without_cache']} without")
@@ -80,6 +112,7 @@ def print_table(report: dict) -> None:
 
 
 def cmd_trace(args) -> int:
+    from model.engine.ablation import parse_heads
     from model.engine.generate import check_last_step, context_room, encode_prompt, parse_prompt_ids, run_to_end, start
     from model.engine.loading import load_model
     from model.engine.sampling import SamplingSettings
@@ -97,17 +130,61 @@ def cmd_trace(args) -> int:
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(model, len(ids))) if args.max_new_tokens is None
                       else args.max_new_tokens)
+    heads = parse_heads(args.ablate, model.info) if args.ablate is not None else None
     gen = start(model, ids, settings, max_new_tokens, tuple(args.stop))
-    # each step is checked as it is made: a run keeps the logits of its prefill and latest steps only
-    check = (lambda g: check_last_step(model, g)) if args.check else None
-    if check:
-        check(gen)
-    run_to_end(model, gen, on_step=check)
+    # each step is checked, looked through and ablated as it is made: a run keeps the logits of its prefill and
+    # latest steps only, and a side computation needs the step's positions to be the cache's latest
+    probes: dict[int, dict] = {}
+
+    def look(g) -> None:
+        if args.check:
+            check_last_step(model, g)
+        seen = probes.setdefault(len(g.steps) - 1, {})
+        if args.logit_lens:
+            seen["logit_lens"] = lens_report(model, g)
+        if heads is not None:
+            seen["ablation"] = ablation_report(model, g, heads)
+
+    look(gen)
+    run_to_end(model, gen, on_step=look)
     report = trace_report(model, gen, prompt_text, unknown)
+    for row in report["steps"]:
+        row.update(probes[row["index"]])
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
         print_table(report)
+    return 0
+
+
+def tokens_report(taxes) -> dict:
+    """Each model's pieces and costs of the sentences, as `tokens --json` prints them."""
+    rows = []
+    for tax in taxes:
+        sentences = [{"text": p.text, "ids": p.ids, "tokens": p.tokens, "joined": p.joined, "unknown": p.unknown,
+                      **tax.cost(p)} for p in tax.sentences]
+        rows.append({"model": tax.model, "kv_bytes_per_position": tax.shape.cache_bytes(1),
+                     "sentences": sentences, "ratio": None if tax.ratio is None else round(tax.ratio, 4)})
+    return {"new_tokens": taxes[0].new_tokens, "models": rows}
+
+
+def cmd_tokens(args) -> int:
+    from model.engine.token_tax import tax_models, token_tax
+
+    names = args.models.split(",") if args.models else tax_models()
+    texts = (args.text,) + ((args.twin,) if args.twin is not None else ())
+    report = tokens_report([token_tax(name.strip(), texts) for name in names])
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    print(f"positions assume an answer of {report['new_tokens']} tokens")
+    for row in report["models"]:
+        for sentence in row["sentences"]:
+            print(f"{row['model']:<8} {sentence['n_tokens']:>4} tokens {sentence['cache_bytes']:>10} B cached  "
+                  f"{sentence['positions_with_cache']:>5} / {sentence['positions_without_cache']:>6} positions  "
+                  f"{' | '.join(sentence['tokens'])}")
+        if row["ratio"] is not None:
+            print(f"{row['model']:<8} vi / en = {row['ratio']:.2f}")
     return 0
 
 
@@ -186,12 +263,23 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     t.add_argument("--check", action="store_true", help="compare each step's logits with a full recompute")
     t.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    t.add_argument("--logit-lens", action="store_true",
+                   help="per step, each layer's residual stream through the final norm and the LM head: top-5, rank")
+    t.add_argument("--ablate", metavar="L.H[,L.H...]", default=None,
+                   help="per step, the logits with these layers' heads switched off (the run itself is untouched)")
     t.set_defaults(run=cmd_trace)
 
     c = sub.add_parser("count", help="positions processed with and without the KV cache")
     c.add_argument("N", type=int, help="prompt length")
     c.add_argument("T", type=int, help="new tokens")
     c.set_defaults(run=cmd_count)
+
+    tk = sub.add_parser("tokens", help="the token tax: a sentence (and its English twin) through each tokenizer")
+    tk.add_argument("--text", required=True, help="the sentence, in Vietnamese")
+    tk.add_argument("--twin", default=None, help="its English translation: the vi / en ratio")
+    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 (default: every one)")
+    tk.add_argument("--json", action="store_true", help="one JSON object instead of one line per sentence")
+    tk.set_defaults(run=cmd_tokens)
 
     b = sub.add_parser("build", help="re-create a bundled model from scratch")
     b.add_argument("name", choices=["micro", "small", "small-draft"])
