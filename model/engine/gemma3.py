@@ -26,6 +26,7 @@ from torch import nn
 
 from model.engine.cache import KVCache
 from model.engine.llama import (
+    MLP,
     ForwardOutput,
     apply_rope,
     attend,
@@ -37,6 +38,11 @@ from model.engine.llama import (
 )
 
 SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def gelu_tanh(x):
+    """GELU with its tanh approximation, as Gemma 3 (hidden_activation gelu_pytorch_tanh)."""
+    return F.gelu(x, approximate="tanh")
 
 
 @dataclass(frozen=True)
@@ -122,19 +128,6 @@ class Gemma3Attention(nn.Module):
         return self.o_proj(switch_heads_off(out, heads_off, self.head_dim)), weights, (q, k, v)
 
 
-class GeGLU(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x)): Llama's gated MLP with GELU (tanh approximation) in place of SiLU."""
-
-    def __init__(self, cfg: Gemma3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-
-
 class Gemma3Block(nn.Module):
     def __init__(self, cfg: Gemma3Config, layer: int):
         super().__init__()
@@ -142,7 +135,7 @@ class Gemma3Block(nn.Module):
         self.self_attn = Gemma3Attention(cfg, layer)
         self.post_attention_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GeGLU(cfg)
+        self.mlp = MLP(cfg, activation=gelu_tanh)
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, n_past, cache, layer, heads_off=()):

@@ -160,16 +160,17 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """The gated MLP down(act(gate(x)) * up(x)): SwiGLU with SiLU here, GeGLU with tanh-GELU in Gemma 3."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg, activation=F.silu):
         super().__init__()
+        self.activation = activation
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Block(nn.Module):

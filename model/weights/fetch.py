@@ -224,11 +224,12 @@ def hf_config(meta: dict) -> dict:
     }
 
 
-def hf_name(gguf_name: str) -> str:
-    if gguf_name in TOP_NAMES:
-        return TOP_NAMES[gguf_name]
+def hf_name(gguf_name: str, top_names: dict[str, str] = TOP_NAMES, layer_names: dict[str, str] = LAYER_NAMES) -> str:
+    """A GGUF tensor's Hugging Face parameter name, by an architecture's two tables (Llama's by default)."""
+    if gguf_name in top_names:
+        return top_names[gguf_name]
     _, layer, part, kind = gguf_name.split(".")  # blk.{i}.{part}.weight
-    return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{layer_names[part]}.{kind}"
 
 
 def unpermute_rope_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
@@ -403,13 +404,6 @@ def gemma3_config(meta: dict) -> dict:
     }
 
 
-def gemma3_hf_name(gguf_name: str) -> str:
-    if gguf_name in GEMMA3_TOP_NAMES:
-        return GEMMA3_TOP_NAMES[gguf_name]
-    _, layer, part, kind = gguf_name.split(".")  # blk.{i}.{part}.weight
-    return f"model.layers.{layer}.{GEMMA3_LAYER_NAMES[part]}.{kind}"
-
-
 def save_gemma3_weights(reader, path: Path) -> None:
     """Every tensor expanded to float32 under its Hugging Face name. No row permutation: llama.cpp rotates
     Gemma's q and k in halves (NeoX style), as Hugging Face does. No lm_head: tied to the embedding."""
@@ -418,7 +412,7 @@ def save_gemma3_weights(reader, path: Path) -> None:
     tensors = {}
     for t in reader.tensors:
         weight = float32_weight(t)
-        name = gemma3_hf_name(t.name)
+        name = hf_name(t.name, GEMMA3_TOP_NAMES, GEMMA3_LAYER_NAMES)
         if name.endswith("norm.weight"):
             weight = weight - np.float32(GEMMA3_NORM_SHIFT)
         tensors[name] = np.ascontiguousarray(weight)
