@@ -25,7 +25,10 @@ def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, arti
     page.keyboard.press("Escape")
     page.get_by_text(text("ablation.title", lang).format(heads="1.2")).first.wait_for(timeout=60_000)
     # small has 4 layers: one row each in the lens table, after the header
-    assert page.locator("table.mini-table").filter(has_text=text("lens.layer", lang)).locator("tbody tr").count() == 4
+    rows = page.locator("table.mini-table").filter(has_text=text("lens.layer", lang)).locator("tbody tr")
+    rows.nth(3).wait_for(timeout=60_000)  # the step's check may still redraw the page once (its verdict)
+    wait_idle(page)
+    assert rows.count() == 4
     page.get_by_text("KL(").first.wait_for()
     page.screenshot(path=str(artifacts / f"decode-lens-heads-off-{lang}.png"), full_page=True)
     assert not page.locator('[data-testid="stException"]').count()
