@@ -194,12 +194,16 @@ class ServeStep:
         return len(self.decode_lengths) + len(self.joined)
 
 
-def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of every weight a decode step reads once, a tied LM head counted once: the parameters and the buffers
-    that hold weights (int8 weights and their scales), not RoPE's tables (a row of them per position)."""
-    tensors = {id(t): t for t in module.parameters()}
-    tensors.update({id(t): t for name, t in module.named_buffers() if not name.startswith("rope_")})
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def weight_bytes(module: Llama, rows: int) -> int:
+    """Bytes of the weights one step over `rows` rows reads: every matmul's weight (with its int8 scales) and every
+    norm once, however many rows share them, and the `rows` rows of the embedding that the lookup reads (a tied LM
+    head reads the whole table, as a matmul weight)."""
+    linears = [m for m in module.modules() if hasattr(m, "in_features")]
+    embedding = module.model.embed_tokens.weight
+    matmul = {id(t): t for m in linears for t in (*m.parameters(), *m.buffers())}
+    rest = {id(p): p for p in module.parameters() if id(p) not in matmul and p is not embedding}
+    held = sum(t.numel() * t.element_size() for t in (*matmul.values(), *rest.values()))
+    return held + rows * embedding.shape[1] * embedding.element_size()
 
 
 def matmul_params(module: torch.nn.Module) -> int:
@@ -208,21 +212,28 @@ def matmul_params(module: torch.nn.Module) -> int:
     return sum(m.in_features * m.out_features for m in module.modules() if hasattr(m, "in_features"))
 
 
+MAX_SLOTS = 32
+
+
+def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int) -> None:
+    """A batch this module can run within the session's memory budget, else one sentence: a native Llama, 1 to
+    MAX_SLOTS slots, and the slot buffers, which double ahead and so may reserve up to twice the longest request's
+    cache in every slot, within `budget_bytes`."""
+    if not isinstance(model, NativeModel) or not isinstance(model.module, Llama):
+        raise InputError("serving_needs_llama", model=model.info.name)
+    if not 1 <= slots <= MAX_SLOTS:
+        raise InputError("serving_slots", slots=slots)
+    needed = 2 * slots * model.info.cache_bytes_formula(longest)
+    if needed > budget_bytes:
+        raise InputError("serving_budget", slots=slots, mb=round(needed / 2**20), budget=round(budget_bytes / 2**20))
+
+
 class Server:
     """Iteration-level scheduling over `slots` slots of one SlotCache; `step()` runs one iteration."""
 
     def __init__(self, model: NativeModel, slots: int, requests: list[Request], budget_bytes: int):
-        if not isinstance(model.module, Llama) or model.info.architecture != "llama":
-            raise InputError("serving_needs_llama", model=model.info.name)
-        if slots < 1:
-            raise InputError("serving_slots", slots=slots)
+        check_batch(model, slots, max(len(r.prompt_ids) + r.max_new_tokens for r in requests), budget_bytes)
         info = model.info
-        longest = max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
-        # the buffers double ahead, so they may reserve up to twice the longest request, in every slot
-        needed = 2 * slots * info.cache_bytes_formula(longest)
-        if needed > budget_bytes:
-            raise InputError("serving_budget", slots=slots, mb=round(needed / 2**20),
-                             budget=round(budget_bytes / 2**20))
         self.model, self.info = model, info
         self.cache = SlotCache(info.n_layers, slots)
         self.waiting = list(requests)
@@ -230,7 +241,6 @@ class Server:
         self.holders: list[Request | None] = [None] * slots
         self.steps: list[ServeStep] = []
         self.clock_ms = 0.0
-        self.weight_bytes = weight_bytes(model.module)
         self.matmul_params = matmul_params(model.module)
 
     @property
@@ -307,8 +317,8 @@ class Server:
             index=index, rows=rows, slots=[h.id if h else None for h in self.holders],
             joined=[r.id for r in joined], left=left, prefill_ms=prefill_ms, decode_ms=decode_ms,
             decode_lengths=lengths,
-            decode_bytes=step_bytes(self.weight_bytes, [self.info.cache_bytes_formula(n) for n in lengths]) if rows
-            else 0,
+            decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
+                                    [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,
             decode_flops=self.flops([(1, n) for n in lengths]),
             prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=self.flops(prefill_rows))
         self.steps.append(step)
