@@ -173,7 +173,7 @@ class Request:
 class ServeStep:
     index: int
     rows: int                     # rows of the decode pass (slots 0 .. rows − 1; a free one among them is idle)
-    slots: list[int | None]       # per slot, the request holding it after the step (None: free)
+    slots: list[int | None]       # per slot, the request holding it during the step (None: free)
     joined: list[int]             # requests prefilled into a slot this step
     left: list[int]               # requests that finished this step and freed their slot
     prefill_ms: float             # the joiners' prefills
@@ -182,6 +182,7 @@ class ServeStep:
     decode_bytes: int             # step_bytes of the decode pass: weights once + each row's cache
     decode_flops: int
     prefill_tokens: int           # prompt positions prefilled this step
+    prefill_bytes: int            # each prefill reads the weights once and writes its request's cache
     prefill_flops: int
 
     @property
@@ -306,6 +307,7 @@ class Server:
                     self._emit(self.holders[s], chosen[s], index)
                 else:  # a row that joined this step or an idle one gives back the position it was fed
                     self.cache.lengths[s] -= 1
+        held = [h.id if h else None for h in self.holders]
         left = []
         for slot, holder in enumerate(self.holders):
             if holder is not None and holder.stop_reason is not None:
@@ -314,12 +316,14 @@ class Server:
                 self.holders[slot] = None
                 self.cache.free(slot)
         step = ServeStep(
-            index=index, rows=rows, slots=[h.id if h else None for h in self.holders],
+            index=index, rows=rows, slots=held,
             joined=[r.id for r in joined], left=left, prefill_ms=prefill_ms, decode_ms=decode_ms,
             decode_lengths=lengths,
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
                                     [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,
             decode_flops=self.flops([(1, n) for n in lengths]),
-            prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=self.flops(prefill_rows))
+            prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=self.flops(prefill_rows),
+            prefill_bytes=sum(step_bytes(weight_bytes(self.model.module, n), [self.info.cache_bytes_formula(n)])
+                              for n, _ in prefill_rows))
         self.steps.append(step)
         return step

@@ -11,9 +11,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
-from model.engine.batch import SlotCache, check_batch, decode_rows, matmul_params, weight_bytes
+from model.engine.batch import (
+    Request,
+    Server,
+    ServeStep,
+    SlotCache,
+    check_batch,
+    decode_rows,
+    matmul_params,
+    weight_bytes,
+)
 from model.engine.counting import step_bytes, step_flops
 from model.engine.generate import session_budget_bytes
 from model.engine.loading import load_model
@@ -290,3 +300,82 @@ def run_profile_cli(args) -> int:
         print(f"Chrome trace: {args.trace} (open it in https://ui.perfetto.dev)")
     return 0
 
+
+
+# -- the Serving page's run ---------------------------------------------------------------------------------------
+
+def queue(model: NativeModel, requests: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int],
+          seed: int = 0) -> list[Request]:
+    """`requests` requests of filler ids, each with its own prompt length and token budget drawn (seeded) from the
+    two ranges, so that they finish at different steps and the waiting ones join as slots free."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(prompt_lengths[0], prompt_lengths[1] + 1, size=requests).tolist()
+    budgets = rng.integers(new_tokens[0], new_tokens[1] + 1, size=requests).tolist()
+    return [Request(i, filler_ids(model, n, seed=seed + i), budget)
+            for i, (n, budget) in enumerate(zip(lengths, budgets))]
+
+
+def start_serving(model: NativeModel, slots: int, requests: int, prompt_lengths: tuple[int, int],
+                  new_tokens: tuple[int, int]) -> Server:
+    if requests < 1:
+        raise InputError("serving_requests", requests=requests)
+    if prompt_lengths[1] + new_tokens[1] >= model.info.context_length:
+        raise InputError("serving_context", context=prompt_lengths[1] + new_tokens[1],
+                         most=model.info.context_length - 1)
+    return Server(model, slots, queue(model, requests, prompt_lengths, new_tokens), session_budget_bytes())
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    id: int
+    prompt_len: int
+    tokens: int
+    ttft_ms: float | None
+    itl_ms: dict[str, float | None]   # p50, p95, p99
+    stop_reason: str | None
+
+
+def request_timings(server: Server) -> list[RequestTiming]:
+    rows = []
+    for r in server.requests.values():
+        itl = r.itl_ms
+        rows.append(RequestTiming(r.id, len(r.prompt_ids), len(r.new_ids), r.ttft_ms,
+                                  {f"p{q}": percentile(itl, q) if itl else None for q in (50, 95, 99)},
+                                  r.stop_reason))
+    return rows
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    label: str        # "B=4", "prefill 64"
+    intensity: float  # FLOPs per byte read
+    gflops: float     # achieved
+    gb_s: float       # achieved
+    ms: float
+
+
+def roofline_points(server: Server) -> list[RooflinePoint]:
+    """One point per batch size the run's decode passes had (their median step), one for its longest prefill."""
+    by_rows: dict[int, list[ServeStep]] = {}
+    for step in server.steps:
+        if step.decode_lengths:
+            by_rows.setdefault(len(step.decode_lengths), []).append(step)
+    points = []
+    for rows, steps in sorted(by_rows.items()):
+        typical = sorted(steps, key=lambda s: s.decode_ms)[len(steps) // 2]
+        points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms))
+    prefills = [s for s in server.steps if len(s.joined) == 1]
+    if prefills:
+        longest = max(prefills, key=lambda s: s.prefill_tokens)
+        points.append(point(f"prefill {longest.prefill_tokens}", longest.prefill_flops, longest.prefill_bytes,
+                            longest.prefill_ms))
+    return points
+
+
+def point(label: str, flops: int, bytes_read: int, ms: float) -> RooflinePoint:
+    return RooflinePoint(label, flops / bytes_read, flops / (ms / 1000) / 1e9, bytes_read / (ms / 1000) / 1e9, ms)
+
+
+def sweep(model: NativeModel, batches: list[int], contexts: list[int], repeats: int = 5) -> dict[int, list[Work]]:
+    """Per context, a decode step's Work at each batch size: ITL and throughput against B and context length."""
+    return {c: [decode_work(model, b, c, repeats) for b in batches] for c in contexts}
