@@ -344,9 +344,9 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
             x, y = left_px + (step + 1) * cell_w, top + holders[step].index(rid) * cell_h
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + cell_h}" stroke="{INK}" '
                          f'stroke-width="2"/>')
-    ticks = [v for v in nice_ticks(max(1, steps - 1), 8) if v < steps]
+    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
     parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{top + slots * cell_h + 16}" text-anchor="middle">'
-              f"{v}</text>" for v in ticks]
+              f"{v:g}</text>" for v in ticks]
     parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
                  f"{escape(step_title)}</text>"
                  f'<text transform="translate(14,{top + slots * cell_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
