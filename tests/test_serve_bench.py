@@ -86,3 +86,15 @@ def test_profile_writes_a_chrome_trace(run_cli, tmp_path):  # noqa: F811
     events = json.loads(trace.read_text())["traceEvents"]
     assert sum(e.get("name", "").startswith("decode step") for e in events) == 2
     assert "aten::" in out.stdout
+
+
+def test_low_bits_and_batching_need_the_native_llama(small):
+    """A model on transformers (here a stand-in with only its facts) has no native path for int8, nor for batching."""
+    class OnTransformers:
+        info = small.info
+    with pytest.raises(InputError) as low:
+        with_weights(OnTransformers(), "int8")
+    assert low.value.code == "lowbit_needs_native"
+    with pytest.raises(InputError) as batched:
+        serve_bench.checked_batch(OnTransformers(), 2, 16)
+    assert batched.value.code == "serving_needs_llama"
