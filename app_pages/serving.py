@@ -7,6 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from model.engine.batch import matmul_params, weight_bytes
 from model.engine.lowbit import DTYPES
 from model.tools import serve_bench
 from ui import svg
@@ -140,9 +141,11 @@ st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roo
                          t("serving.axis_intensity"), "GFLOP/s", t("serving.roofline_alt")))
 st.caption(t("serving.machine", gb_s=f"{roofs.copy_gb_s:.1f}", gflops=f"{roofs.matmul_gflops:.1f}",
              threads=roofs.threads, device=roofs.device))
-st.markdown(t("serving.formulas", weights=number(serve_bench.weight_bytes(chosen_model().module, 1)),
-              kv=number(info.cache_bytes_formula(1)), params=number(serve_bench.matmul_params(chosen_model().module)),
-              layers=info.n_layers, heads=info.n_heads, d_head=info.d_head))
+module = chosen_model().module
+head = module.lm_head.in_features * module.lm_head.out_features
+st.markdown(t("serving.formulas", weights=number(weight_bytes(module, 1)), kv=number(info.cache_bytes_formula(1)),
+              params=number(matmul_params(module) - head), head=number(head), layers=info.n_layers,
+              heads=info.n_heads, d_head=info.d_head))
 st.html(table_html(
     [t("serving.col_point"), "ms", t("serving.col_intensity"), "GB/s", t("serving.col_of_bandwidth"), "GFLOP/s",
      t("serving.col_of_peak")],

@@ -24,9 +24,10 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     # two requests: prompts [1, 3] (2 positions, 3 after its first decode) and [1, 3, 4, 5] (4, then 5)
     requests = [Request(0, [1, 3], 2), Request(1, [1, 3, 4, 5], 2)]
     server = Server(micro, 2, requests, 2**20)
-    first = server.step()                       # both prefilled: 2 × 2 + 2 × 4 positions' weights + N × N keys
+    first = server.step()                       # both prefilled, each over its N × N keys
     assert first.prefill_tokens == 6
-    assert first.prefill_flops == 2 * 1216 * 6 + 4 * 2 * 2 * 4 * (2 * 2 + 4 * 4)
+    # the layers' 1152 matmul weights for each of the 6 positions, the LM head's 64 on each prompt's last one
+    assert first.prefill_flops == 2 * 1152 * 6 + 2 * 64 * 2 + 4 * 2 * 2 * 4 * (2 * 2 + 4 * 4)
     second = server.step()                      # one decode row each over 3 and 5 keys
     assert second.decode_lengths == [3, 5]
     assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376

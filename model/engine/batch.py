@@ -208,9 +208,16 @@ def weight_bytes(module: Llama, rows: int) -> int:
 
 
 def matmul_params(module: torch.nn.Module) -> int:
-    """Weights that take part in a matmul per new position: every Linear (the LM head included), not the embedding
-    (a lookup of one row) nor the norms."""
+    """Weights that take part in a matmul: every Linear (the LM head included), not the embedding (a lookup of one
+    row) nor the norms."""
     return sum(m.in_features * m.out_features for m in module.modules() if hasattr(m, "in_features"))
+
+
+def flops(module: Llama, rows: list[tuple[int, int]]) -> int:
+    """counting.step_flops for this module's shapes, rows = [(new positions, keys attended), ...]."""
+    cfg, head = module.config, module.lm_head.in_features * module.lm_head.out_features
+    return step_flops(matmul_params(module) - head, head, cfg.num_hidden_layers, cfg.num_attention_heads,
+                      cfg.head_dim, rows)
 
 
 MAX_SLOTS = 32
@@ -242,15 +249,10 @@ class Server:
         self.holders: list[Request | None] = [None] * slots
         self.steps: list[ServeStep] = []
         self.clock_ms = 0.0
-        self.matmul_params = matmul_params(model.module)
 
     @property
     def finished(self) -> bool:
         return not self.waiting and all(h is None for h in self.holders)
-
-    def flops(self, rows: list[tuple[int, int]]) -> int:
-        info = self.info
-        return step_flops(self.matmul_params, info.n_layers, info.n_heads, info.d_head, rows)
 
     def _emit(self, request: Request, token: int, step: int) -> None:
         request.new_ids.append(token)
@@ -321,8 +323,8 @@ class Server:
             decode_lengths=lengths,
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
                                     [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,
-            decode_flops=self.flops([(1, n) for n in lengths]),
-            prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=self.flops(prefill_rows),
+            decode_flops=flops(self.model.module, [(1, n) for n in lengths]),
+            prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=flops(self.model.module, prefill_rows),
             prefill_bytes=sum(step_bytes(weight_bytes(self.model.module, n), [self.info.cache_bytes_formula(n)])
                               for n, _ in prefill_rows))
         self.steps.append(step)

@@ -33,13 +33,15 @@ def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: 
 # length after the step; a prefill of N: N new over N keys). Norms, RoPE, softmax and the residual adds are left out:
 # they are a few operations per element of the hidden state, against ~2 per weight in the matmuls.
 
-def step_flops(matmul_params: int, n_layers: int, n_heads: int, d_head: int, rows: list[tuple[int, int]]) -> int:
+def step_flops(layer_matmul_params: int, head_params: int, n_layers: int, n_heads: int, d_head: int,
+               rows: list[tuple[int, int]]) -> int:
     """Floating-point operations of one step over `rows` = [(new positions, keys attended), ...]: every new position
-    multiplies-and-adds each matmul weight once (2 × matmul_params, the LM head included), and per layer each query
-    head does Q·Kᵀ and weights·V over the keys, 2 × d_head operations per key each (4 × n_heads × d_head × keys).
+    multiplies-and-adds each weight of the layers' matmuls once (2 × layer_matmul_params), the LM head runs on each
+    row's last position only (2 × head_params: inference needs no other logits), and per layer each query head does
+    Q·Kᵀ and weights·V over the keys, 2 × d_head operations per key each (4 × n_heads × d_head × keys).
     A prefill's N × N scores count whole: the engine computes the masked half too, then adds −∞."""
     per_key = 4 * n_layers * n_heads * d_head
-    return sum(new * (2 * matmul_params + per_key * keys) for new, keys in rows)
+    return sum(2 * layer_matmul_params * new + 2 * head_params + per_key * new * keys for new, keys in rows)
 
 
 def step_bytes(weight_bytes: int, row_cache_bytes: list[int]) -> int:

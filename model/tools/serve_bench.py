@@ -21,10 +21,10 @@ from model.engine.batch import (
     SlotCache,
     check_batch,
     decode_rows,
-    matmul_params,
+    flops,
     weight_bytes,
 )
-from model.engine.counting import step_bytes, step_flops
+from model.engine.counting import step_bytes
 from model.engine.generate import session_budget_bytes
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
@@ -114,11 +114,10 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int) -> W
         decode_rows(model.module, cache, tokens)
         cache.lengths[:batch] = [context] * batch
 
-    info = model.info
     ms = timed(model.device, one_step, repeats)
-    rows = [(1, context + 1)] * batch
-    return Work(ms, step_bytes(weight_bytes(model.module, batch), [info.cache_bytes_formula(context + 1)] * batch),
-                step_flops(matmul_params(model.module), info.n_layers, info.n_heads, info.d_head, rows), batch)
+    cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
+    return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
+                flops(model.module, [(1, context + 1)] * batch), batch)
 
 
 def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
@@ -126,7 +125,7 @@ def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
     ids, info = filler_ids(model, n), model.info
     ms = timed(model.device, lambda: model.forward(ids, model.new_cache(), output_attentions=False), repeats)
     return Work(ms, step_bytes(weight_bytes(model.module, n), [info.cache_bytes_formula(n)]),
-                step_flops(matmul_params(model.module), info.n_layers, info.n_heads, info.d_head, [(n, n)]), 1)
+                flops(model.module, [(n, n)]), 1)
 
 
 @dataclass(frozen=True)
