@@ -291,7 +291,8 @@ class Server:
         for request, token in zip(joined, first_tokens):
             self._emit(request, token, index)
 
-        decoding = [h is not None and h not in joined and h.stop_reason is None for h in self.holders]
+        joined_ids = {r.id for r in joined}
+        decoding = [h is not None and h.id not in joined_ids and h.stop_reason is None for h in self.holders]
         rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
         lengths, decode_ms = [], 0.0
         if rows:
