@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -10,14 +11,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import streamlit as st
+import torch
 
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula
 from model.engine.loading import load_model, load_session_checkpoint, model_key
+from model.engine.lowbit import with_weights
 from model.engine.runtime import LoadedModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
+from model.tools import serve_bench
 from model.tools.cli import trace_report
 from ui.i18n import labels, lang, number, t
 from ui.widgets import choice, md_escape, token_strip
@@ -49,6 +53,22 @@ def shared_model(name: str, device: str, allow_download: bool = False) -> Loaded
         with _models_lock:
             _models.move_to_end(key)
         return _models[key]
+
+
+_converted: OrderedDict[tuple[str, str, str], LoadedModel] = OrderedDict()
+
+
+def shared_model_in(model: LoadedModel, dtype: str) -> LoadedModel:
+    """The shared model with its weights in `dtype` (model/engine/lowbit.py), converted once per process and kept
+    beside the shared models, at most MAX_SHARED_MODELS of them; float32 is the model itself."""
+    key = (model.info.name, model.info.device, dtype)
+    with _models_lock:
+        if key not in _converted:
+            _converted[key] = with_weights(model, dtype)
+            while len(_converted) > MAX_SHARED_MODELS:
+                _converted.popitem(last=False)
+        _converted.move_to_end(key)
+        return _converted[key]
 
 
 def chosen_model() -> tuple[str, str, bool]:
@@ -349,3 +369,9 @@ def run_to_end(model: LoadedModel, gen: generate.Generation) -> None:
         *strip_tokens(model, g), done=len(g.samples) / g.max_new_tokens, last=g.finished)))
     live.clear()
     st.session_state.running = False
+
+
+@functools.cache
+def machine(device: str) -> serve_bench.Machine:
+    """This machine's copy bandwidth and matmul peak, measured once per process on the first Serving run."""
+    return serve_bench.measure_machine(torch.device(device))

@@ -310,6 +310,91 @@ def line_chart_svg(x: list[int], series: dict[str, list[float]], x_title: str, y
     return _svg(width, height, description, parts)
 
 
+# one colour per request, ColorBrewer's Set2 and Dark2, repeating past 16
+LANE_COLOURS = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494", "#b3b3b3",
+                "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
+
+
+def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], left: list[list[int]],
+                   step_title: str, slot_title: str, description: str) -> str:
+    """Which request holds which slot at each step: holders[step][slot] is a request id or None (free); a cell is
+    one token of its request (the step it came out of), a request's run of cells is labelled with its id where it
+    joins, and a bar marks the step it leaves after."""
+    steps, slots = len(holders), len(holders[0]) if holders else 0
+    left_px, top, cell_h = 58, 8, 20 if slots <= 16 else 12
+    cell_w = max(2.0, min(22.0, 640 / max(1, steps)))
+    width, height = round(left_px + steps * cell_w + 12), top + slots * cell_h + 42
+    parts = []
+    for slot in range(slots):
+        y = top + slot * cell_h
+        parts.append(f'<text x="{left_px - 6}" y="{y + cell_h / 2:.1f}" text-anchor="end" dominant-baseline="middle"'
+                     f' font-size="{min(FONT_PX, cell_h - 2)}">{slot}</text>')
+        for step, row in enumerate(holders):
+            rid = row[slot]
+            if rid is None:
+                continue
+            x = left_px + step * cell_w
+            parts.append(f'<rect x="{x:.1f}" y="{y + 1}" width="{max(1.0, cell_w - 1):.1f}" height="{cell_h - 2}" '
+                         f'fill="{LANE_COLOURS[rid % len(LANE_COLOURS)]}"><title>{rid}</title></rect>')
+            if rid in joined[step] and cell_h >= 16:
+                parts.append(f'<text x="{x + 2:.1f}" y="{y + cell_h / 2:.1f}" dominant-baseline="middle" '
+                             f'font-size="12">{rid}</text>')
+    for step, ids in enumerate(left):
+        for rid in ids:
+            x, y = left_px + (step + 1) * cell_w, top + holders[step].index(rid) * cell_h
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + cell_h}" stroke="{INK}" '
+                         f'stroke-width="2"/>')
+    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
+    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{top + slots * cell_h + 16}" text-anchor="middle">'
+              f"{v:g}</text>" for v in ticks]
+    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+                 f"{escape(step_title)}</text>"
+                 f'<text transform="translate(14,{top + slots * cell_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+                 f"{escape(slot_title)}</text>")
+    return _svg(width, height, description, parts)
+
+
+def roofline_svg(points: list[tuple[str, float, float]], bandwidth_gb_s: float, peak_gflops: float,
+                 x_title: str, y_title: str, description: str) -> str:
+    """Log-log roofline: attainable GFLOP/s = min(peak, bandwidth × FLOPs per byte), and (label, intensity,
+    achieved GFLOP/s) points under it. The ridge is where the two roofs meet."""
+    width, height, left, right, top, bottom = 460, 300, 62, 14, 12, 44
+    xs = [p[1] for p in points] + [peak_gflops / bandwidth_gb_s]
+    ys = [p[2] for p in points] + [peak_gflops]
+    x_lo, x_hi = math.floor(math.log10(min(xs) / 2)), math.ceil(math.log10(max(xs) * 2))
+    y_lo, y_hi = math.floor(math.log10(min(ys) / 2)), math.ceil(math.log10(peak_gflops * 2))
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def px(v: float) -> float:
+        return left + (math.log10(v) - x_lo) / (x_hi - x_lo) * plot_w
+
+    def py(v: float) -> float:
+        return top + plot_h * (1 - (math.log10(v) - y_lo) / (y_hi - y_lo))
+
+    parts = []
+    for e in range(x_lo, x_hi + 1):
+        parts.append(f'<line x1="{px(10**e):.1f}" x2="{px(10**e):.1f}" y1="{top}" y2="{top + plot_h}" '
+                     f'stroke="{GRID_INK}"/><text x="{px(10**e):.1f}" y="{top + plot_h + 16}" '
+                     f'text-anchor="middle">{10**e:g}</text>')
+    for e in range(y_lo, y_hi + 1):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(10**e):.1f}" y2="{py(10**e):.1f}" '
+                     f'stroke="{GRID_INK}"/><text x="{left - 6}" y="{py(10**e):.1f}" text-anchor="end" '
+                     f'dominant-baseline="middle">{10**e:g}</text>')
+    ridge = peak_gflops / bandwidth_gb_s
+    start = 10 ** x_lo
+    roof = [(start, max(bandwidth_gb_s * start, 10 ** y_lo)), (ridge, peak_gflops), (10 ** x_hi, peak_gflops)]
+    parts.append('<polyline points="' + " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in roof)
+                 + f'" fill="none" stroke="{MUTED_INK}" stroke-width="3"/>')
+    for label, x, y in points:
+        colour = CHOSEN if label.startswith("prefill") else KEPT
+        parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{colour}"/>'
+                     f'<text x="{px(x) + 8:.1f}" y="{py(y) - 6:.1f}" font-size="12">{escape(label)}</text>')
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">{escape(x_title)}</text>'
+                 f'<text transform="translate(14,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+                 f"{escape(y_title)}</text>")
+    return _svg(width, height, description, parts)
+
+
 def _svg(width: int, height: int, description: str, parts: list[str]) -> str:
     """An <img> of the SVG: st.html's sanitiser drops inline SVG, and an image is one element for the page to lay
     out. It scales down with its column, never up, so the text keeps its size where there is room."""

@@ -26,3 +26,25 @@ def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: 
     over a sliding window and hold at most `window` positions (Gemma 3 270M: 3 × n + 15 × min(n, 512) positions)."""
     held = (n_layers - sliding_layers) * positions + sliding_layers * min(positions, window or positions)
     return 2 * n_kv_heads * held * d_head * bytes_per_element
+
+
+# -- one step's work, the roofline's two axes ------------------------------------------------------------------
+# A step feeds `new` positions to a row whose attention then reads `keys` positions (decode: 1 new, keys = the row's
+# length after the step; a prefill of N: N new over N keys). Norms, RoPE, softmax and the residual adds are left out:
+# they are a few operations per element of the hidden state, against ~2 per weight in the matmuls.
+
+def step_flops(layer_matmul_params: int, head_params: int, n_layers: int, n_heads: int, d_head: int,
+               rows: list[tuple[int, int]]) -> int:
+    """Floating-point operations of one step over `rows` = [(new positions, keys attended), ...]: every new position
+    multiplies-and-adds each weight of the layers' matmuls once (2 × layer_matmul_params), the LM head runs on each
+    row's last position only (2 × head_params: inference needs no other logits), and per layer each query head does
+    Q·Kᵀ and weights·V over the keys, 2 × d_head operations per key each (4 × n_heads × d_head × keys).
+    A prefill's N × N scores count whole: the engine computes the masked half too, then adds −∞."""
+    per_key = 4 * n_layers * n_heads * d_head
+    return sum(2 * layer_matmul_params * new + 2 * head_params + per_key * new * keys for new, keys in rows)
+
+
+def step_bytes(weight_bytes: int, row_cache_bytes: list[int]) -> int:
+    """Bytes one step reads from memory at the least: every weight once, however many rows share it, plus each
+    row's own K and V cache (cache_bytes_formula of its length)."""
+    return weight_bytes + sum(row_cache_bytes)

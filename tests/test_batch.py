@@ -1,0 +1,135 @@
+"""Batched decode (model/engine/batch.py): every row of a batch equals its solo run, with requests joining and leaving
+mid-run, on a random GQA Llama, small and SmolLM2; each row's cache bytes are the formula of its own length."""
+
+import numpy as np
+import pytest
+import torch
+from test_smollm2 import needs_model
+
+from model.engine.batch import Request, Server, SlotCache, decode_rows
+from model.engine.llama import Llama, LlamaConfig
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.errors import InputError
+
+TOL = 1e-5
+# SmolLM2's 30 layers: a matmul over 2 rows adds in another order than over 1 (about 1e-6 apart per matmul on this
+# CPU's GEMM), which its depth grows to ~3.5e-5; the house's other SmolLM2 parity checks use 1e-4 for the same cause
+SMOLLM2_TOL = 1e-4
+BUDGET = 256 * 2**20
+
+
+@pytest.fixture(scope="module")
+def tiny_gqa():
+    """A random Llama: 3 layers, 6 query heads over 2 KV heads, d_head 8, no tokenizer (ids only)."""
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    return NativeModel("tiny-gqa", Llama(cfg).eval().requires_grad_(False), None, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2", "cpu")
+
+
+def solo_run(model, prompt: list[int], n: int) -> tuple[list[np.ndarray], list[int]]:
+    """The single-sequence path the other pages use: prefill, then n − 1 greedy decode steps; logits and tokens."""
+    cache = model.new_cache()
+    logits, _ = model.forward(prompt, cache, output_attentions=False)
+    all_logits, tokens = [logits.float().numpy()], [int(logits.argmax())]
+    for _ in range(n - 1):
+        logits, _ = model.forward(tokens[-1:], cache, output_attentions=False)
+        all_logits.append(logits.float().numpy())
+        tokens.append(int(logits.argmax()))
+    return all_logits, tokens
+
+
+def prompts_of(model, lengths: list[int]) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(4, model.info.vocab_size, size=n).tolist() for n in lengths]
+
+
+def check_rows_equal_solo(model, lengths: list[int], new_tokens: int, slots: int, tol: float = TOL):
+    """Drive a SlotCache by hand: requests take slots as they free, prefilled alone, decoded together; a request
+    leaves after `new_tokens` and the next waiting one takes its slot at once. Every logit against the solo run."""
+    prompts = prompts_of(model, lengths)
+    solo = [solo_run(model, p, new_tokens) for p in prompts]
+    cache = SlotCache(model.info.n_layers, slots)
+    waiting, holders = list(range(len(prompts))), [None] * slots
+    got: dict[int, list[np.ndarray]] = {i: [] for i in range(len(prompts))}
+    batch_sizes = set()
+    while waiting or any(h is not None for h in holders):
+        for s in range(slots):
+            if holders[s] is None and waiting:
+                r = waiting.pop(0)
+                solo_cache = model.new_cache()
+                logits, _ = model.forward(prompts[r], solo_cache, output_attentions=False)
+                cache.load(s, solo_cache)
+                holders[s] = r
+                got[r].append(logits.float().numpy())
+        busy = [s for s in range(slots) if holders[s] is not None]
+        rows = max(busy) + 1
+        tokens = [int(np.argmax(got[holders[s]][-1])) if holders[s] is not None else 0 for s in range(rows)]
+        logits = decode_rows(model.module, cache, tokens).numpy()  # (rows, vocab)
+        batch_sizes.add(len(busy))
+        for s in busy:
+            r = holders[s]
+            got[r].append(logits[s])
+            # the row's cache holds exactly its own positions: the formula's bytes of its own length
+            row = cache.row(s)
+            assert row.length == lengths[r] + len(got[r]) - 1
+            assert row.nbytes() == model.info.cache_bytes_formula(row.length)
+            if len(got[r]) == new_tokens:
+                holders[s] = None
+                cache.free(s)
+    for r, (solo_logits, solo_tokens) in enumerate(solo):
+        diffs = [np.abs(a - b).max() for a, b in zip(solo_logits, got[r])]
+        assert max(diffs) <= tol, (r, max(diffs))
+        assert [int(np.argmax(x)) for x in got[r][:new_tokens]] == solo_tokens
+    return batch_sizes
+
+
+def test_random_gqa_rows_equal_their_solo_runs_with_joins_and_leaves(tiny_gqa):
+    # 5 requests of different lengths through 3 slots: two join after the first ones leave
+    sizes = check_rows_equal_solo(tiny_gqa, [3, 11, 7, 1, 20], new_tokens=6, slots=3)
+    assert 3 in sizes
+
+
+def test_small_rows_equal_their_solo_runs_with_joins_and_leaves(small):
+    check_rows_equal_solo(small, [2, 9, 5, 14], new_tokens=5, slots=3)
+
+
+@needs_model
+def test_smollm2_rows_equal_their_solo_runs_with_joins_and_leaves(smollm2):
+    check_rows_equal_solo(smollm2, [5, 40, 17], new_tokens=4, slots=2, tol=SMOLLM2_TOL)
+
+
+def test_server_greedy_tokens_equal_solo_and_slots_are_reused(tiny_gqa):
+    lengths, budgets = [4, 12, 2, 9, 6], [3, 7, 2, 5, 4]
+    prompts = prompts_of(tiny_gqa, lengths)
+    requests = [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, budgets))]
+    server = Server(tiny_gqa, 2, requests, BUDGET)
+    while not server.finished:
+        step = server.step()
+        assert step.tokens == len(step.decode_lengths) + len(step.joined)
+    for r in requests:
+        assert r.new_ids == solo_run(tiny_gqa, r.prompt_ids, r.max_new_tokens)[1]
+        assert r.stop_reason == "max_new_tokens"
+        assert r.token_steps == list(range(r.joined_step, r.joined_step + len(r.new_ids)))
+        assert r.left_step == r.token_steps[-1]
+    # request 2 (2 tokens) leaves first among 0..2, and the next waiting one takes its slot in the step after
+    joined = {rid: s.index for s in server.steps for rid in s.joined}
+    left = {rid: s.index for s in server.steps for rid in s.left}
+    assert joined[2] == left[0] + 1 and requests[2].slot == requests[0].slot
+    assert all(len(r.itl_ms) == len(r.new_ids) - 1 for r in requests)
+
+
+def test_bad_serving_input_is_one_sentence(tiny_gqa):
+    request = Request(0, [5, 6], 4)
+    with pytest.raises(InputError) as zero:
+        Server(tiny_gqa, 0, [request], BUDGET)
+    assert zero.value.code == "serving_slots"
+    with pytest.raises(InputError) as past:
+        Server(tiny_gqa, 8, [request], budget_bytes=1000)
+    assert past.value.code == "serving_budget" and "MiB" in past.value.message("en")

@@ -1,0 +1,101 @@
+"""Serving's measurement: a step's bytes and FLOPs against a hand count for micro, int8 weight-only, the
+serve-bench and profile commands. No timing is asserted: the figures live in the README."""
+
+import json
+
+import pytest
+import torch
+from test_engine import run_cli  # noqa: F401  (the fixture)
+
+from model.engine.batch import Request, Server, matmul_params, weight_bytes
+from model.engine.lowbit import Int8Linear, with_weights
+from model.errors import InputError
+from model.tools import serve_bench
+
+
+def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
+    """micro: hidden 8, MLP 16, 2 layers, 2 query heads over 1 KV head, d_head 4, vocabulary 8, LM head untied.
+    Matmul weights per layer q 8×8 + k 8×4 + v 8×4 + o 8×8 + gate, up, down 8×16 each = 576; two layers and the
+    LM head 8×8: 1216 weights, 4864 B in float32. Norms 2 × 8 per layer + 8 final = 40 × 4 = 160 B; one embedding
+    row 32 B per row. A cached position is 64 B (2 × 2 layers × 1 × 4 × 4 B)."""
+    module = micro.module
+    assert matmul_params(module) == 1216
+    assert weight_bytes(module, 1) == 4864 + 160 + 32
+    # two requests: prompts [1, 3] (2 positions, 3 after its first decode) and [1, 3, 4, 5] (4, then 5)
+    requests = [Request(0, [1, 3], 2), Request(1, [1, 3, 4, 5], 2)]
+    server = Server(micro, 2, requests, 2**20)
+    first = server.step()                       # both prefilled, each over its N × N keys
+    assert first.prefill_tokens == 6
+    # the layers' 1152 matmul weights for each of the 6 positions, the LM head's 64 on each prompt's last one
+    assert first.prefill_flops == 2 * 1152 * 6 + 2 * 64 * 2 + 4 * 2 * 2 * 4 * (2 * 2 + 4 * 4)
+    second = server.step()                      # one decode row each over 3 and 5 keys
+    assert second.decode_lengths == [3, 5]
+    assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376
+    assert second.decode_bytes == 4864 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 5600
+
+
+def test_int8_weights_are_a_quarter_and_close(small):
+    int8 = with_weights(small, "int8")
+    linears = [m for m in int8.module.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 4 * 7 + 1 and all(m.weight.dtype == torch.int8 for m in linears)
+    assert small.module.lm_head.weight.dtype == torch.float32  # the shared model is untouched
+    float32_bytes, int8_bytes = weight_bytes(small.module, 1), weight_bytes(int8.module, 1)
+    assert int8_bytes <= 0.3 * float32_bytes
+    # per output channel: each row dequantises to within half a step of its own scale
+    original, quantized = small.module.model.layers[0].mlp.up_proj.weight, int8.module.model.layers[0].mlp.up_proj
+    error = (quantized.weight.float() * quantized.scale[:, None] - original).abs()
+    assert bool((error <= quantized.scale[:, None] / 2 + 1e-7).all())
+    accuracy = serve_bench.accuracy(small, int8, "int8")
+    assert accuracy.greedy_total == serve_bench.ACCURACY_PROMPTS * serve_bench.ACCURACY_NEW_TOKENS
+    assert 0 < accuracy.max_abs_logit_diff < 1 and accuracy.agreement >= 0.9
+
+
+def test_unknown_dtype_and_a_bad_batch_are_one_sentence(small):
+    with pytest.raises(InputError) as unknown:
+        with_weights(small, "int4")
+    assert unknown.value.code == "unknown_dtype" and "int8" in unknown.value.message("en")
+    with pytest.raises(InputError) as zero:
+        serve_bench.checked_batch(small, 0, 64)
+    assert zero.value.code == "serving_slots"
+
+
+def test_serve_bench_json_has_a_row_per_setting(run_cli):  # noqa: F811
+    out = run_cli("serve-bench", "--model", "micro", "--batch", "1,2", "--context", "4,8", "--dtype",
+                  "float32,int8", "--steps", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    rows = report["rows"]
+    assert [(r["dtype"], r["context"], r["batch"]) for r in rows] == [
+        (d, c, b) for d in ("float32", "int8") for c in (4, 8) for b in (1, 2)]
+    for r in rows:
+        assert set(r) >= {"batch", "context", "dtype", "step_ms", "tokens_per_s", "bytes_read", "achieved_gb_s",
+                          "flops", "machine_gb_s"}
+        assert set(r["step_ms"]) == {"p50", "p95", "p99"}
+    assert report["machine"]["copy_gb_s"] > 0 and report["machine"]["matmul_gflops"] > 0
+    assert report["accuracy"][0]["dtype"] == "int8"
+
+
+def test_serve_bench_refuses_an_unknown_dtype(run_cli):  # noqa: F811
+    out = run_cli("serve-bench", "--model", "micro", "--dtype", "float32,fp4")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "fp4" in out.stderr
+
+
+def test_profile_writes_a_chrome_trace(run_cli, tmp_path):  # noqa: F811
+    trace = tmp_path / "trace.json"
+    out = run_cli("profile", "--model", "small", "--steps", "2", "--batch", "2", "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e.get("name", "").startswith("decode step") for e in events) == 2
+    assert "aten::" in out.stdout
+
+
+def test_low_bits_and_batching_need_the_native_llama(small):
+    """A model on transformers (here a stand-in with only its facts) has no native path for int8, nor for batching."""
+    class OnTransformers:
+        info = small.info
+    with pytest.raises(InputError) as low:
+        with_weights(OnTransformers(), "int8")
+    assert low.value.code == "lowbit_needs_native"
+    with pytest.raises(InputError) as batched:
+        serve_bench.checked_batch(OnTransformers(), 2, 16)
+    assert batched.value.code == "serving_needs_llama"

@@ -1,0 +1,88 @@
+"""The Serving page under AppTest (steps, Run to end, the roofline, the profiler, bad input, both languages) and in
+headless Chromium with 4 requests in both languages."""
+
+import json
+import re
+
+import pytest
+from apptest import click, open_app
+from conftest import wait_idle
+
+from model.texts import text
+
+TIMEOUT = 120
+PAGE = "app_pages/serving.py"
+
+
+def open_page(lang: str = "vi", **state):
+    settings = dict(serving_slots=2, serving_requests=4, serving_prompt_lengths=(3, 9), serving_new_tokens=(2, 5))
+    return open_app(PAGE, TIMEOUT, lang=lang, model_name="small", device="cpu", **(settings | state))
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_steps_then_run_to_end_serve_every_request(lang):
+    at = click(open_page(lang), "serving_start")
+    server = at.session_state["serving_server"]
+    assert len(server.steps) == 1 and server.steps[0].joined == [0, 1] and not at.error
+    click(at, "serving_next")
+    assert len(server.steps) == 2 and server.steps[1].decode_lengths
+    click(at, "serving_run")
+    assert server.finished and at.button(key="serving_next").disabled
+    assert all(r.stop_reason is not None for r in server.requests.values())
+    # a waiting request took a freed slot: the queue of 4 went through 2 slots
+    assert max(r.joined_step for r in server.requests.values()) > 0
+    html = "".join(h.proto.body for h in at.get("html"))
+    assert html.count('class="dl-chart"') >= 3  # the lanes, the step times, the roofline
+    # the roofline's table: a point per batch size the run had and one for its longest prefill
+    assert "ITL p99" in html and ">B=2<" in html and re.search(r">prefill \d+<", html)
+    assert text("serving.lanes", lang) in [h.value for h in at.subheader]
+
+
+def test_profile_shows_the_ops_of_a_step_and_a_trace():
+    at = click(click(open_page("en"), "serving_start"), "serving_profile_button")
+    ops, trace, rows = at.session_state["serving_profile"]
+    assert ops and json.loads(trace)["traceEvents"] and rows >= 1
+    assert any(op.name.startswith("aten::") for op in ops)
+
+
+def test_int8_weights_run_the_same_page():
+    at = click(open_page("en", serving_dtype="int8"), "serving_start")
+    server = at.session_state["serving_server"]
+    assert server.model.info.dtype == "int8" and not at.error
+
+
+def test_past_the_context_is_one_sentence_and_the_session_stays():
+    at = click(open_page("en", serving_prompt_lengths=(64, 64), serving_new_tokens=(64, 64)), "serving_start")
+    assert at.session_state["serving_server"] is None
+    assert [e.value for e in at.error] == [text("error.serving_context", "en").format(context=128, most=127)]
+    click(at, "serving_start")  # the page is still there and answers again the same way
+    assert len(at.error) == 1
+
+
+def test_past_the_memory_budget_is_one_sentence(monkeypatch):
+    monkeypatch.setenv("DECODE_LAB_SESSION_MB", "0.01")
+    at = click(open_page("vi", serving_slots=8, serving_requests=8), "serving_start")
+    assert at.session_state["serving_server"] is None
+    assert len(at.error) == 1 and "MiB" in at.error[0].value and "8 yêu cầu" in at.error[0].value
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_browser_serves_4_requests(app_server, browser_page, lang):
+    page = browser_page
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{app_server}/serving?lang={lang}")
+    queue = page.get_by_label(text("serving.requests", lang))
+    queue.fill("4")
+    queue.press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name=text("serving.start", lang)).click()
+    wait_idle(page)
+    page.get_by_role("button", name=text("serving.run", lang)).click()
+    wait_idle(page)
+    page.locator("img.dl-chart").nth(2).wait_for()  # the lanes, the step times, the roofline
+    wait_idle(page)
+    assert page.get_by_text(text("serving.lanes_caption", lang).format(waiting=0)).count() == 1
+    assert page.locator("[data-testid='stException']").count() == 0 and not errors
+    page.screenshot(path=f"test-artifacts/serving-{lang}.png", full_page=True)
