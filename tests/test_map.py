@@ -26,7 +26,7 @@ from ui.map_view import (
     map_html,
     map_labels,
 )
-from ui.pages import live_views
+from ui.pages import PAGES, live_views
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -491,3 +491,26 @@ def test_the_band_filter_and_the_overlay_toggle_survive_a_visit_to_another_page(
     at.run()
     assert not at.exception
     assert at.session_state["map_band"] == "3" and at.toggle(key="map_hide_overlay").value is True
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_every_one_of_the_22_cells_opens_a_live_view_in_the_browser(app_server, browser_page, lang):
+    """Issue 22: each cell's pop-over holds a live link to a page of the app in the same language; 4D's opens the
+    Fine-tune page."""
+    page = browser_page
+    open_map(page, app_server, lang, (1440, 900))
+    pages = {p.url for p in PAGES}
+    for cid in IDS:
+        page.locator(f".dlm-cell[data-cell='{cid}']").click()
+        pop = page.locator(f"#dlm-pop-{cid}")
+        pop.wait_for(state="visible")
+        links = pop.locator("a.dlm-live")
+        assert links.count() >= 1, cid
+        for target, href in links.evaluate_all("ls => ls.map(l => [l.dataset.page, l.getAttribute('href')])"):
+            assert target in pages and href.startswith(f"{target}?lang={lang}"), (cid, target, href)
+        page.keyboard.press("Escape")
+        pop.wait_for(state="hidden")
+    page.locator(".dlm-cell[data-cell='4D']").click()
+    page.locator("#dlm-pop-4D a.dlm-live").first.click()
+    page.get_by_role("heading", name=text("finetune.title", lang)).wait_for(timeout=90_000)
