@@ -178,11 +178,12 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     """The first step 1's check is made wrong (its recompute is off by 1) and held until Back and Next made another
     step 1: when it finishes, the new step must still have no verdict, and then get its own."""
     real, calls = generate.recompute, []
-    releases = [threading.Event(), threading.Event()]
+    releases, started = [threading.Event(), threading.Event()], threading.Event()
 
     def recompute(model, ids):
         calls.append(ids)
         mine = len(calls) - 1
+        started.set()
         releases[mine].wait(timeout=30)
         return real(model, ids) + (1.0 if mine == 0 else 0.0)
 
@@ -191,6 +192,7 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     generate.step(small, gen)
     assert generate.check_last_step_in_background(small, gen) is None
     first = gen.pending_checks[1][1]
+    assert started.wait(timeout=30)  # running, not queued behind other tests' checks: Next cannot cancel it
     generate.back(small, gen)
     generate.step(small, gen)
     assert generate.check_last_step_in_background(small, gen) is None  # queued behind the first
