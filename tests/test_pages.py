@@ -350,3 +350,13 @@ def test_cache_page_reveals_the_positions_for_n_and_t(lang):
     assert [m.value for m in at.metric][:2] == ["17", "75"]
     click(at, "preset_2/4")  # another N and T: a new guess first
     assert not at.metric and at.button(key="cache_reveal_button")
+
+
+def test_predict_mode_on_micro_to_the_end():
+    """The course example: after prefill [1, 3] the cache holds 2 positions; one Next makes 3 (192 bytes), and
+    the run stops (eos): nothing is left to guess."""
+    at = predicting(model="micro")
+    guess(at, 3, 192)
+    assert at.session_state["predict_score"] == (2, 0) and at.session_state["generation"].stop_reason == "eos"
+    assert text("predict.finished", "vi") in [c.value for c in at.caption]
+    assert not [w for w in at.number_input if w.key == "guess_len"] and not at.exception
