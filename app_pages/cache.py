@@ -6,6 +6,7 @@ from model.engine.counting import cumulative_positions, positions_with_cache, po
 from model.tools.bench import contexts_for, percentile, time_per_token
 from ui import charts
 from ui.i18n import t
+from ui.predict import cache_guess, cache_revealed
 from ui.session import cache_by_layer_kind, current_model, generation, guarded
 
 PRESETS = {"13/5": (13, 5), "2/4": (2, 4)}
@@ -25,18 +26,22 @@ c2.slider(t("cache.t"), 1, 200, key="count_t")
 with st.container(horizontal=True):  # buttons as wide as their labels: in narrow columns the labels were cut
     for name, (n, new) in PRESETS.items():
         st.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new))
+st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help_cache"))
 n, new = st.session_state.count_n, st.session_state.count_t
-with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
-m1, m2, m3 = st.columns(3)
-m1.metric(t("cache.with"), with_cache, help=t("cache.with_formula", n=n, t=new))
-m2.metric(t("cache.without"), without_cache, help=t("cache.without_formula", n=n, t=new))
-m3.metric(t("cache.ratio"), f"{without_cache / with_cache:.2f}×")
-st.markdown(t("cache.explain", n=n, t=new, with_cache=with_cache, without_cache=without_cache,
-              last=n + new - 1))
-running_with, running_without = cumulative_positions(n, new)
-st.plotly_chart(charts.lines(list(range(1, new + 1)), {t("cache.with"): running_with,
-                                                       t("cache.without"): running_without},
-                             t("cache.axis_token"), t("cache.axis_positions")), key="cache_counts")
+if st.session_state.predict_on:
+    cache_guess(n, new)  # the guesses first; the numbers below only once revealed for this N and T
+if not st.session_state.predict_on or cache_revealed(n, new):
+    with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
+    m1, m2, m3 = st.columns(3)
+    m1.metric(t("cache.with"), with_cache, help=t("cache.with_formula", n=n, t=new))
+    m2.metric(t("cache.without"), without_cache, help=t("cache.without_formula", n=n, t=new))
+    m3.metric(t("cache.ratio"), f"{without_cache / with_cache:.2f}×")
+    st.markdown(t("cache.explain", n=n, t=new, with_cache=with_cache, without_cache=without_cache,
+                  last=n + new - 1))
+    running_with, running_without = cumulative_positions(n, new)
+    st.plotly_chart(charts.lines(list(range(1, new + 1)), {t("cache.with"): running_with,
+                                                           t("cache.without"): running_without},
+                                 t("cache.axis_token"), t("cache.axis_positions")), key="cache_counts")
 
 st.subheader(t("cache.your_run"))
 model = current_model()

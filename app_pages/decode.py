@@ -17,6 +17,7 @@ from model.engine.counting import cache_bytes_formula
 from model.engine.tokenizer import joined_characters
 from ui import svg
 from ui.i18n import number, t
+from ui.predict import guess_inputs, on_next_with_guess, reveal_html
 from ui.probes import probe_controls, probes_html
 from ui.session import (
     cache_by_layer_kind,
@@ -25,7 +26,6 @@ from ui.session import (
     layer_head_selectors,
     mark_cancelled_run,
     on_back,
-    on_next,
     page_start,
     prompt_form,
     redraw_only,
@@ -73,6 +73,9 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
     st.toggle(t("decode.check_each_step"), key="check_each_step", help=t("decode.check_help"),
               on_change=redraw_only, args=(STEP_VIEW,))
     probe_controls(info, redraw=STEP_VIEW)
+    st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help"))  # the whole page: the guesses appear
+if st.session_state.predict_on:
+    guess_inputs(model, generation(model))
 
 
 if st.session_state.run_to_end_requested:
@@ -94,7 +97,7 @@ def step_view() -> None:
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
-                  on_click=on_next, shortcut=NEXT_KEY)
+                  on_click=on_next_with_guess, shortcut=NEXT_KEY)
         st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back,
                   shortcut=BACK_KEY)
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
@@ -196,7 +199,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         + stop)
     joined = joined_characters(tok, ids)
     legend = (paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else "")
-    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
+    predicted = reveal_html(model, gen) if st.session_state.predict_on else ""
+    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary + predicted
             + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
             f"<div>{check_and_answer}</div></div>"
             + probes_html(model, gen, len(gen.steps) - 1, lens=st.session_state.logit_lens))

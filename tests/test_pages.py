@@ -234,3 +234,131 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
         assert abs(ours["chosen_prob"] - theirs["chosen_prob"]) <= 1e-6
         assert [t["id"] for t in ours["top"]] == [t["id"] for t in theirs["top"]]
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(ours["top"], theirs["top"])) <= 1e-6
+
+
+# -- predict, then reveal (issue 26, item 1) ---------------------------------------------------------------------
+
+def predicting(model: str = "small", lang: str = "vi") -> AppTest:
+    at = click(open_page("app_pages/decode.py", model=model, lang=lang), "run_prefill")
+    at.toggle(key="predict_on").set_value(True).run()
+    assert not at.exception
+    return at
+
+
+def written(value: int, lang: str) -> str:
+    """A whole number as the page writes it: 6.144 (vi), 6,144 (en)."""
+    return f"{value:,}".replace(",", ".") if lang == "vi" else f"{value:,}"
+
+
+def reveal_row(lang: str, what: str, guessed: int, real: int, right: bool) -> str:
+    """One row of the reveal's table as the page writes it: what, the guess, the engine's number, the verdict."""
+    cells = [text("predict." + what, lang), written(guessed, lang), written(real, lang),
+             text("predict.right" if right else "predict.wrong", lang)]
+    return "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>"
+
+
+def candidates(at: AppTest) -> list[int]:
+    """The ids the token guess offers (AppTest's options are their labels)."""
+    return at.session_state["predict_candidates"][1]
+
+
+def guess(at: AppTest, length: int, nbytes: int, token: int | None = None) -> AppTest:
+    at.number_input(key="guess_len").set_value(length)
+    at.number_input(key="guess_bytes").set_value(nbytes)
+    if token is not None:
+        at.segmented_control(key="guess_token").set_value(token)
+    at.run()
+    return click(at, "next")
+
+
+def test_predict_mode_is_off_by_default_and_draws_no_guesses():
+    at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
+    assert at.toggle(key="predict_on").value is False
+    assert not [w for w in at.number_input if w.key == "guess_len"]
+    assert escape(text("predict.title", "vi")) not in step_view_html(at)
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_reveal_shows_the_engine_s_own_numbers_and_the_score_counts(lang):
+    at = predicting(lang=lang)
+    gen = at.session_state["generation"]
+    assert len(at.segmented_control(key="guess_token").options) == len(candidates(at)) == 5
+    # a right guess: what the engine will do, known here only from the trace of the step before and the formula
+    info = at.session_state["generation"].steps[-1]
+    per_position = info.cache_bytes // info.cache_len
+    guess(at, info.cache_len + 1, per_position * (info.cache_len + 1))
+    trace = gen.steps[-1]
+    html = step_view_html(at)
+    assert escape(text("predict.title", lang)) in html
+    assert reveal_row(lang, "row_len", trace.cache_len, trace.cache_len, True) in html
+    assert reveal_row(lang, "row_bytes", trace.cache_bytes, trace.cache_bytes, True) in html
+    assert at.session_state["predict_score"] == (2, 0)
+    # a wrong guess, token included
+    wrong_token = candidates(at)[0]
+    guess(at, 1, 2, wrong_token)
+    trace, drawn = gen.steps[-1], gen.samples[-1]
+    drawn_next = drawn.chosen_id
+    html = step_view_html(at)
+    assert reveal_row(lang, "row_len", 1, trace.cache_len, False) in html
+    assert reveal_row(lang, "row_bytes", 2, trace.cache_bytes, False) in html
+    token_right = wrong_token == drawn_next
+    assert at.session_state["predict_score"] == (2 + token_right, 3 - token_right)
+    assert escape(text("predict.score", lang).format(right=2 + token_right, wrong=3 - token_right)) in html
+
+
+def test_a_guess_never_changes_the_run():
+    """The same tokens and cache, step by step, with guesses (right, wrong, a token picked) and without."""
+    plain = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
+    guessed = predicting()
+    for at in (plain, guessed):  # sampled, not greedy: a guess must not move the seeded draws either
+        at.slider(key="temperature").set_value(0.9).run()
+        at.run()
+    for k in range(3):
+        click(plain, "next")
+        options = candidates(guessed)
+        guess(guessed, 7 * k, 3 + k, options[k % len(options)])
+        a, b = plain.session_state["generation"], guessed.session_state["generation"]
+        assert a.ids == b.ids and a.cache.length == b.cache.length
+        assert [s.cache_bytes for s in a.steps] == [s.cache_bytes for s in b.steps]
+        assert [s.chosen_id for s in a.samples] == [s.chosen_id for s in b.samples]
+
+
+def test_back_hides_the_reveal_of_the_step_undone():
+    at = predicting()
+    guess(at, 0, 0)
+    waiting = escape(text("predict.waiting", "vi"))
+    assert waiting not in step_view_html(at)
+    click(at, "next")  # the mode records this step's (default) guesses too
+    click(at, "back")  # the current step is now one whose reveal was replaced: no stale reveal
+    assert waiting in step_view_html(at) and len(at.session_state["generation"].steps) == 2
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_cache_page_reveals_the_positions_for_n_and_t(lang):
+    from model.engine.counting import positions_with_cache, positions_without_cache
+
+    at = open_page("app_pages/cache.py", lang=lang)
+    at.toggle(key="predict_on").set_value(True).run()
+    click(at, "preset_13/5")
+    assert not at.metric  # the answer stays hidden until Reveal
+    at.number_input(key="cache_guess_with").set_value(positions_with_cache(13, 5))
+    at.number_input(key="cache_guess_without").set_value(40)
+    at.run()
+    click(at, "cache_reveal_button")
+    html = step_view_html(at)
+    assert "<td>17</td>" in html and "<td>75</td>" in html and positions_without_cache(13, 5) == 75
+    assert html.count(escape(text("predict.right", lang))) == 1 and html.count(escape(text("predict.wrong", lang))) == 1
+    assert at.session_state["predict_score"] == (1, 1)
+    assert [m.value for m in at.metric][:2] == ["17", "75"]
+    click(at, "preset_2/4")  # another N and T: a new guess first
+    assert not at.metric and at.button(key="cache_reveal_button")
+
+
+def test_predict_mode_on_micro_to_the_end():
+    """The course example: after prefill [1, 3] the cache holds 2 positions; one Next makes 3 (192 bytes), and
+    the run stops (eos): nothing is left to guess."""
+    at = predicting(model="micro")
+    guess(at, 3, 192)
+    assert at.session_state["predict_score"] == (2, 0) and at.session_state["generation"].stop_reason == "eos"
+    assert text("predict.finished", "vi") in [c.value for c in at.caption]
+    assert not [w for w in at.number_input if w.key == "guess_len"] and not at.exception

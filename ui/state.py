@@ -22,6 +22,9 @@ DEFAULTS = {
     "run_to_end_requested": False, "logit_lens": False, "heads_off": [],
     "tax_shown": False, "tax_twin": 0, "tax_vi": "", "tax_en": "",
     "count_n": 13, "count_t": 5, "bench_result": None,
+    # predict, then reveal (ui/predict.py): the score is a tuple (right, wrong), replaced whole
+    "predict_on": False, "guess_len": 0, "guess_bytes": 0, "guess_token": None, "predict_reveal": None,
+    "predict_score": (0, 0), "cache_guess_with": 0, "cache_guess_without": 0, "cache_reveal": None,
     "flash_step": 0, "flash_block": 1, "flash_for": None, "flash_custom_n": 32768, "flash_custom_d": 128,
     "flash_custom_block": 128, "flash_walk": None, "flash_walk_for": None,
 }
