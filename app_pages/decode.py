@@ -55,6 +55,7 @@ TOP_BARS = 12
 TABLE_ROWS = 6  # the cache table shows the latest steps; the chart shows them all
 STEP_VIEW = "decode_step"  # the fragment that draws the current step
 CHECK_POLL_S = 0.15  # how often the page asks whether the step's background check is done
+CHECK_INLINE_S = 0.03  # a check done this soon is drawn with its step (small's take a few ms): no poll, no rerun
 
 model = page_start("decode")
 info, tok = model.info, model.tokenizer
@@ -115,7 +116,9 @@ def wait_for_check(index: int) -> None:
     run draws the verdict in place, and no longer draws this poller (Streamlit then stops its timer). Between two
     polls nothing runs, so a Next is never kept waiting by a check."""
     gen = st.session_state.generation
-    if gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
+    if st.session_state.get("check_polled") != index:  # the call inside the step view: it only starts the timer
+        st.session_state.check_polled = index
+    elif gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
         st.rerun()
 
 
@@ -176,7 +179,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
             b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
             total=number(trace.cache_bytes_formula)), "dl-caption"))
 
-    check = generate.check_last_step_in_background(model, gen) if st.session_state.check_each_step else None
+    check = (generate.check_last_step_in_background(model, gen, CHECK_INLINE_S) if st.session_state.check_each_step
+             else None)
     if check is not None:
         passed = check.max_abs_diff <= CHECK_TOLERANCE
         verdict = t("decode.check_result_pass" if passed else "decode.check_result_fail", tol=CHECK_TOLERANCE,

@@ -11,12 +11,14 @@ steps' attention rows are dropped; the budget counts Generation.memory_bytes (ke
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -262,10 +264,10 @@ def check_last_step(model: LoadedModel, gen: Generation) -> RecomputeCheck:
 _background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-check")
 
 
-def check_last_step_in_background(model: LoadedModel, gen: Generation) -> RecomputeCheck | None:
-    """The last step's check if it is done; otherwise start it (once) and return None. The result lands in
-    gen.checks only while that step is still the run's step at that index: a verdict belongs to its own step.
-    A check still waiting for its turn when the run moves on is cancelled."""
+def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: float = 0.0) -> RecomputeCheck | None:
+    """The last step's check if it is done, or done within wait_s; otherwise start it (once) and return None. The
+    result lands in gen.checks only while that step is still the run's step at that index: a verdict belongs to its
+    own step. A check still waiting for its turn when the run moves on is cancelled."""
     index = len(gen.steps) - 1
     if index in gen.checks:
         return gen.checks[index]
@@ -273,11 +275,14 @@ def check_last_step_in_background(model: LoadedModel, gen: Generation) -> Recomp
     for stale, (stepped, future) in list(gen.pending_checks.items()):
         if stepped is not trace and future.cancel():
             del gen.pending_checks[stale]
-    if gen.pending_checks.get(index, (None,))[0] is not trace:
+    pending = gen.pending_checks.get(index)
+    if pending is None or pending[0] is not trace:
         # the ids and the logits as they are now (a shallow copy keeps them when the run drops old logits)
         ids, as_stepped = gen.ids[: trace.cache_len], copy.copy(trace)
+        registered = threading.Event()  # the check removes its own entry: it must be there first
 
         def check() -> None:
+            registered.wait()
             try:
                 result = _recompute_check(model, ids, as_stepped)
             except Exception:  # out of memory, say: a verdict of NaN fails, and says so, instead of never coming
@@ -287,8 +292,11 @@ def check_last_step_in_background(model: LoadedModel, gen: Generation) -> Recomp
             if gen.pending_checks.get(index, (None,))[0] is trace:
                 del gen.pending_checks[index]
 
-        gen.pending_checks[index] = (trace, _background_checks.submit(check))
-    return None
+        pending = gen.pending_checks[index] = (trace, _background_checks.submit(check))
+        registered.set()
+    with contextlib.suppress(TimeoutError, CancelledError):  # a small model's check is done at once: drawn inline
+        pending[1].result(timeout=wait_s)
+    return gen.checks.get(index)
 
 
 def run_to_end(model: LoadedModel, gen: Generation, on_step: Callable[[Generation], None] | None = None,
