@@ -116,9 +116,7 @@ def wait_for_check(index: int) -> None:
     run draws the verdict in place, and no longer draws this poller (Streamlit then stops its timer). Between two
     polls nothing runs, so a Next is never kept waiting by a check."""
     gen = st.session_state.generation
-    if st.session_state.get("check_polled") != index:  # the call inside the step view: it only starts the timer
-        st.session_state.check_polled = index
-    elif gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
+    if gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
         st.rerun()
 
 
