@@ -1,7 +1,6 @@
 """Train: one training step at a time on this session's own copy of micro or small, every stage in map order
 (1A corpus … 3E checkpoint), the checkpoint loaded back for inference, and the memory savers 4A and 4B."""
 
-import dataclasses
 import time
 from functools import partial
 
@@ -289,7 +288,7 @@ st.subheader(t("train.h_3e"), anchor="cell-3e")
 st.plotly_chart(loss_figure(trainer), key="train_loss_curve")
 st.download_button(t("train.download_curve"), key="train_download", icon=":material/download:", on_click="ignore",
                    file_name="decode-lab-train.csv", mime="text/csv",
-                   data=partial(csv_of, [dataclasses.asdict(p) for p in trainer.history]))
+                   data=partial(csv_of, trainer.history))
 if st.button(t("train.save"), key="train_save", icon=":material/save:"):
     if st.session_state.train_store is None:
         st.session_state.train_store = CheckpointStore(BOUND.max_checkpoints)

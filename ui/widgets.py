@@ -7,6 +7,7 @@ with every click makes the browser recompute the style of the whole page.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections.abc import Callable, Sequence
 from html import escape
@@ -196,10 +197,12 @@ def warn_before_leaving(run_held: bool) -> None:
     st.html(f"<script>window.onbeforeunload = {handler};</script>", unsafe_allow_javascript=True)
 
 
-def csv_of(rows: list[dict]) -> str:
-    """One line per row under a header of the first row's keys (a training curve, for a spreadsheet)."""
+def csv_of(rows: list) -> str:
+    """One line per row (a dict or a dataclass) under a header of the first row's keys (a training curve, for a
+    spreadsheet). Pages pass it to a download button unevaluated, so a click's run does none of this work."""
     if not rows:
         return ""
+    rows = [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in rows]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
