@@ -32,7 +32,8 @@ def probe_controls(info: ModelInfo, redraw: str | None = None, lens: bool = True
     change = dict(on_change=redraw_only, args=(redraw,))
     if lens:
         st.toggle(t("lens.toggle"), key="logit_lens", help=t("lens.toggle_help"), **change)
-    st.multiselect(t("ablation.select"), options, key="heads_off", help=t("ablation.select_help"), width=260,
+    st.multiselect(t("ablation.select"), options, key="heads_off", help=t("ablation.select_help"),
+                   placeholder=t("ablation.placeholder"), width=260,
                    **change)
 
 
