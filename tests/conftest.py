@@ -14,6 +14,7 @@ system Chromium, viewport 1440×900. Both skip the test when Chromium or Playwri
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -123,6 +124,12 @@ def browser_page(_chromium):
 def wait_idle(page, timeout_ms: int = 60_000) -> None:
     """Streamlit shows its running indicator while the script runs; wait until it is gone."""
     page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout_ms)
+
+
+def choose_sidebar_model(page, label: str) -> None:
+    """Picks the sidebar's model by (a part of) its label, e.g. "SmolLM2-135M-Instruct"."""
+    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+    page.get_by_role("option", name=re.compile(re.escape(label))).click()
 
 
 def wait_for_charts(page) -> None:

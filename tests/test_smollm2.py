@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import wait_idle
+from conftest import choose_sidebar_model, wait_idle
 from safetensors import safe_open
 
 from model.engine.generate import check_last_step, run_to_end, start
@@ -209,8 +209,7 @@ def test_browser_chat_with_smollm2_shows_template_tokens_and_the_answer(app_serv
     page = browser_page
     run, step = {"vi": ("Chạy prefill", "Bước tiếp"), "en": ("Run prefill", "Next")}[lang]
     page.goto(f"{app_server}/prefill?lang={lang}")
-    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
-    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    choose_sidebar_model(page, "SmolLM2-135M-Instruct")
     # the rerun that the choice starts has drawn the chat box: a click before it would send the old prompt along
     page.get_by_text(text("prompt.chat_label", lang)).wait_for(timeout=180_000)
     wait_idle(page, timeout_ms=180_000)
@@ -242,8 +241,7 @@ def test_browser_run_to_end_grows_the_strip_and_stops_at_a_click(app_server, bro
     so 60 new tokens take seconds: Stop interrupts between two steps, the answer says so, and Next goes on."""
     page = browser_page
     page.goto(f"{app_server}/decode?lang=en")
-    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
-    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    choose_sidebar_model(page, "SmolLM2-135M-Instruct")
     page.get_by_text(text("prompt.chat_label", "en")).wait_for(timeout=180_000)
     page.locator("[class*='st-key-prompt_mode'] button").get_by_text("text", exact=True).click()
     page.get_by_label(text("prompt.label", "en"), exact=True).wait_for()
@@ -281,8 +279,7 @@ def test_browser_the_token_of_a_next_shows_before_its_check_and_the_verdict_is_t
     while the check box still says it is checking, then the verdict names the positions of that very step."""
     page = browser_page
     page.goto(f"{app_server}/decode?lang=en")
-    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
-    page.get_by_role("option", name=re.compile("SmolLM2-135M-Instruct")).click()
+    choose_sidebar_model(page, "SmolLM2-135M-Instruct")
     page.get_by_text(text("prompt.chat_label", "en")).wait_for(timeout=180_000)
     page.locator("[class*='st-key-prompt_mode'] button").get_by_text("text", exact=True).click()
     box = page.get_by_label(text("prompt.label", "en"), exact=True)
