@@ -18,7 +18,7 @@ from ui import charts
 from ui.i18n import t
 from ui.session import guarded
 from ui.state import keep_across_pages
-from ui.widgets import csv_of, md_escape, table_html, token_strip
+from ui.widgets import NEXT_KEY, csv_of, md_escape, table_html, token_strip
 
 BOUND = limits()
 CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
@@ -96,7 +96,7 @@ def controls(method: str):
     """One step / N steps / Reset; returns the trainer (None before the first step)."""
     b1, b2, b3, b4 = st.columns([1.2, 1, 1.3, 1], vertical_alignment="bottom")
     one = b1.button(t("finetune.one_step"), key=f"ft_{method}_one", type="primary", icon=":material/skip_next:",
-                    width="stretch")
+                    width="stretch", shortcut=NEXT_KEY)  # only the open tab is drawn: one button holds the key
     b2.number_input(t("finetune.n_steps"), 1, 500, key=f"ft_{method}_n")
     n = int(st.session_state[f"ft_{method}_n"])
     run = b3.button(t("finetune.run_n", n=n), key=f"ft_{method}_run", icon=":material/fast_forward:",
@@ -248,7 +248,7 @@ def rlhf_samples(trainer) -> None:
                   length=f"{r['length']:.1f}"))
 
 
-keep_across_pages(WIDGETS)
+keep_across_pages(WIDGETS | {"ft_tab": t("finetune.tab_" + ORDER[0])})  # the open tab, by its label
 st.title(t("finetune.title"))
 st.caption(t("finetune.intro"))
 if st.session_state.ft_running is not None:  # a Run of N steps stopped by another click
@@ -256,8 +256,11 @@ if st.session_state.ft_running is not None:  # a Run of N steps stopped by anoth
     st.info(t("finetune.run_stopped", done=ran_on.steps_done, asked=asked))
     st.session_state.ft_running = None
 
-tabs = st.tabs([t("finetune.tab_" + m) for m in ORDER])
+# Only the open tab runs (Streamlit's lazy tabs): a step on one method does not redraw the three others
+tabs = st.tabs([t("finetune.tab_" + m) for m in ORDER], key="ft_tab", on_change="rerun")
 for method, tab in zip(ORDER, tabs):
+    if not tab.open:
+        continue
     with tab:
         st.subheader(t("finetune.h_" + method), anchor=ANCHORS[method])
         st.markdown(t("finetune.explain_" + method))
