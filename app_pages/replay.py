@@ -125,7 +125,8 @@ def step_html(run: dict, index: int) -> str:
                 + probability_bars_html([row["token"] for row in top], [row["prob"] for row in top],
                                         ["chosen" if row["id"] == step["chosen_id"] else "other" for row in top],
                                         names)
-                + paragraph_html(t("replay.chosen", token=md_escape(step["chosen_token"]), id=step["chosen_id"],
+                + paragraph_html(t("replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen",
+                                   token=md_escape(step["chosen_token"]), id=step["chosen_id"],
                                    p=f"{step['chosen_prob']:.3f}", temperature=s["temperature"],
                                    top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
                                    top_p=s["top_p"], seed=s["seed"], n=len(top))))
