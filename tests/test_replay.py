@@ -207,6 +207,21 @@ def test_a_smollm2_replay_opens_with_no_model_loaded(monkeypatch, lang):
     assert not at.error and not calls
 
 
+def test_re_run_for_real_on_the_page_says_every_token_matches():
+    at = click(open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="micro"), "replay_rerun_button")
+    assert at.success[0].value == text("replay.rerun_match", "en").format(
+        model="micro", device="cpu", dtype="float32", n=2, tol=PROB_TOLERANCE, gap="0.0e+00")
+
+
+def test_a_recording_of_a_model_not_here_says_how_to_get_it(monkeypatch):
+    import model.weights.catalog
+
+    monkeypatch.setattr(model.weights.catalog, "list_models", lambda models_dir=None: ["small", "micro"])
+    at = open_app("app_pages/replay.py", lang="vi", device="cpu", replay_source="gemma3")
+    assert at.info[0].value == text("replay.model_absent", "vi").format(model="gemma3")
+    assert "replay_rerun_button" not in [b.key for b in at.button]
+
+
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_server, browser_page, artifacts, lang):
