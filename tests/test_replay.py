@@ -127,6 +127,16 @@ def test_the_bundled_models_recordings_re_run_exactly(name):
     assert again.matches and again.steps == len(run["steps"]) and again.max_prob_diff <= PROB_TOLERANCE, again
 
 
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_the_fetched_models_recordings_re_run_exactly(name):
+    from model.weights.catalog import list_models
+
+    if name not in list_models():
+        pytest.skip(f"{name} is not fetched: python -m model fetch {name}")
+    again = rerun(_model(name), shipped_recording(name))
+    assert again.matches and again.max_prob_diff <= PROB_TOLERANCE, again
+
+
 def test_a_re_run_names_the_first_step_that_differs_and_how():
     small, run = _model("small"), shipped_recording("small")
     nudged = copy.deepcopy(run)
@@ -163,6 +173,7 @@ def test_a_replay_shows_the_live_run_s_tokens_probabilities_and_cache_figures():
     at = open_app("app_pages/decode.py", lang="en", model_name="small", device="cpu", prompt_mode="text",
                   temperature=0.9, seed=4, prompt_text="con mèo")
     click(at, "run_prefill")
+    assert [link.proto.page for link in at.get("page_link")] == ["replay"]
     live = [step_parts(page_html(at))]
     while not at.session_state["generation"].finished:
         click(at, "next")
