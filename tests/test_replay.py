@@ -105,6 +105,13 @@ def test_each_bad_file_is_one_sentence_in_both_languages(case):
         assert "{" not in sentence.replace("{ }", "") and sentence.count(". ") <= 1, sentence
 
 
+def test_a_real_speculate_json_is_said_to_be_a_speculative_run(capsys):
+    assert main(["speculate", "--prompt", "the dog", "--max-new-tokens", "4", "--json"]) == 0
+    with pytest.raises(InputError) as refused:
+        read_recording(capsys.readouterr().out.encode())
+    assert refused.value.code == "recording_speculative"
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_recording_reads_back_and_is_small(name):
     run = shipped_recording(name)
