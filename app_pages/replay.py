@@ -37,7 +37,7 @@ from ui.widgets import (
     token_strip_html,
 )
 
-TABLE_ROWS = 6  # as on Decode: the table the latest steps, the chart all of them
+TABLE_ROWS = 6  # as on Decode: the table shows the latest steps, the chart all of them
 SOURCES = [*SHIPPED, "upload"]
 
 keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None, "replay_rerun": None})

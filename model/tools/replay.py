@@ -14,7 +14,7 @@ from pathlib import Path
 from model.errors import InputError
 from model.tools.cli import SCHEMA, trace_report
 
-MAX_RECORDING_BYTES = 2 * 2**20  # the shipped ones are 3-40 KB; a 500-step SmolLM2 run is about 1 MB
+MAX_RECORDING_BYTES = 2 * 2**20  # the shipped ones are 2-11 KB, about 1 KB a step (each repeats the answer so far)
 RECORDINGS = Path(__file__).resolve().parent.parent.parent / "assets" / "recordings"
 SHIPPED = ("micro", "small", "smollm2", "gemma3")  # assets/recordings/<name>.json, in the order the page offers them
 # the trace rounds probabilities to 6 decimals: an exact re-run lands within half a unit of the last one (5e-7);
