@@ -14,9 +14,11 @@ import streamlit as st
 
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula
+from model.engine.generate import CHECK_TOLERANCE
 from model.engine.tokenizer import joined_characters
 from ui import svg
 from ui.i18n import number, t
+from ui.pages import page
 from ui.predict import guess_inputs, on_next_with_guess, reveal_html
 from ui.probes import probe_controls, probes_html
 from ui.session import (
@@ -50,7 +52,6 @@ from ui.widgets import (
     token_strip_html,
 )
 
-CHECK_TOLERANCE = 1e-4
 TOP_BARS = 12
 TABLE_ROWS = 6  # the cache table shows the latest steps; the chart shows them all
 STEP_VIEW = "decode_step"  # the fragment that draws the current step
@@ -214,3 +215,4 @@ st.download_button(t("decode.download"), key="download_run", icon=":material/dow
                    file_name="decode-lab-run.json", mime="application/json",
                    data=partial(run_as_trace_json, model, generation(model), st.session_state.prompt_of_run,
                                 st.session_state.prompt_unknown), help=t("decode.download_help"))
+st.page_link(page("replay").path, label=t("replay.open"), icon=page("replay").icon)

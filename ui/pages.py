@@ -27,6 +27,7 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("prefill", "app_pages/prefill.py", ":material/input:",
              {"1B": "token-tax", "2B": "", "5A": "", "5B": ""}),
     PageSpec("decode", "app_pages/decode.py", ":material/replay:", {"2D": "", "5B": "", "5C": ""}),
+    PageSpec("replay", "app_pages/replay.py", ":material/history:"),
     PageSpec("cache", "app_pages/cache.py", ":material/balance:", {"5B": ""}),
     PageSpec("flash", "app_pages/flash.py", ":material/bolt:", {"2B": ""}),
     PageSpec("speculative", "app_pages/speculative.py", ":material/fast_forward:", {"5B": ""}),

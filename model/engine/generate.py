@@ -33,6 +33,7 @@ from model.errors import InputError
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_NEW_TOKENS = 20  # the command line's default answer length
+CHECK_TOLERANCE = 1e-4  # the largest |Δlogit| between a cached step and its recompute that counts as the same
 # the current step's logits (resample) and the one before (Back without a re-run); the prefill's are kept as well,
 # since getting them back means running the whole prompt again, while any other step's logits cost one decode step
 LOGITS_KEPT = 2

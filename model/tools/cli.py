@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 
 from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
 
 TOP_N = 5
+SCHEMA = "decode-lab.trace/1"  # model/tools/replay.py reads this version back; a change of the fields gets a new one
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:
@@ -34,16 +36,25 @@ def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
             "top": [{"id": int(i), "token": tok.token(int(i)), "bytes": tok.token_bytes(int(i)).hex(" "),
                      "prob": round(float(p), 6)}
                     for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
-            "ms": round(trace.ms, 3),
+            "ms": round(trace.ms, 3), "answer": tok.decode(gen.new_ids[: index + 1]),
         }
         if index in gen.checks:
             row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
         steps.append(row)
+    s = gen.settings
     return {
+        "schema": SCHEMA,
+        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "model": {"name": info.name, "engine": info.backend, "architecture": info.architecture,
                   "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
                   "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
-                  "dtype": info.dtype, "device": info.device},
+                  "dtype": info.dtype, "bytes_per_element": info.bytes_per_element, "vocab_size": info.vocab_size,
+                  "device": info.device},
+        # what re-runs it exactly with the prompt's ids (model/tools/replay.py); the latest sampling settings: a
+        # change of them on the Decode page re-draws the current step only
+        "settings": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
+                     "max_new_tokens": gen.max_new_tokens, "stop": list(gen.stop_strings),
+                     "check": len(gen.checks) == len(gen.steps)},
         # token: the readable form (a byte piece as <E1><BB>); bytes: what each token holds, in hex
         "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
                    "bytes": [tok.token_bytes(i).hex(" ") for i in gen.prompt_ids], "unknown": unknown},

@@ -1,0 +1,200 @@
+"""Replay: a recorded Decode run (trace JSON) step by step without loading its model; re-run it for real on demand.
+
+Nothing here calls the model loader until "Re-run for real" is pressed: a class can open SmolLM2's recording on a
+machine that has not loaded SmolLM2 (tests/test_replay.py replaces the loader with one that fails).
+"""
+
+from types import SimpleNamespace
+
+import streamlit as st
+
+from model.engine.generate import CHECK_TOLERANCE
+from model.engine.tokenizer import joined_characters
+from model.tools.replay import (
+    MAX_RECORDING_BYTES,
+    PROB_TOLERANCE,
+    SHIPPED,
+    RecordedTokens,
+    read_recording,
+    rerun,
+    shipped_recording,
+)
+from model.weights.catalog import FETCHED, list_models, settings
+from ui import svg
+from ui.i18n import labels, number, t
+from ui.session import attempt, cache_by_layer_kind, callback_error_here, guarded_in_callback, shared_model
+from ui.state import keep_across_pages
+from ui.widgets import (
+    BACK_KEY,
+    NEXT_KEY,
+    box_html,
+    choice,
+    heading_html,
+    md_escape,
+    paragraph_html,
+    probability_bars_html,
+    table_html,
+    token_strip_html,
+)
+
+TABLE_ROWS = 6  # as on Decode: the table shows the latest steps, the chart all of them
+SOURCES = [*SHIPPED, "upload"]
+
+keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None, "replay_rerun": None})
+st.title(t("replay.title"))
+st.caption(t("replay.intro"))
+
+
+def on_source_change() -> None:
+    st.session_state.replay_step = 0
+    st.session_state.replay_rerun = None
+
+
+def on_upload() -> None:
+    """The chosen file, read once: the parsed run stays in the session (the uploader forgets its file on another
+    page); a bad file says why and leaves no run."""
+    on_source_change()
+    file = st.session_state.replay_file
+    st.session_state.replay_uploaded = None
+    if file is not None:
+        st.session_state.replay_uploaded = guarded_in_callback(lambda: read_recording(file.getvalue()))
+
+
+def on_step(delta: int) -> None:
+    st.session_state.replay_step += delta
+
+
+def on_rerun(run: dict) -> None:
+    """The verdict, or why the model could not run the recording, as a sentence: either is drawn under the button."""
+    result, error = attempt(lambda: rerun(shared_model(run["model"]["name"], st.session_state.device), run))
+    st.session_state.replay_rerun = result if error is None else error
+
+
+with st.container(horizontal=True, vertical_alignment="bottom"):
+    source = choice(st.selectbox, t("replay.source"), SOURCES, key="replay_source", width=360,
+                    format_func=labels("replay.source_", SOURCES).get, on_change=on_source_change)
+    if source == "upload":
+        st.file_uploader(t("replay.upload"), type=["json"], key="replay_file", on_change=on_upload,
+                         max_upload_size=MAX_RECORDING_BYTES // 2**20,
+                         help=t("replay.upload_help", mb=MAX_RECORDING_BYTES // 2**20))
+callback_error_here()
+if source == "upload":
+    run = st.session_state.replay_uploaded
+    if run is None:
+        st.info(t("replay.upload_first"))
+        st.stop()
+else:
+    run = shipped_recording(source)
+
+steps, m = run["steps"], run["model"]
+last = len(steps) - 1
+index = st.session_state.replay_step = min(max(int(st.session_state.replay_step), 0), last)
+st.html(box_html(t("replay.banner", model=md_escape(m["name"]), device=md_escape(m["device"]),
+                   dtype=md_escape(m["dtype"]), date=md_escape(run.get("recorded_at", "?")), n=len(steps)), "note"))
+with st.container(horizontal=True, vertical_alignment="center"):
+    st.button(t("decode.next"), key="replay_next", type="primary", icon=":material/skip_next:",
+              disabled=index == last, on_click=on_step, args=(1,), shortcut=NEXT_KEY)
+    st.button(t("decode.back"), key="replay_back", icon=":material/undo:", disabled=index == 0, on_click=on_step,
+              args=(-1,), shortcut=BACK_KEY)
+    st.markdown(f"**{t('replay.step_of', step=index, last=last)}**")
+
+
+def step_html(run: dict, index: int) -> str:
+    """What the recording holds about one step, drawn as Decode draws it."""
+    step, m, s = run["steps"][index], run["model"], run["settings"]
+    prompt = run["prompt"]
+    tokens = prompt["tokens"] + [x["chosen_token"] for x in run["steps"][: index + 1]]
+    ids = prompt["ids"] + [x["chosen_id"] for x in run["steps"][: index + 1]]
+    kinds = [""] * len(prompt["ids"]) + ["new"] * (index + 1)
+    kinds[-1] = "current"
+    joined = joined_characters(RecordedTokens(run), ids)
+    legend = paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else ""
+    fed = dict(zip(prompt["ids"], prompt["tokens"])) | {x["chosen_id"]: x["chosen_token"] for x in run["steps"]}
+    summary = paragraph_html(t(
+        "decode.step_summary", step=index, phase=t("phase." + step["phase"]),
+        fed=md_escape(", ".join(fed.get(i, str(i)) for i in step["input_ids"])), pos=step["positions"][0],
+        cache=step["cache_len"], ms=f"{step['ms']:.2f}", device=m["device"], dtype=m["dtype"]))
+
+    attention = heading_html(t("decode.attention")) + box_html(t(
+        "replay.attention_absent", layers=m["n_layers"], heads=m["n_heads"], queries=len(step["input_ids"]),
+        keys=step["cache_len"]), "note")
+
+    names = {k: t("sampling." + k) for k in ("chosen", "other")}
+    top = step["top"]
+    sampling = (heading_html(t("decode.sampling"))
+                + probability_bars_html([row["token"] for row in top], [row["prob"] for row in top],
+                                        ["chosen" if row["id"] == step["chosen_id"] else "other" for row in top],
+                                        names)
+                + paragraph_html(t("replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen",
+                                   token=md_escape(step["chosen_token"]), id=step["chosen_id"],
+                                   p=f"{step['chosen_prob']:.3f}", temperature=s["temperature"],
+                                   top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
+                                   top_p=s["top_p"], seed=s["seed"], n=len(top))))
+
+    shown = run["steps"][: index + 1]
+    per_position = 2 * m["n_layers"] * m["n_kv_heads"] * m["d_head"] * m["bytes_per_element"]
+    info = SimpleNamespace(window=m["sliding_window"], sliding_layers=m["sliding_layers"], n_layers=m["n_layers"],
+                           n_kv_heads=m["n_kv_heads"], d_head=m["d_head"], bytes_per_element=m["bytes_per_element"])
+    cache = (
+        heading_html(t("decode.cache"))
+        + svg.line_chart_svg(list(range(len(shown))),
+                             {t("decode.measured"): [x["cache_bytes"] for x in shown],
+                              t("decode.formula"): [x["cache_bytes_formula"] for x in shown]},
+                             t("decode.step_axis"), t("decode.bytes_axis"), t("decode.cache"),
+                             dashed=(t("decode.formula"),), number=number)
+        + table_html([t("decode.step_axis"), t("decode.cache_len"), t("decode.measured"), t("decode.formula")],
+                     [[x["index"], x["cache_len"], number(x["cache_bytes"]), number(x["cache_bytes_formula"])]
+                      for x in shown[-TABLE_ROWS:]])
+        + paragraph_html(cache_by_layer_kind(info, step["cache_len"], step["cache_bytes"]) or t(
+            "decode.formula_text", layers=m["n_layers"], kv=m["n_kv_heads"], d=m["d_head"],
+            b=m["bytes_per_element"], per_position=number(per_position), positions=number(step["cache_len"]),
+            total=number(step["cache_bytes_formula"])), "dl-caption"))
+
+    if "max_abs_logit_diff" in step:
+        diff = step["max_abs_logit_diff"]
+        passed = diff <= CHECK_TOLERANCE
+        check = (f'<div class="dl-metric">{t("decode.check_metric")}<b>{diff:.2e}</b></div>'
+                 + box_html(t("decode.check_result_pass" if passed else "decode.check_result_fail",
+                              tol=CHECK_TOLERANCE, n=step["cache_len"]), "pass" if passed else "fail"))
+    else:
+        check = paragraph_html(t("replay.check_absent"), "dl-caption")
+    reason = run["output"]["stop_reason"]
+    if index < len(run["steps"]) - 1:
+        stop = paragraph_html(t("replay.not_stopped"), "dl-caption")
+    elif reason is None:
+        stop = box_html(t("replay.saved_before_stop"), "note")
+    elif reason == "cancelled":
+        stop = box_html(t("replay.stop_cancelled"), "note")
+    else:
+        stop = box_html(t("decode.stopped", reason=t("stop." + reason)), "note")
+    answer = (heading_html(t("decode.check")) + check + heading_html(t("decode.answer"))
+              + paragraph_html(t("decode.answer_text", text=md_escape(step["answer"]) or "∅", n=index + 1)) + stop)
+    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
+            + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
+            f"<div>{answer}</div></div>")
+
+
+st.html(step_html(run, index))
+
+st.subheader(t("replay.rerun"))
+name = m["name"]
+if name in list_models(settings().models_dir):
+    st.caption(t("replay.rerun_help", model=name, tol=PROB_TOLERANCE))
+    st.button(t("replay.rerun"), key="replay_rerun_button", icon=":material/play_arrow:", on_click=on_rerun,
+              args=(run,))
+    done = st.session_state.replay_rerun
+    if isinstance(done, str):
+        st.error(done)
+    elif done is not None:
+        if done.matches:
+            st.success(t("replay.rerun_match", model=name, device=done.device, dtype=done.dtype, n=done.steps,
+                         tol=PROB_TOLERANCE, gap=f"{done.max_prob_diff:.1e}"))
+        else:
+            d = done.difference
+            what = t("replay.what_" + d.what, tol=PROB_TOLERANCE)
+            st.error(t("replay.rerun_differs", step=d.step, what=what, recorded=md_escape(d.recorded),
+                       now=md_escape(d.now), device=done.device, dtype=done.dtype))
+elif name in FETCHED:
+    st.info(t("replay.model_absent", model=name))
+else:
+    st.info(t("replay.model_unknown", model=md_escape(name)))
