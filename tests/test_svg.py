@@ -128,3 +128,10 @@ def test_the_running_output_is_blue_below_zero_white_at_zero_red_above():
     assert re.findall(r'font-size="13" fill="[^"]+">(-?\d\.\d\d)</text>', inner) == ["-2.00", "0.00", "2.00",
                                                                                      "1.00"]
     assert "3:&lt;b&gt;" in inner and ">−2<" in inner
+
+
+def test_a_token_of_spaces_only_is_shown_as_its_spaces():
+    from ui.widgets import probability_bars_html, shown
+
+    assert (shown(" "), shown("  "), shown(" mèo"), shown("\n"), shown("")) == ("␣", "␣␣", " mèo", "↵", "∅")
+    assert '<div class="lbl">␣</div>' in probability_bars_html([" "], [0.5], ["kept"], {"kept": "kept"})

@@ -67,7 +67,10 @@ STATUS_COLOURS = {"chosen": "#e8590c", "kept": "#1f5fbf", "other": "#1f5fbf", "c
 
 
 def shown(token: str) -> str:
-    """A token as a chip shows it: its own spaces kept (CSS white-space: pre), a newline as ↵."""
+    """A token as a chip shows it: its own spaces kept (CSS white-space: pre), a newline as ↵, and a token of
+    spaces only as ␣ each (a blank label beside a probability bar would look like nothing at all)."""
+    if token and not token.strip(" "):
+        return "␣" * len(token)
     return token.replace("\n", "↵") if token else "∅"
 
 
