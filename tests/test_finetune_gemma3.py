@@ -206,7 +206,7 @@ def test_finetune_lora_one_step_on_gemma3_in_english_in_a_real_browser(app_serve
     wait_idle(page)
     page.get_by_role("tab", name="4E LoRA").click()
     panel = page.locator("[role='tabpanel']:visible")
-    panel.get_by_role("button", name="gemma3", exact=True).click()
+    panel.locator(".st-key-ft_lora_model").get_by_text("gemma3", exact=True).click()
     wait_idle(page)
     panel.get_by_role("button", name="One step", exact=True).click()
     wait_idle(page, 300_000)
