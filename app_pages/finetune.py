@@ -9,10 +9,10 @@ import torch
 
 from model.training.dpo import DPO
 from model.training.lora import LoRA
-from model.training.posttrain import MODELS, FinetuneSettings
+from model.training.posttrain import DEFAULT_BATCH, MODELS, FinetuneSettings
 from model.training.posttrain_data import preference_pairs
 from model.training.rlhf import RLHF
-from model.training.sft import SFT
+from model.training.sft import FROZEN_IN_SFT, SFT
 from model.training.train import IGNORE, CheckpointStore, limits
 from ui import charts
 from ui.i18n import t
@@ -155,12 +155,22 @@ def use_this_model(method: str, trainer) -> None:
         st.rerun()  # the sidebar, drawn before this page, lists it on the next run
 
 
+def batch_of_model(method: str) -> None:
+    """A newly chosen model starts from its own batch size (gemma3's step is far heavier than small's)."""
+    model = st.session_state[f"ft_{method}_model"]
+    if model in DEFAULT_BATCH:
+        st.session_state[f"ft_{method}_batch"] = min(DEFAULT_BATCH[model], BOUND.max_batch)
+
+
 def model_and_seed(method: str) -> None:
     c1, c2, c3 = st.columns([1.4, 1, 1])
     models = MODELS[method]
-    c1.segmented_control(t("finetune.model"), list(models), key=f"ft_{method}_model", disabled=len(models) == 1)
+    c1.segmented_control(t("finetune.model"), list(models), key=f"ft_{method}_model", disabled=len(models) == 1,
+                         on_change=batch_of_model, args=(method,))
     c2.number_input(t("finetune.seed"), 0, 2**31 - 1, key=f"ft_{method}_seed")
     c3.number_input(t("finetune.batch"), 1, BOUND.max_batch, key=f"ft_{method}_batch")
+    if method in ("sft", "lora") and st.session_state[f"ft_{method}_model"] in models:
+        st.caption(t("finetune.data_" + st.session_state[f"ft_{method}_model"]))
 
 
 def sft_view(method: str, trainer) -> None:
@@ -174,6 +184,13 @@ def sft_view(method: str, trainer) -> None:
     r = trainer.history[-1]
     st.markdown(t("finetune.sft_counts", learned=r["learned_tokens"], ignored=r["ignored_tokens"],
                   padding=r["padding"], ignore=IGNORE, loss=f"{r['loss']:.4f}"))
+    if method == "sft" and trainer.settings.model in FROZEN_IN_SFT:
+        trained, total = trainer.trainable_count(), trainer.total_count()
+        rows, cols = trainer.module.model.embed_tokens.weight.shape
+        # a float32 gradient and AdamW's two float32 moments per frozen parameter
+        st.markdown(t("finetune.sft_frozen", model=trainer.settings.model, rows=f"{rows:,}", cols=f"{cols:,}",
+                      frozen=f"{total - trained:,}", saved=f"{3 * 4 * (total - trained):,}", trained=f"{trained:,}",
+                      total=f"{total:,}", share=f"{trained / total:.1%}"))
 
 
 def lora_view(trainer) -> None:

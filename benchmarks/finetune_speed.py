@@ -1,6 +1,6 @@
 """Seconds for 50 optimizer steps of each post-training method on `small` (and a few SFT / LoRA steps on smollm2
-when it is fetched), float32, CPU, one torch thread; setup (loading, the SFT warm start, the reward model) timed
-apart. Usage: .venv/bin/python benchmarks/finetune_speed.py [--steps 50] [--smollm2-steps 3]"""
+and gemma3 when they are fetched), float32, CPU, one torch thread; setup (loading, the SFT warm start, the reward
+model) timed apart. Usage: .venv/bin/python benchmarks/finetune_speed.py [--steps 50] [--fetched-steps 3]"""
 
 import argparse
 import platform
@@ -38,16 +38,17 @@ def measure(method: str, model: str, steps: int, batch: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--smollm2-steps", type=int, default=3)
+    p.add_argument("--fetched-steps", type=int, default=3, help="SFT and LoRA steps on smollm2 and gemma3")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread, float32, "
           f"torch {torch.__version__}")
     for method in ("sft", "lora", "dpo", "rlhf"):
         measure(method, "small", args.steps, 16)
-    if args.smollm2_steps and (resolve_path("smollm2") / "model.safetensors").is_file():
-        for method in ("sft", "lora"):
-            measure(method, "smollm2", args.smollm2_steps, 4)
+    for model in ("smollm2", "gemma3"):
+        if args.fetched_steps and (resolve_path(model) / "model.safetensors").is_file():
+            for method in ("sft", "lora"):
+                measure(method, model, args.fetched_steps, 4)
 
 
 if __name__ == "__main__":

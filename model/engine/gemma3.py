@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ from model.engine.llama import (
     inverse_frequencies,
     load_weights,
     rope_cos_sin,
+    save_weights,
     switch_heads_off,
 )
 
@@ -78,6 +79,18 @@ class Gemma3Config:
                                                                    hf.get("rope_local_base_freq", 10_000.0))
         values["layer_types"] = tuple(hf["layer_types"])
         return cls(**values)
+
+    def to_hf_dict(self) -> dict:
+        """A Gemma3TextConfig's config.json, the RoPE bases under both names (see from_hf_dict)."""
+        hf = asdict(self)
+        hf["layer_types"] = list(self.layer_types)
+        local = hf.pop("rope_local_theta")
+        hf["rope_parameters"] = {FULL: {"rope_type": "default", "rope_theta": self.rope_theta},
+                                 SLIDING: {"rope_type": "default", "rope_theta": local}}
+        hf.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                  rope_local_base_freq=local, final_logit_softcapping=None, attn_logit_softcapping=None,
+                  attention_bias=False, dtype="float32")
+        return hf
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a layer, None on a full-attention layer."""
@@ -205,6 +218,9 @@ class Gemma3(nn.Module):
             x = x[:, -1:]
         logits = self.lm_head(self.model.norm(x))  # (B, T or 1, vocab)
         return ForwardOutput(logits, attentions, qkv, hidden_states=hidden_states)
+
+    def save(self, folder: str | Path) -> None:
+        save_weights(self, Path(folder))
 
     @classmethod
     def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Gemma3:

@@ -279,19 +279,23 @@ class Llama(nn.Module):
     # -- Hugging Face checkpoint layout: config.json + model.safetensors --------------------------------
 
     def save(self, folder: str | Path) -> None:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(self.config.to_hf_dict(), indent=2) + "\n")
-        tensors = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        if self.config.tie_word_embeddings:
-            tensors.pop("lm_head.weight")
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+        save_weights(self, Path(folder))
 
     @classmethod
     def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Llama:
         folder = Path(folder)
         cfg = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
         return load_weights(cls(cfg), folder, device, dtype)
+
+
+def save_weights(model: nn.Module, folder: Path) -> None:
+    """config.json (the config's to_hf_dict) + model.safetensors, a tied LM head left out as transformers saves it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
 def load_weights(model: nn.Module, folder: Path, device, dtype) -> nn.Module:

@@ -41,6 +41,12 @@ FLOAT32_BYTES = 4
 NATIVE = {"llama": (Llama, LlamaConfig), "gemma3_text": (Gemma3, Gemma3Config)}
 
 
+def load_native(folder: Path, device: torch.device) -> Llama | Gemma3:
+    """The native module of a checkpoint folder, the architecture its config.json's model_type names."""
+    model_type = json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"]
+    return NATIVE[model_type][0].load(folder, device)
+
+
 def model_key(name: str, device: str = "auto") -> tuple[str, str]:
     """One key per real model, so that a process caches one copy of each: a listed name as it is, a folder as
     its absolute path (no trailing slash, no "~", no ".."), and the device "auto" resolves to ("cpu", "cuda")."""
@@ -103,7 +109,7 @@ def _load(location: Location, device: str) -> LoadedModel:
         except Exception:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
-        module = NATIVE[config["model_type"]][0].load(folder, dev)
+        module = load_native(folder, dev)
         return warmed_up(NativeModel(name, module, tokenizer, dev, language(name)))
     from model.engine import hf
 

@@ -6,7 +6,6 @@ because these machines are shared and noisy: compare the ratios, not absolute nu
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ import numpy as np
 import torch
 
 from model.engine.llama import Llama, LlamaConfig
-from model.engine.loading import NATIVE
+from model.engine.loading import load_native
 from model.engine.runtime import LoadedModel, NativeModel, pick_device, synchronize
 from model.engine.steps import decode, prefill
 from model.weights.catalog import resolve_path
@@ -127,8 +126,7 @@ def native_and_transformers(folder: Path, label: str, device: torch.device) -> t
 
     from model.engine.hf import HFModel
 
-    architecture = NATIVE[json.loads((folder / "config.json").read_text())["model_type"]][0]
-    native = NativeModel(label, architecture.load(folder, device), None, device)
+    native = NativeModel(label, load_native(folder, device), None, device)
     theirs = HFModel(label, AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                                  dtype=torch.float32).to(device).eval(), None, device)
     return native, theirs

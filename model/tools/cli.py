@@ -327,10 +327,12 @@ def parser() -> argparse.ArgumentParser:
 
     ft = sub.add_parser("finetune", help="post-training step by step: SFT, LoRA, DPO or RLHF in miniature")
     ft.add_argument("--method", required=True, choices=["sft", "lora", "dpo", "rlhf"])
-    ft.add_argument("--model", default="small", choices=["small", "smollm2"], help="smollm2: sft and lora")
+    ft.add_argument("--model", default="small", choices=["small", "smollm2", "gemma3"],
+                    help="smollm2, gemma3: sft and lora")
     ft.add_argument("--steps", type=int, default=50, help="optimizer steps (rlhf: of the policy)")
     ft.add_argument("--seed", type=int, default=0)
-    ft.add_argument("--batch", type=int, default=16, help="pairs per step (rlhf: prompts × group)")
+    ft.add_argument("--batch", type=int, default=0,
+                    help="pairs per step (rlhf: prompts × group); 0 = the model's default (16, gemma3: 4)")
     ft.add_argument("--lr", type=float, default=0.0, help="0 = the method's default")
     ft.add_argument("--rank", type=int, default=4, help="lora: r")
     ft.add_argument("--alpha", type=float, default=8.0, help="lora: alpha (the update is alpha/r · B A x)")

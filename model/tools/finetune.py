@@ -10,7 +10,7 @@ import torch
 
 from model.errors import InputError
 from model.tools.train import save_target
-from model.training.posttrain import FinetuneSettings
+from model.training.posttrain import DEFAULT_BATCH, FinetuneSettings
 from model.training.train import MAX_STEPS, limits
 
 ROUND = 6
@@ -32,7 +32,8 @@ def rounded(record: dict) -> dict:
 def run_cli(args) -> int:
     if not 1 <= args.steps <= MAX_STEPS:
         raise InputError("finetune_setting", setting_text="finetune.steps", low=1, high=MAX_STEPS, value=args.steps)
-    settings = FinetuneSettings(method=args.method, model=args.model, seed=args.seed, batch_size=args.batch,
+    batch = args.batch or DEFAULT_BATCH[args.model]
+    settings = FinetuneSettings(method=args.method, model=args.model, seed=args.seed, batch_size=batch,
                                 lr=args.lr, rank=args.rank, alpha=args.alpha, targets=args.targets, beta=args.beta,
                                 group_size=args.group, reward_steps=args.reward_steps, length_bonus=args.length_bonus)
     bound = replace(limits(), max_steps=args.steps + settings.reward_steps)

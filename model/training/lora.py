@@ -3,7 +3,7 @@
 y = W x + (alpha / r) · B (A x),  A (r, d_in) Kaiming-uniform as PEFT draws it, B (d_out, r) zeros, so that the
 model before the first step is exactly the base model. Only A and B get gradients and AdamW moments:
 r · (d_in + d_out) parameters per target instead of d_in · d_out. "merge" folds the update into W:
-W' = W + (alpha / r) · B A, a plain Llama again whose logits equal the adapter's.
+W' = W + (alpha / r) · B A, a plain Llama (or Gemma 3) again whose logits equal the adapter's.
 
 The adapter is saved in PEFT's format (adapter_config.json + adapter_model.safetensors with PEFT's key names), so
 peft.PeftModel.from_pretrained on the base model loads it.
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from model.engine.gemma3 import Gemma3
 from model.engine.llama import Llama
 from model.training.sft import SFT
 
@@ -49,7 +50,7 @@ class LoRALinear(nn.Module):
         return self.base.weight + self.scaling * self.lora_B @ self.lora_A   # (d_out, d_in)
 
 
-def lora_formula(module: Llama, r: int, targets: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
+def lora_formula(module: Llama | Gemma3, r: int, targets: tuple[str, ...]) -> list[tuple[str, int, int, int]]:
     """(target, d_in, d_out, r·(d_in + d_out)) per target kind, counted over the layers."""
     rows = []
     for kind in targets:
@@ -87,8 +88,9 @@ class LoRA(SFT):
     def adapter_bytes(self) -> int:
         return sum(p.nbytes for _, p in self.named_params)
 
-    def merged(self) -> Llama:
-        """A plain Llama with W + (alpha / r) B A in every target: no adapter left, no slower at inference."""
+    def merged(self) -> Llama | Gemma3:
+        """A plain model of the base's architecture with W + (alpha / r) B A in every target: no adapter left, no
+        slower at inference."""
         plain = copy.deepcopy(self.module)
         with torch.no_grad():
             for name, lora in self.wrapped.items():
@@ -98,7 +100,7 @@ class LoRA(SFT):
                 setattr(plain.get_submodule(parent_name), kind, linear)
         return plain.requires_grad_(False).eval()
 
-    def answer_module(self) -> Llama:
+    def answer_module(self) -> Llama | Gemma3:
         return self.module
 
     def save_adapter(self, folder: str | Path, base_path: str) -> list[tuple[str, int]]:

@@ -1,9 +1,9 @@
 """Post-training, one optimizer step at a time (cells 4D SFT, 4E LoRA, 4F RLHF, 4G DPO): what the four methods
 share. Each method lives in its own file (sft.py, lora.py, dpo.py, rlhf.py) as a subclass of PostTrainer.
 
-Every method calls the model's own forward (Llama.forward, cache=None: logits for every position) and reuses the
-pretraining pieces of train.py: token_losses, AdamW, clip_gradients and the session limits. A trainer belongs to
-one session and trains its own copy of the weights, never the app's shared model.
+Every method calls the model's own forward (Llama.forward or Gemma3.forward, cache=None: logits for every
+position) and reuses the pretraining pieces of train.py: token_losses, AdamW, clip_gradients and the session
+limits. A trainer belongs to one session and trains its own copy of the weights, never the app's shared model.
 """
 
 from __future__ import annotations
@@ -19,29 +19,35 @@ import numpy as np
 import torch
 
 from model.engine import generate
+from model.engine.gemma3 import Gemma3
 from model.engine.llama import Llama
+from model.engine.loading import load_native
 from model.engine.runtime import NativeModel, pick_device, synchronize
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import chat_messages, load_tokenizer
 from model.errors import InputError
-from model.training.posttrain_data import PROBE_PROMPTS, SMOLLM2_PROBES
+from model.training.posttrain_data import CHAT_MODELS, SFT_DATA
 from model.training.train import IGNORE, MAX_SEED, AdamW, Limits, clip_gradients, limits, token_losses
 from model.weights.catalog import resolve_path
 
 METHODS = ("sft", "lora", "dpo", "rlhf")
-MODELS = {"sft": ("small", "smollm2"), "lora": ("small", "smollm2"), "dpo": ("small",), "rlhf": ("small",)}
+MODELS = {"sft": ("small", "smollm2", "gemma3"), "lora": ("small", "smollm2", "gemma3"), "dpo": ("small",),
+          "rlhf": ("small",)}
 # the learning rate each method starts with, per model: full fine-tuning of SmolLM2 wants a much smaller one
 DEFAULT_LR = {("sft", "small"): 1e-3, ("lora", "small"): 1e-2, ("dpo", "small"): 3e-4, ("rlhf", "small"): 3e-4,
-              ("sft", "smollm2"): 2e-5, ("lora", "smollm2"): 2e-3}
+              ("sft", "smollm2"): 2e-5, ("lora", "smollm2"): 2e-3, ("sft", "gemma3"): 2e-5, ("lora", "gemma3"): 2e-3}
 GREEDY = SamplingSettings(temperature=0.0)
-MAX_ANSWER = {"small": 16, "smollm2": 24}  # new tokens of each before/after answer
+MAX_ANSWER = {"small": 16, "smollm2": 24, "gemma3": 16}  # new tokens of each before/after answer
+# pairs per step each model starts with: gemma3's step at 16 took 4–5 times as long and 1.7 GB more RSS on a
+# 2-core CPU (measured: 4 pairs ≈ 1.5–2 s and 2.9 GB RSS in SFT)
+DEFAULT_BATCH = {"small": 16, "smollm2": 16, "gemma3": 4}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
 @dataclass(frozen=True)
 class FinetuneSettings:
     method: str = "sft"        # "sft" | "lora" | "dpo" | "rlhf"
-    model: str = "small"       # the bundled `small`, or the fetched `smollm2` (SFT and LoRA)
+    model: str = "small"       # the bundled `small`, or the fetched `smollm2` or `gemma3` (SFT and LoRA)
     seed: int = 0              # batches, LoRA's A, the reward head, RLHF's samples
     batch_size: int = 16       # pairs (SFT, LoRA, DPO, the reward model) or prompts × group (RLHF) per step
     lr: float = 0.0            # 0: DEFAULT_LR of the method and model; constant over the steps
@@ -168,15 +174,16 @@ def completion_logprobs(module: torch.nn.Module, inputs: torch.Tensor, labels: t
 
 # -- the trainer every method shares ----------------------------------------------------------------------------
 
-def load_base(name: str, device: torch.device) -> tuple[Llama, object, Path]:
-    """A fresh copy of a listed model's weights (frozen) and its tokenizer; InputError if it is missing."""
+def load_base(name: str, device: torch.device) -> tuple[Llama | Gemma3, object, Path]:
+    """A fresh copy of a listed model's weights (frozen), in the native architecture its config names, and its
+    tokenizer; InputError if it is missing."""
     folder = resolve_path(name)
     if not (folder / "model.safetensors").is_file():
         raise InputError("finetune_missing", model=name)
-    return Llama.load(folder, device), load_tokenizer(folder), folder
+    return load_native(folder, device), load_tokenizer(folder), folder
 
 
-def greedy_answer(module: Llama, tokenizer, prompt_ids: list[int], max_new: int, device) -> str:
+def greedy_answer(module: Llama | Gemma3, tokenizer, prompt_ids: list[int], max_new: int, device) -> str:
     """The module's greedy answer through the inference engine (its KV cache), as Decode would give it."""
     model = NativeModel("post-training", module, tokenizer, device)
     was_training = module.training
@@ -197,17 +204,17 @@ class PostTrainer:
         self.settings = replace(settings, method=self.method).check(self.limits)
         self.device = pick_device(device)
         self.base, self.tokenizer, self.folder = load_base(settings.model, self.device)
-        self.chat = settings.model == "smollm2"
+        self.chat = settings.model in CHAT_MODELS
         self.pad_id = self.base.config.pad_token_id or 0
         self.history: list[dict] = []
-        self.prompts = SMOLLM2_PROBES if self.chat else PROBE_PROMPTS["vi"] + PROBE_PROMPTS["en"]
+        self.prompts = SFT_DATA[settings.model][1]
         self.optimizer: AdamW | None = None
         self.setup()
         self.optimizer = AdamW(self.named_params, weight_decay=0.0)
         self.before = self.answers()
 
     # subclasses
-    module: Llama
+    module: Llama | Gemma3
     named_params: list[tuple[str, torch.Tensor]]
 
     def setup(self) -> None:
@@ -293,7 +300,7 @@ class PostTrainer:
         return [(p, greedy_answer(module, self.tokenizer, self.prompt_ids(p), MAX_ANSWER[self.settings.model],
                                   self.device)) for p in self.prompts]
 
-    def answer_module(self) -> Llama:
+    def answer_module(self) -> Llama | Gemma3:
         return self.module
 
     def trainable_count(self) -> int:

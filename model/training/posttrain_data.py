@@ -10,6 +10,9 @@ answer is a sentence the pretrained model has seen the like of:
   action that belongs to another animal, a wrong sum, a vehicle that cannot make the trip). DPO learns from them
   directly; RLHF's reward model learns to score them.
 
+`gemma3`, a base model that writes Vietnamese, gets its own SFT pairs instead (`gemma3_pairs`): general-knowledge
+questions and sums in Vietnamese, in a plain "Hỏi: … / Đáp:" form, since a base model has no chat template.
+
 Pure standard library, deterministic for a seed.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from model.training.corpus import ANIMALS_EN, ANIMALS_VI, EN_NUMBERS, TRIPS_VI, _sentence
+from model.training.corpus import ANIMALS_EN, ANIMALS_VI, EN_NUMBERS, TRIPS_VI, VI_NUMBERS, _sentence
 
 
 @dataclass(frozen=True)
@@ -114,3 +117,46 @@ def chat_pairs(seed: int = 0, n: int = 64) -> list[SFTPair]:
             pairs.append(SFTPair(f"What is {EN_NUMBERS[a]} plus {EN_NUMBERS[b]}?",
                                  f"Answer: {EN_NUMBERS[a]} plus {EN_NUMBERS[b]} is {EN_NUMBERS[a + b]}.", "en"))
     return pairs
+
+
+# -- gemma3: a base model that continues Vietnamese text -------------------------------------------------------
+
+GEMMA3_FORM = "Hỏi: {}\nĐáp:"  # no chat template: the form itself says where the answer starts
+GEMMA3_FACTS = [
+    ("Thủ đô của Việt Nam là thành phố nào?", "Thủ đô của Việt Nam là Hà Nội."),
+    ("Thành phố đông dân nhất Việt Nam là thành phố nào?", "Thành phố Hồ Chí Minh."),
+    ("Đỉnh núi cao nhất Việt Nam là đỉnh nào?", "Đỉnh Phan Xi Păng."),
+    ("Hà Nội nằm ở miền nào của Việt Nam?", "Hà Nội nằm ở miền Bắc."),
+    ("Quốc khánh Việt Nam là ngày nào?", "Ngày 2 tháng 9."),
+    ("Một tuần có mấy ngày?", "Một tuần có bảy ngày."),
+    ("Một năm có mấy tháng?", "Một năm có mười hai tháng."),
+    ("Một ngày có bao nhiêu giờ?", "Một ngày có hai mươi bốn giờ."),
+    ("Mặt Trời mọc ở hướng nào?", "Mặt Trời mọc ở hướng đông."),
+    ("Con bò ăn gì?", "Con bò ăn cỏ."),
+]
+# one fact and one sum of the data; the sum's own question may be drawn or not, its form always is
+GEMMA3_PROBES = [GEMMA3_FORM.format("Thủ đô của Việt Nam là thành phố nào?"),
+                 GEMMA3_FORM.format("Ba cộng bốn bằng mấy?")]
+
+
+def gemma3_pairs(seed: int = 0, n: int = 64) -> list[SFTPair]:
+    """Vietnamese questions in GEMMA3_FORM, answered in one short sentence: a fact, or a sum up to ten in words."""
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        if i % 2 == 0:
+            question, answer = rng.choice(GEMMA3_FACTS)
+        else:
+            a = rng.randint(1, 9)
+            b = rng.randint(1, 10 - a)
+            words = f"{VI_NUMBERS[a]} cộng {VI_NUMBERS[b]}"
+            question, answer = f"{words.capitalize()} bằng mấy?", f"{words.capitalize()} bằng {VI_NUMBERS[a + b]}."
+        pairs.append(SFTPair(GEMMA3_FORM.format(question), " " + answer, "vi"))
+    return pairs
+
+
+# each model's SFT pairs (a function of the seed) and the prompts its before/after view asks
+SFT_DATA = {"small": (sft_pairs, PROBE_PROMPTS["vi"] + PROBE_PROMPTS["en"]),
+            "smollm2": (chat_pairs, SMOLLM2_PROBES),
+            "gemma3": (gemma3_pairs, GEMMA3_PROBES)}
+CHAT_MODELS = ("smollm2",)  # the models whose prompts go into their chat template

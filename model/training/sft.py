@@ -12,17 +12,24 @@ from functools import cache
 import torch
 
 from model.training.posttrain import FinetuneSettings, PostTrainer, Rows, completion_loss, completion_rows, tensors
-from model.training.posttrain_data import chat_pairs, sft_pairs
+from model.training.posttrain_data import SFT_DATA
+
+# gemma3's tied 262,144 × 640 embedding (its LM head too) holds 167,772,160 of its 268,098,176 parameters: frozen,
+# it needs no gradient and no AdamW moments, so that a step fits a few seconds and a few GB on a CPU
+FROZEN_IN_SFT = {"gemma3": ("model.embed_tokens.weight",)}
 
 
 class SFT(PostTrainer):
     method = "sft"
 
     def setup(self) -> None:
-        self.pairs = chat_pairs(self.settings.seed) if self.chat else sft_pairs(self.settings.seed)
+        self.pairs = SFT_DATA[self.settings.model][0](self.settings.seed)
         self.encoded = [self.encode(p.prompt, p.answer) for p in self.pairs]
         self.module = self.base.requires_grad_(True).train()  # the loaded copy is this trainer's own
-        self.named_params = list(self.module.named_parameters())  # a tied LM head appears once
+        for name in FROZEN_IN_SFT.get(self.settings.model, ()):
+            self.module.get_parameter(name).requires_grad_(False)
+        # a tied LM head appears once
+        self.named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         self.last: Rows | None = None
 
     def batch(self, index: int) -> tuple[list[int], Rows]:
