@@ -127,8 +127,9 @@ def test_cli_sft_on_gemma3_one_step_json():
 
 def test_page_lora_on_gemma3_then_use_this_model_on_decode():
     from apptest import click, open_app
+    from test_finetune_page import open_tab
 
-    at = open_app("app_pages/finetune.py", 600, lang="en", device="cpu")
+    at = open_tab(open_app("app_pages/finetune.py", 600, lang="en", device="cpu"), "lora")
     at.segmented_control(key="ft_lora_model").set_value("gemma3").run()
     assert at.number_input(key="ft_lora_batch").value == 4  # the model's own batch size
     click(at, "ft_lora_one")
@@ -165,12 +166,11 @@ def test_page_sft_on_gemma3_says_what_is_frozen_in_both_languages():
 # -- real browsers ------------------------------------------------------------------------------------------------
 
 def choose_gemma3(page, lang: str) -> None:
-    from conftest import wait_idle
+    from conftest import choose_sidebar_model, wait_idle
 
     from model.texts import text
 
-    page.get_by_label(text("sidebar.model", lang), exact=True).first.click()
-    page.get_by_role("option", name=text("model.gemma3", lang)).click()
+    choose_sidebar_model(page, text("model.gemma3", lang))
     wait_idle(page, 180_000)
 
 
@@ -205,10 +205,11 @@ def test_finetune_lora_one_step_on_gemma3_in_english_in_a_real_browser(app_serve
     page.goto(f"{app_server}/finetune?lang=en")
     wait_idle(page)
     page.get_by_role("tab", name="4E LoRA").click()
+    wait_idle(page)  # only the open tab is drawn: it comes with the rerun the click starts
     panel = page.locator("[role='tabpanel']:visible")
     panel.locator(".st-key-ft_lora_model").get_by_text("gemma3", exact=True).click()
     wait_idle(page)
-    panel.get_by_role("button", name="One step", exact=True).click()
+    panel.locator(".st-key-ft_lora_one button").click()
     wait_idle(page, 300_000)
     panel.get_by_text("gemma3 · step 1/").first.wait_for(timeout=300_000)
     panel.get_by_text("184,320").first.wait_for()
