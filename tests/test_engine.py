@@ -302,6 +302,22 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
                                    atol=1e-5, rtol=0)
 
 
+def test_loaded_weights_are_column_major_and_the_lm_head_stays_tied(tmp_path):
+    """load_weights lays every 2-D weight out as the transpose of a row-major matrix (the decode step's GEMV reads
+    it row by row); the tied LM head is still the embedding's tensor, and save writes the file it was loaded from."""
+    from safetensors.torch import load_file
+
+    from model.weights.catalog import resolve_path
+
+    model = Llama.load(resolve_path("small"))
+    matrices = {name: p for name, p in model.named_parameters() if p.dim() == 2}
+    assert matrices and all(p.t().is_contiguous() and not p.is_contiguous() for p in matrices.values())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model.save(tmp_path)
+    saved, original = load_file(tmp_path / "model.safetensors"), load_file(resolve_path("small") / "model.safetensors")
+    assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
+
+
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
     from model.engine import generate
 

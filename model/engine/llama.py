@@ -302,4 +302,16 @@ def load_weights(model: nn.Module, folder: Path, device, dtype) -> nn.Module:
     """model.safetensors into a model built from its config (a tied LM head is not in the file), ready to run."""
     tensors = load_file(folder / "model.safetensors")
     model.load_state_dict(tensors, strict=not model.config.tie_word_embeddings)
-    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return column_major(model) if torch.device(device).type == "cpu" else model  # measured on CPU only
+
+
+def column_major(model: nn.Module) -> nn.Module:
+    """Every 2-D weight (out, in) kept as the transpose of a row-major (in, out) matrix: the same parameters with
+    the same shapes and values, laid out so that a decode step's one-row product x·Wᵀ reads Wᵀ row by row (on this
+    CPU's single thread 1.8× quicker for the 262,144 × 640 LM head than dot products over W's rows, README). A tied LM
+    head stays the embedding's own tensor; an embedding lookup then gathers a strided column, a few KB per token."""
+    for parameter in model.parameters():
+        if parameter.dim() == 2:
+            parameter.data = parameter.data.t().contiguous().t()
+    return model

@@ -6,9 +6,10 @@ because these machines are shared and noisy: compare the ratios, not absolute nu
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,15 +108,21 @@ class EngineTiming:
     step_ms: list[float]  # decode steps with attention capture, as a session runs them
 
 
-def time_engine(model: LoadedModel, prompt: list[int], new_tokens: int) -> EngineTiming:
-    """One prefill and `new_tokens` greedy decode steps through the same StepTrace path the app uses: wall time
-    of each step, trace building included (the steps synchronise the device before they return)."""
-    cache, token, times = model.new_cache(), None, []
+def engine_steps(model: LoadedModel, prompt: list[int], new_tokens: int) -> Iterator[float]:
+    """One prefill and `new_tokens` greedy decode steps through the same StepTrace path the app uses, run one at a
+    time as they are asked for: the wall time of each in ms, trace building included (the steps synchronise the
+    device before they return)."""
+    cache, token = model.new_cache(), None
     for index in range(new_tokens + 1):
         t0 = time.perf_counter()
         trace = prefill(model, cache, prompt) if index == 0 else decode(model, cache, token)
         token = int(np.argmax(trace.logits))
-        times.append((time.perf_counter() - t0) * 1000)
+        yield (time.perf_counter() - t0) * 1000
+
+
+def time_engine(model: LoadedModel, prompt: list[int], new_tokens: int) -> EngineTiming:
+    """engine_steps run to the end: the prefill's time and the decode steps'."""
+    times = list(engine_steps(model, prompt, new_tokens))
     return EngineTiming(times[:1], times[1:])
 
 
@@ -145,23 +152,26 @@ class StepComparison:
 
 def compare_with_transformers(models: tuple[NativeModel, LoadedModel], label: str, prompt_len: int,
                               new_tokens: int, repeats: int) -> StepComparison:
-    """Prefill and decode steps with attention capture on both engines (native_and_transformers), interleaved;
-    prints the table and returns both engines' decode steps."""
+    """Prefill and decode steps with attention capture on both engines (native_and_transformers), interleaved step
+    by step (native's prefill, transformers' prefill, native's first step, transformers' first step…), so that a
+    burst of load on this shared machine hits both; prints the table and returns both engines' decode steps."""
     native, theirs = models
     prompt = filler_ids(native, prompt_len)
-    for model in (native, theirs):
+    engines = {"native": native, "transformers": theirs}
+    for model in engines.values():
         time_engine(model, prompt, 2)  # warm-up, dropped
-    runs = {"native": EngineTiming([], []), "transformers": EngineTiming([], [])}
-    for _ in range(repeats):  # interleaved, so both see the same machine load
-        for name, model in (("native", native), ("transformers", theirs)):
-            t = time_engine(model, prompt, new_tokens)
-            runs[name].prefill_ms += t.prefill_ms
-            runs[name].step_ms += t.step_ms
+    runs = {name: EngineTiming([], []) for name in engines}
+    for _ in range(repeats):
+        running = {name: engine_steps(model, prompt, new_tokens) for name, model in engines.items()}
+        for step in range(new_tokens + 1):
+            for name, steps in running.items():
+                (runs[name].prefill_ms if step == 0 else runs[name].step_ms).append(next(steps))
     n, h = runs["native"], runs["transformers"]
     info = native.info
     print(f"\n{label}: {info.n_layers} layers, {info.n_heads} heads ({info.n_kv_heads} KV), d_head {info.d_head}, "
           f"{info.dtype} on {info.device}, {torch.get_num_threads()} threads, batch 1, prompt {prompt_len}, "
-          f"{new_tokens} steps × {repeats}, attention captured")
+          f"{new_tokens} steps × {repeats}, attention captured, the engines' steps interleaved one by one; torch "
+          f"{torch.__version__}, load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"{'':<14}{'prefill p50':>12}{'ITL p50':>10}{'ITL p95':>10}   (ms)")
     for name, t in runs.items():
         print(f"{name:<14}{percentile(t.prefill_ms, 50):>12.2f}{percentile(t.step_ms, 50):>10.2f}"
