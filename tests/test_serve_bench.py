@@ -98,4 +98,4 @@ def test_low_bits_and_batching_need_the_native_llama(small):
     assert low.value.code == "lowbit_needs_native"
     with pytest.raises(InputError) as batched:
         serve_bench.checked_batch(OnTransformers(), 2, 16)
-    assert batched.value.code == "serving_needs_llama"
+    assert batched.value.code == "serving_needs_native"

@@ -97,7 +97,7 @@ def filled_slots(model: NativeModel, batch: int, context: int) -> SlotCache:
     """`batch` slots each holding the same `context` prefilled positions of filler ids."""
     solo = model.new_cache()
     model.forward(filler_ids(model, context), solo, output_attentions=False)
-    cache = SlotCache(model.info.n_layers, batch)
+    cache = SlotCache(model.info.n_layers, batch, model.info.layer_windows)
     for slot in range(batch):
         cache.load(slot, solo)
     return cache
