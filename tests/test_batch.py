@@ -20,8 +20,10 @@ from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
 
 TOL = 1e-5
-# SmolLM2's 30 layers: a matmul over 2 rows adds in another order than over 1 (about 1e-6 apart per matmul on this
-# CPU's GEMM), which its depth grows to ~3.5e-5; the house's other SmolLM2 parity checks use 1e-4 for the same cause
+# SmolLM2's 30 layers (and Gemma 3 270M's 18): MKL's sgemm rounds a row differently at M = 1 row (the solo decode),
+# M = 2–3 and M ≥ 4 (4e-6 to 2e-5 apart per matmul on this CPU, ~1e-7 of the values; the other rows' values play no
+# part), which the depth grows to 2e-5–5e-5 in the logits; the padding and the mask add nothing (a row beside a copy
+# of itself, no padding, differs as much). The house's other SmolLM2 parity checks use 1e-4 for the same cause
 SMOLLM2_TOL = 1e-4
 BUDGET = 256 * 2**20
 
