@@ -2,14 +2,16 @@
 
 import streamlit as st
 
-from model.engine.counting import cumulative_positions, positions_with_cache, positions_without_cache
+from model.engine.batch import weight_bytes
+from model.engine.counting import cumulative_positions, positions_with_cache, positions_without_cache, step_bytes
 from model.tools.bench import contexts_for, percentile, time_per_token
 from ui import charts
-from ui.i18n import t
+from ui.i18n import number, t
 from ui.predict import cache_guess, cache_revealed
 from ui.session import cache_by_layer_kind, current_model, generation, guarded
 
 PRESETS = {"13/5": (13, 5), "2/4": (2, 4)}
+SERVING_ROWS = 8  # requests of the run's length decoded together, the Serving page's example batch
 
 
 def apply_preset(n: int, new_tokens: int) -> None:
@@ -60,6 +62,14 @@ else:
     by_kind = cache_by_layer_kind(model.info, gen.cache.length, gen.cache.nbytes())
     if by_kind:
         st.markdown(by_kind)
+    if model.info.backend == "native":
+        n, b = gen.cache.length, SERVING_ROWS
+        one = model.info.cache_bytes_formula(n)
+        weights_b, weights_1 = weight_bytes(model.module, b), weight_bytes(model.module, 1)
+        st.markdown(t("cache.serving_note", n=n, b=b, one=number(one), many=number(b * one),
+                      weights=number(weights_b), weights_one=number(weights_1),
+                      step=number(step_bytes(weights_b, [one] * b)),
+                      solo=number(b * step_bytes(weights_1, [one]))))
 
 st.subheader(t("cache.measured"))
 info = model.info

@@ -9,6 +9,7 @@ import streamlit as st
 
 from model.engine.batch import matmul_params, weight_bytes
 from model.engine.lowbit import DTYPES
+from model.engine.sampling import SamplingSettings
 from model.tools import serve_bench
 from ui import svg
 from ui.i18n import number, t
@@ -19,7 +20,8 @@ from ui.widgets import NEXT_KEY, table_html
 PAGE_DEFAULTS = {"serving_server": None, "serving_for": None, "serving_dtype": "float32", "serving_slots": 4,
                  "serving_requests": 8, "serving_prompt_lengths": (4, 24), "serving_new_tokens": (4, 16),
                  "serving_run_requested": False, "serving_running": False, "serving_sweep": None,
-                 "serving_profile": None}
+                 "serving_profile": None, "serving_temperature": 0.0, "serving_top_k": 0, "serving_top_p": 1.0,
+                 "serving_seed": 0}
 SWEEP_BATCHES = (1, 2, 4, 8)
 SWEEP_CONTEXTS = (64, 256)
 PROFILE_STEPS = 3
@@ -38,10 +40,16 @@ def chosen_model():
     return shared_model_in(model, state.serving_dtype)
 
 
+def sampling() -> SamplingSettings:
+    """The queue's sampling settings; request i draws with seed serving_seed + i."""
+    return SamplingSettings(float(state.serving_temperature), int(state.serving_top_k) or None,
+                            float(state.serving_top_p), int(state.serving_seed))
+
+
 def start() -> None:
     server = guarded_in_callback(lambda: serve_bench.start_serving(
         chosen_model(), int(state.serving_slots), int(state.serving_requests),
-        tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens)))
+        tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens), sampling()))
     if server is not None:
         state.serving_server, state.serving_for = server, (info.name, info.device)
         state.serving_profile = None
@@ -70,6 +78,12 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
     st.number_input(t("serving.requests"), min_value=1, max_value=64, key="serving_requests", width=140)
     st.slider(t("serving.prompt_lengths"), 1, most_prompt, key="serving_prompt_lengths", width=220)
     st.slider(t("serving.new_tokens"), 1, 64, key="serving_new_tokens", width=200)
+with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
+    st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="serving_temperature", width=200,
+              help=t("sampling.temperature_help"))
+    st.number_input(t("serving.top_k"), min_value=0, max_value=1000, key="serving_top_k", width=140)
+    st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="serving_top_p", width=200, help=t("sampling.top_p_help"))
+    st.number_input(t("sampling.seed"), min_value=0, key="serving_seed", width=140, help=t("serving.seed_help"))
 
 server = state.serving_server
 with st.container(horizontal=True):
@@ -146,6 +160,10 @@ head = module.lm_head.in_features * module.lm_head.out_features
 st.markdown(t("serving.formulas", weights=number(weight_bytes(module, 1)), kv=number(info.cache_bytes_formula(1)),
               params=number(matmul_params(module) - head), head=number(head), layers=info.n_layers,
               heads=info.n_heads, d_head=info.d_head))
+if info.window is not None:
+    sliding = len(info.sliding_layers)
+    st.markdown(t("serving.formulas_sliding", full=info.n_layers - sliding, sliding=sliding, window=info.window,
+                  per_layer=number(2 * info.n_kv_heads * info.d_head * info.bytes_per_element)))
 st.html(table_html(
     [t("serving.col_point"), "ms", t("serving.col_intensity"), "GB/s", t("serving.col_of_bandwidth"), "GFLOP/s",
      t("serving.col_of_peak")],

@@ -1,20 +1,29 @@
 """Batched decode (model/engine/batch.py): every row of a batch equals its solo run, with requests joining and leaving
-mid-run, on a random GQA Llama, small and SmolLM2; each row's cache bytes are the formula of its own length."""
+mid-run, on a random GQA Llama, small, SmolLM2, a random Gemma 3 whose window is shorter than the rows, and Gemma 3
+270M; each row's cache bytes are the formula of its own length."""
 
 import numpy as np
 import pytest
 import torch
+from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model
 
 from model.engine.batch import Request, Server, SlotCache, decode_rows
+from model.engine.cache import CROP_MARGIN
+from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
+from model.engine.generate import run_to_end, start
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
+from model.engine.sampling import SamplingSettings
+from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
 
 TOL = 1e-5
-# SmolLM2's 30 layers: a matmul over 2 rows adds in another order than over 1 (about 1e-6 apart per matmul on this
-# CPU's GEMM), which its depth grows to ~3.5e-5; the house's other SmolLM2 parity checks use 1e-4 for the same cause
+# SmolLM2's 30 layers (and Gemma 3 270M's 18): MKL's sgemm rounds a row differently at M = 1 row (the solo decode),
+# M = 2–3 and M ≥ 4 (4e-6 to 2e-5 apart per matmul on this CPU, ~1e-7 of the values; the other rows' values play no
+# part), which the depth grows to 2e-5–5e-5 in the logits; the padding and the mask add nothing (a row beside a copy
+# of itself, no padding, differs as much). The house's other SmolLM2 parity checks use 1e-4 for the same cause
 SMOLLM2_TOL = 1e-4
 BUDGET = 256 * 2**20
 
@@ -26,6 +35,32 @@ def tiny_gqa():
     cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
                       num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
     return NativeModel("tiny-gqa", Llama(cfg).eval().requires_grad_(False), None, torch.device("cpu"))
+
+
+GEMMA3_WINDOW = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3():
+    """A random Gemma 3: 6 layers (two runs of 2 sliding then 1 full), window 4, 4 query heads over 2 KV heads,
+    norm weights away from 0 so that (1 + w) matters; a word tokenizer over its 40 ids."""
+    torch.manual_seed(0)
+    cfg = Gemma3Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                       query_pre_attn_scalar=24, sliding_window=GEMMA3_WINDOW, layer_types=(SLIDING, SLIDING, FULL) * 2,
+                       rope_theta=1e6, rope_local_theta=1e4)
+    module = Gemma3(cfg).eval().requires_grad_(False)
+    with torch.no_grad():
+        for name, weight in module.named_parameters():
+            if "norm" in name:
+                weight.normal_(0.0, 0.5)
+    vocab = ["<pad>", "<bos>", "w", "<unk>"] + [f"w{i}" for i in range(36)]  # no <eos>: runs end at their limit
+    return NativeModel("tiny-gemma3", module, WordTokenizer(build_word_tokenizer(vocab)), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def gemma3():
+    return load_model("gemma3", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +90,7 @@ def check_rows_equal_solo(model, lengths: list[int], new_tokens: int, slots: int
     leaves after `new_tokens` and the next waiting one takes its slot at once. Every logit against the solo run."""
     prompts = prompts_of(model, lengths)
     solo = [solo_run(model, p, new_tokens) for p in prompts]
-    cache = SlotCache(model.info.n_layers, slots)
+    cache = SlotCache(model.info.n_layers, slots, model.info.layer_windows)
     waiting, holders = list(range(len(prompts))), [None] * slots
     got: dict[int, list[np.ndarray]] = {i: [] for i in range(len(prompts))}
     batch_sizes = set()
@@ -105,6 +140,34 @@ def test_smollm2_rows_equal_their_solo_runs_with_joins_and_leaves(smollm2):
     check_rows_equal_solo(smollm2, [5, 40, 17], new_tokens=4, slots=2, tol=SMOLLM2_TOL)
 
 
+def test_random_gemma3_rows_equal_their_solo_runs_past_the_window(tiny_gemma3):
+    # every row passes the window of 4: its sliding layers attend over its own 4 latest positions only
+    sizes = check_rows_equal_solo(tiny_gemma3, [3, 11, 7, 1, 20], new_tokens=6, slots=3)
+    assert 3 in sizes
+
+
+def test_random_gemma3_rows_move_their_window_to_the_front(tiny_gemma3, monkeypatch):
+    """A row that runs past window + 2 × CROP_MARGIN positions in its slot moves its latest ones to the buffer's
+    front, while the others go on where they are: the logits stay the solo run's all along."""
+    moves = []
+    move = SlotCache._move_to_front
+    monkeypatch.setattr(SlotCache, "_move_to_front", lambda self, slot, start: (moves.append((slot, start)),
+                                                                                move(self, slot, start)))
+    most = GEMMA3_WINDOW + 2 * CROP_MARGIN
+    check_rows_equal_solo(tiny_gemma3, [2, 100, 30], new_tokens=most, slots=2)
+    # each moves when its next position would be the buffer's most + 1-th: then it keeps its window − 1 +
+    # CROP_MARGIN latest positions. The row of 100 starts its buffer at position 96 (its window), so it moves first,
+    # at length 96 + most; the row of 2 at length most; the row of 30 takes slot 0 after it, from position 26
+    keep = GEMMA3_WINDOW - 1 + CROP_MARGIN
+    assert moves == [(1, 96 + most - keep), (0, most - keep), (0, 26 + most - keep)]
+
+
+@needs_gemma3
+def test_gemma3_rows_equal_their_solo_runs_with_joins_and_leaves(gemma3):
+    # the second row is past the 512-position window from its prefill on
+    check_rows_equal_solo(gemma3, [5, 530, 17], new_tokens=4, slots=2, tol=SMOLLM2_TOL)
+
+
 def test_server_greedy_tokens_equal_solo_and_slots_are_reused(tiny_gqa):
     lengths, budgets = [4, 12, 2, 9, 6], [3, 7, 2, 5, 4]
     prompts = prompts_of(tiny_gqa, lengths)
@@ -125,6 +188,30 @@ def test_server_greedy_tokens_equal_solo_and_slots_are_reused(tiny_gqa):
     assert all(len(r.itl_ms) == len(r.new_ids) - 1 for r in requests)
 
 
+@pytest.mark.parametrize("name", ["small", "tiny_gemma3"])
+def test_sampled_rows_equal_their_solo_sampled_runs(name, request):
+    """Each request samples with its own settings and seed, decoded in a batch of 3 slots with joins and leaves:
+    its tokens are those of generate.py's solo run with the same settings (and greedy ones stay greedy)."""
+    model = request.getfixturevalue(name)
+    settings = [SamplingSettings(temperature=1.0, seed=7), SamplingSettings(temperature=0.8, top_k=5, seed=1),
+                SamplingSettings(), SamplingSettings(temperature=1.3, top_p=0.9, seed=3),
+                SamplingSettings(temperature=0.7, top_k=10, top_p=0.8, seed=11)]
+    lengths, budgets = [4, 12, 2, 9, 6], [9, 7, 3, 12, 8]
+    requests = [Request(i, p, n, settings=s) for i, (p, n, s) in
+                enumerate(zip(prompts_of(model, lengths), budgets, settings))]
+    server = Server(model, 3, requests, BUDGET)
+    while not server.finished:
+        server.step()
+    assert max(len(s.decode_lengths) for s in server.steps) == 3
+    for r in requests:
+        solo = start(model, r.prompt_ids, r.settings, r.max_new_tokens)
+        run_to_end(model, solo)
+        assert r.new_ids == solo.new_ids and r.stop_reason == solo.stop_reason, r.id
+    # the sampled rows did not all follow the argmax: sampling really ran
+    greedy = [solo_run(model, r.prompt_ids, len(r.new_ids))[1] for r in requests if not r.settings.greedy]
+    assert greedy != [r.new_ids for r in requests if not r.settings.greedy]
+
+
 def test_bad_serving_input_is_one_sentence(tiny_gqa):
     request = Request(0, [5, 6], 4)
     with pytest.raises(InputError) as zero:
@@ -133,3 +220,6 @@ def test_bad_serving_input_is_one_sentence(tiny_gqa):
     with pytest.raises(InputError) as past:
         Server(tiny_gqa, 8, [request], budget_bytes=1000)
     assert past.value.code == "serving_budget" and "MiB" in past.value.message("en")
+    with pytest.raises(InputError) as cold:
+        Server(tiny_gqa, 2, [Request(0, [5, 6], 4, settings=SamplingSettings(temperature=1.0, top_p=0))], BUDGET)
+    assert cold.value.code == "bad_top_p"

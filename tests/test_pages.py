@@ -362,3 +362,18 @@ def test_predict_mode_on_micro_to_the_end():
     assert at.session_state["predict_score"] == (2, 0) and at.session_state["generation"].stop_reason == "eos"
     assert text("predict.finished", "vi") in [c.value for c in at.caption]
     assert not [w for w in at.number_input if w.key == "guess_len"] and not at.exception
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_cache_page_says_what_serving_measures_from_the_run(lang):
+    """micro after the prefill of [1, 3]: 2 positions × 64 B = 128 B per request; 8 requests 1,024 B; the weights
+    4,864 B of matmuls + 160 B of norms + 32 B per embedding row: 5,280 B for 8 rows, 5,056 B for one."""
+    at = click(open_page("app_pages/decode.py", lang=lang), "run_prefill")
+    assert cache_len(at) == 2
+    at.switch_page("app_pages/cache.py").run()
+    assert not at.exception
+    unit, sep = {"vi": ("byte", "."), "en": ("bytes", ",")}[lang]
+    note = next(m.value for m in at.markdown if f"5{sep}280" in m.value)
+    for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"5,280 + 1,024 = **6,304 {unit}**",
+                 f"8 × (5,056 + 128) = **41,472 {unit}**"):
+        assert part.replace(",", sep) in note, part

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 from test_engine import run_cli  # noqa: F401  (the fixture)
+from test_gemma3 import needs_model as needs_gemma3
 
 from model.engine.batch import Request, Server, matmul_params, weight_bytes
 from model.engine.lowbit import Int8Linear, with_weights
@@ -75,6 +76,29 @@ def test_serve_bench_json_has_a_row_per_setting(run_cli):  # noqa: F811
     assert report["accuracy"][0]["dtype"] == "int8"
 
 
+def test_serve_bench_samples_with_its_flags(run_cli):  # noqa: F811
+    out = run_cli("serve-bench", "--model", "micro", "--batch", "2", "--context", "4", "--dtype", "float32",
+                  "--steps", "2", "--temperature", "0.8", "--top-k", "3", "--top-p", "0.9", "--seed", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["sampling"] == {"temperature": 0.8, "top_k": 3, "top_p": 0.9, "seed": 4}
+    assert "sampled (temperature 0.8, top-k 3, top-p 0.9, row r with seed 4 + r)" in report["conditions"]
+    bad = run_cli("serve-bench", "--model", "micro", "--top-p", "0")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+@needs_gemma3
+def test_serve_bench_runs_gemma3_with_its_sliding_layers(run_cli):  # noqa: F811
+    """Gemma 3 270M at 600 positions, past its 512-position window: a row's cache bytes are 3 full layers × 601 +
+    15 sliding layers × 512 positions of 2,048 B; its attention FLOPs 4 × 4 heads × 256 × (3 × 601 + 15 × 512)."""
+    out = run_cli("serve-bench", "--model", "gemma3", "--batch", "1,2", "--context", "600", "--dtype", "float32",
+                  "--steps", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    one, two = json.loads(out.stdout)["rows"]
+    assert two["bytes_read"] - one["bytes_read"] == (3 * 601 + 15 * 512) * 2048 + 640 * 4  # and one embedding row
+    assert two["flops"] - one["flops"] == one["flops"] and one["bytes_read"] > 0
+
+
 def test_serve_bench_refuses_an_unknown_dtype(run_cli):  # noqa: F811
     out = run_cli("serve-bench", "--model", "micro", "--dtype", "float32,fp4")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "fp4" in out.stderr
@@ -98,4 +122,4 @@ def test_low_bits_and_batching_need_the_native_llama(small):
     assert low.value.code == "lowbit_needs_native"
     with pytest.raises(InputError) as batched:
         serve_bench.checked_batch(OnTransformers(), 2, 16)
-    assert batched.value.code == "serving_needs_llama"
+    assert batched.value.code == "serving_needs_native"

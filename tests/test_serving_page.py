@@ -7,7 +7,11 @@ import re
 import pytest
 from apptest import click, open_app
 from conftest import wait_idle
+from test_gemma3 import needs_model as needs_gemma3
 
+from model.engine.generate import run_to_end, start
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
 from model.texts import text
 
 TIMEOUT = 120
@@ -36,6 +40,33 @@ def test_steps_then_run_to_end_serve_every_request(lang):
     # the roofline's table: a point per batch size the run had and one for its longest prefill
     assert "ITL p99" in html and ">B=2<" in html and re.search(r">prefill \d+<", html)
     assert text("serving.lanes", lang) in [h.value for h in at.subheader]
+
+
+def test_sampled_requests_draw_as_their_solo_runs():
+    """temperature, top-k and top-p from the page's controls, request i with seed + i: each request's tokens are its
+    solo run's (generate.py) with those settings."""
+    at = click(open_page("en", serving_temperature=0.9, serving_top_k=8, serving_top_p=0.95, serving_seed=5),
+               "serving_start")
+    click(at, "serving_run")
+    server = at.session_state["serving_server"]
+    assert server.finished and not at.error
+    small = load_model("small", "cpu")
+    for r in server.requests.values():
+        assert r.settings == SamplingSettings(0.9, 8, 0.95, 5 + r.id)
+        solo = start(small, r.prompt_ids, r.settings, r.max_new_tokens)
+        run_to_end(small, solo)
+        assert r.new_ids == solo.new_ids
+
+
+@needs_gemma3
+def test_gemma3_serves_with_its_sliding_layers_formula():
+    at = open_app(PAGE, TIMEOUT, lang="en", model_name="gemma3", device="cpu", serving_slots=2, serving_requests=3,
+                  serving_prompt_lengths=(3, 9), serving_new_tokens=(2, 4))
+    click(click(at, "serving_start"), "serving_run")
+    assert at.session_state["serving_server"].finished and not at.error
+    markdown = " ".join(m.value for m in at.markdown)
+    assert "3 full-attention layers keep every position, and 15 sliding-window layers only the 512 latest" in markdown
+    assert "(3 × n + 15 × min(n, 512)) × 2,048 B" in markdown  # 2 × 1 KV head × 256 × 4 B
 
 
 def test_profile_shows_the_ops_of_a_step_and_a_trace():

@@ -5,16 +5,15 @@ the model together, so that the weights are read once for all of them (Orca's it
 continuous batching). Here:
 
 - `SlotCache` holds one request per slot: per layer K and V (slots, n_kv, capacity, d_head), right-padded, so slot s
-  keeps its request's positions 0 .. length − 1 at the same places as a solo KVCache would;
-- `decode_rows` feeds one token per row: RoPE turns each row at its own position, and an additive mask lets each
-  row's query see only the keys of its own slot up to its own position (the rest of the padded buffer gets −∞);
+  keeps its request's positions in the order a solo KVCache keeps them; on Gemma 3's sliding-window layers each slot
+  keeps only its own window (and a margin), from a start of its own;
+- `decode_rows` feeds one token per row, on the native Llama or Gemma 3: RoPE turns each row at its own position, and
+  an additive mask lets each row's query see only the keys of its own slot up to its own position, on a sliding layer
+  only its own window (the rest of the padded buffer gets −∞);
 - `Server` schedules: a waiting request takes the first free slot, its prompt is prefilled alone (the solo code, so
   its first token is the solo run's), and from the next step on it decodes with the others; a request that
-  finished (eos, its token budget, the context) leaves at once and frees its slot for the next one waiting.
-
-Greedy decoding only (argmax): the batch is about throughput, the sampling controls live on the Decode page.
-The native Llama only: Gemma 3's sliding windows would need a per-row window in the mask and a per-slot ring
-buffer, which this module does not do.
+  finished (eos, its token budget, the context) leaves at once and frees its slot for the next one waiting. Each
+  request draws its tokens with its own sampling settings and seed, as its solo run would (greedy by default).
 """
 
 from __future__ import annotations
@@ -24,35 +23,54 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.engine.cache import MIN_CAPACITY, KVCache, LayerBytes
+from model.engine.cache import CROP_MARGIN, MIN_CAPACITY, KVCache, LayerBytes
 from model.engine.counting import step_bytes, step_flops
-from model.engine.llama import Llama
+from model.engine.gemma3 import FULL, SLIDING, Gemma3
+from model.engine.generate import check_settings_or_refuse
+from model.engine.llama import Llama, rope_cos_sin
 from model.engine.runtime import NativeModel, synchronize
+from model.engine.sampling import SamplingSettings, sample
 from model.errors import InputError
 
 
 class SlotCache:
-    """Per layer K and V of shape (slots, n_kv, capacity, d_head): slot s holds positions 0 .. lengths[s] − 1 of one
-    request. The buffers start zeroed and double when full; a freed slot keeps its old values (finite, masked)."""
+    """Per layer K and V of shape (slots, n_kv, capacity, d_head): slot s holds positions of one request, with its
+    own length. A full layer's buffer holds positions 0 .. lengths[s] − 1 of the slot from index 0; a sliding-window
+    layer's (`windows[i]`, Gemma 3) holds them from position starts[s] at index 0, at most window + 2 × CROP_MARGIN
+    of them: when a slot's next position would not fit, its latest window − 1 + CROP_MARGIN positions move to the
+    front (once every CROP_MARGIN steps, as the solo KVCache keeps the window and the margin), so its memory stops
+    growing. The buffers start zeroed and double when full; a freed slot keeps its old values (finite, masked)."""
 
-    def __init__(self, n_layers: int, slots: int):
+    def __init__(self, n_layers: int, slots: int, windows: list[int | None] | tuple[int | None, ...] | None = None):
         self.n_layers, self.slots = n_layers, slots
+        self.windows = list(windows) if windows else [None] * n_layers   # None: full attention
         self.lengths = [0] * slots
+        self.starts = [0] * slots   # per slot, the position at index 0 of its sliding layers' buffers
         self._keys: list[torch.Tensor | None] = [None] * n_layers   # (slots, n_kv, capacity, d_head)
         self._values: list[torch.Tensor | None] = [None] * n_layers
 
-    @property
-    def capacity(self) -> int:
-        return 0 if self._keys[0] is None else self._keys[0].shape[2]
+    def _most(self, layer: int) -> int | None:
+        """The largest buffer a sliding layer keeps; None on a full layer (it grows with the sequence)."""
+        window = self.windows[layer]
+        return None if window is None else window + 2 * CROP_MARGIN
 
-    def _ensure(self, like: torch.Tensor, needed: int) -> None:
-        """Room for `needed` positions in every slot; `like` (…, n_kv, …, d_head) gives the dtype and device."""
-        if needed <= self.capacity:
-            return
-        old, n_kv, d_head = self.capacity, like.shape[1], like.shape[3]
-        capacity = max(needed, 2 * old, MIN_CAPACITY)
-        for store in (self._keys, self._values):
-            for layer in range(self.n_layers):
+    def _offset(self, layer: int, slot: int) -> int:
+        """The position at index 0 of `slot` in `layer`'s buffer."""
+        return 0 if self.windows[layer] is None else self.starts[slot]
+
+    def _ensure(self, like: torch.Tensor, full: int, sliding: int) -> None:
+        """Room for `full` positions from index 0 on every full layer, `sliding` on every sliding one; `like`
+        (…, n_kv, …, d_head) gives the dtype and device."""
+        n_kv, d_head = like.shape[1], like.shape[3]
+        for layer in range(self.n_layers):
+            most = self._most(layer)
+            needed = full if most is None else sliding
+            old = 0 if self._keys[layer] is None else self._keys[layer].shape[2]
+            if needed <= old:
+                continue
+            capacity = max(needed, 2 * old, MIN_CAPACITY)
+            capacity = capacity if most is None else min(capacity, most)
+            for store in (self._keys, self._values):
                 # zeros, never empty memory: a padded key is multiplied by its weight 0, and 0 × NaN would be NaN
                 bigger = like.new_zeros(self.slots, n_kv, capacity, d_head)
                 if store[layer] is not None:
@@ -61,29 +79,55 @@ class SlotCache:
 
     @torch.inference_mode()
     def load(self, slot: int, solo: KVCache) -> None:
-        """Copy a request's prefilled solo cache (1, n_kv, n, d_head) per layer into `slot`."""
+        """Copy a request's prefilled solo cache (1, n_kv, n, d_head) per layer into `slot`: every position of a
+        full layer, the window's latest positions of a sliding one (all its next query needs)."""
         n = solo.length
-        self._ensure(solo.layer(0)[0], n)
-        for layer in range(self.n_layers):
-            k, v = solo.layer(layer)
-            self._keys[layer][slot, :, :n] = k[0]
-            self._values[layer][slot, :, :n] = v[0]
-        self.lengths[slot] = n
+        held = [solo.layer(layer) for layer in range(self.n_layers)]
+        window_held = min((k.shape[2] for (k, _), w in zip(held, self.windows) if w is not None), default=n)
+        self._ensure(held[0][0], n, window_held)
+        for layer, (k, v) in enumerate(held):
+            self._keys[layer][slot, :, :k.shape[2]] = k[0]
+            self._values[layer][slot, :, :k.shape[2]] = v[0]
+        self.lengths[slot], self.starts[slot] = n, n - window_held
 
     def free(self, slot: int) -> None:
-        self.lengths[slot] = 0
+        self.lengths[slot], self.starts[slot] = 0, 0
+
+    def make_room(self, rows: int) -> None:
+        """Before a step over slots 0 .. rows − 1: a sliding layer's slot whose next position would pass its buffer
+        moves its latest window − 1 + CROP_MARGIN positions to the front, then every buffer grows to what the step
+        writes."""
+        windows = {w for w in self.windows if w is not None}
+        if windows:
+            window = windows.pop()  # Gemma 3: one window for every sliding layer
+            most = window + 2 * CROP_MARGIN
+            for slot in range(rows):
+                if self.lengths[slot] - self.starts[slot] + 1 > most:
+                    self._move_to_front(slot, self.lengths[slot] - window + 1 - CROP_MARGIN)
+        sliding = max(self.lengths[s] - self.starts[s] for s in range(rows)) + 1
+        self._ensure(self._keys[0], max(self.lengths[:rows]) + 1, sliding)
+
+    def _move_to_front(self, slot: int, new_start: int) -> None:
+        old_start, end = self.starts[slot], self.lengths[slot]
+        for layer in range(self.n_layers):
+            if self.windows[layer] is not None:
+                for store in (self._keys, self._values):
+                    kept = store[layer][slot, :, new_start - old_start:end - old_start].clone()
+                    store[layer][slot, :, :end - new_start] = kept
+        self.starts[slot] = new_start
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One new position per row: k, v (rows, n_kv, 1, d_head) of slots 0 .. rows − 1, written at each row's own
-        length. Returns every row's keys and values up to the longest row, (rows, n_kv, S, d_head): a view, no copy;
-        `decode_rows` masks what lies past each row's own end. Lengths move on once, after the last layer."""
+        length (after make_room). Returns every row's keys and values up to the longest row's end, (rows, n_kv, S,
+        d_head): a view, no copy; `row_mask` masks what lies past each row's own end or before its window. Lengths
+        move on once, after the last layer."""
         rows = k.shape[0]
-        positions = torch.tensor(self.lengths[:rows], device=k.device)  # (rows,)
-        self._ensure(k, max(self.lengths[:rows]) + 1)
+        index = [self.lengths[s] - self._offset(layer, s) for s in range(rows)]
         slots = torch.arange(rows, device=k.device)
-        self._keys[layer][slots, :, positions] = k[:, :, 0]             # (rows, n_kv, d_head)
-        self._values[layer][slots, :, positions] = v[:, :, 0]
-        S = max(self.lengths[:rows]) + 1
+        at = torch.tensor(index, device=k.device)                        # (rows,)
+        self._keys[layer][slots, :, at] = k[:, :, 0]                      # (rows, n_kv, d_head)
+        self._values[layer][slots, :, at] = v[:, :, 0]
+        S = max(index) + 1
         return self._keys[layer][:rows, :, :S], self._values[layer][:rows, :, :S]
 
     def advance(self, rows: int) -> None:
@@ -99,7 +143,8 @@ class SlotCache:
 
 
 class RowCache(LayerBytes):
-    """One slot of a SlotCache seen as a request's own cache: K and V (1, n_kv, length, d_head) per layer."""
+    """One slot of a SlotCache seen as a request's own cache: K and V (1, n_kv, positions, d_head) per layer, every
+    position on a full layer, the window's latest on a sliding one (what a solo KVCache's layer() gives)."""
 
     def __init__(self, cache: SlotCache, slot: int):
         self.cache, self.slot, self.n_layers = cache, slot, cache.n_layers
@@ -112,35 +157,58 @@ class RowCache(LayerBytes):
         keys = self.cache._keys[layer]
         if keys is None or self.length == 0:
             return None
-        n, s = self.length, self.slot
-        return keys[s:s + 1, :, :n], self.cache._values[layer][s:s + 1, :, :n]
+        n, s, window = self.length, self.slot, self.cache.windows[layer]
+        offset = self.cache._offset(layer, s)
+        first = offset if window is None else max(offset, n - window)
+        held = slice(first - offset, n - offset)
+        return keys[s:s + 1, :, held], self.cache._values[layer][s:s + 1, :, held]
 
 
-def row_mask(lengths: list[int], device, dtype) -> torch.Tensor:
-    """(rows, 1, 1, S) additive mask, S = the longest row after the step: row r's new query (at position
-    lengths[r]) sees keys 0 .. lengths[r] of its own slot, −∞ on the padding after them; broadcast over heads."""
-    S = max(lengths) + 1
-    keys = torch.arange(S, device=device)[None, :]                      # (1, S)
-    allowed = keys <= torch.tensor(lengths, device=device)[:, None]    # (rows, S)
+def row_mask(lengths: list[int], starts: list[int], window: int | None, device, dtype) -> torch.Tensor:
+    """(rows, 1, 1, S) additive mask over the buffer indices a layer's append gives back, S = the longest row's
+    after the step: row r's new query (at position lengths[r]) sees the keys of its own slot at positions ≤
+    lengths[r], on a sliding layer only the `window` latest (its own included), the index j holding position
+    starts[r] + j (starts all 0 on a full layer); −∞ elsewhere; broadcast over heads."""
+    position = torch.tensor(lengths, device=device)[:, None]                              # (rows, 1)
+    start = torch.tensor(starts, device=device)[:, None]
+    S = int((position - start).max()) + 1
+    keys = start + torch.arange(S, device=device)[None, :]                                # (rows, S) positions
+    allowed = keys <= position
+    if window is not None:
+        allowed &= keys > position - window
     mask = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
-    return mask[:, None, None, :]                                       # (rows, 1, 1, S)
+    return mask[:, None, None, :]                                                        # (rows, 1, 1, S)
 
 
 @torch.inference_mode()
-def decode_rows(module: Llama, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+def decode_rows(module: Llama | Gemma3, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
     """One decode step for slots 0 .. rows − 1, tokens[r] the token row r feeds (rows = len(tokens)); returns the
-    logits (rows, vocab). The blocks are Llama's own: RoPE's cos and sin and the mask simply carry a row axis."""
+    logits (rows, vocab). The blocks are the model's own: RoPE's cos and sin and the mask simply carry a row axis."""
     rows = len(tokens)
     device = module.lm_head.weight.device
-    positions = torch.tensor(cache.lengths[:rows], device=device)       # (rows,) each row's own position
-    x = module.model.embed_tokens(torch.tensor(tokens, device=device)[:, None])  # (rows, 1, hidden)
-    cos = module.rope_cos[positions].to(x.dtype)[:, None, None, :]      # (rows, 1, 1, d_head): over heads, T = 1
-    sin = module.rope_sin[positions].to(x.dtype)[:, None, None, :]
-    mask = row_mask(cache.lengths[:rows], device, x.dtype)              # (rows, 1, 1, S)
-    for i, block in enumerate(module.model.layers):
-        x, _, _ = block(x, cos, sin, mask, cache, i)                    # (rows, 1, hidden)
+    cache.make_room(rows)
+    lengths = cache.lengths[:rows]
+    positions = torch.tensor(lengths, device=device)                     # (rows,) each row's own position
+    ids = torch.tensor(tokens, device=device)[:, None]                   # (rows, 1)
+    if isinstance(module, Gemma3):
+        embed = module.model.embed_tokens
+        x = embed(ids) * module.embed_scale.to(embed.weight.dtype)       # (rows, 1, hidden)
+        rope = {kind: tuple(t.to(x.dtype)[:, None, None, :] for t in rope_cos_sin(positions, inv_freq))
+                for kind, inv_freq in ((FULL, module.inv_freq_full), (SLIDING, module.inv_freq_sliding))}
+        masks = {window: row_mask(lengths, cache.starts[:rows] if window else [0] * rows, window, device, x.dtype)
+                 for window in set(cache.windows)}                       # (rows, 1, 1, S) per layer kind
+        for i, block in enumerate(module.model.layers):
+            cos, sin = rope[module.config.layer_types[i]]                # (rows, 1, 1, d_head)
+            x, _, _ = block(x, cos, sin, 0, cache, i, (), masks[cache.windows[i]])
+    else:
+        x = module.model.embed_tokens(ids)                               # (rows, 1, hidden)
+        cos = module.rope_cos[positions].to(x.dtype)[:, None, None, :]   # (rows, 1, 1, d_head): over heads, T = 1
+        sin = module.rope_sin[positions].to(x.dtype)[:, None, None, :]
+        mask = row_mask(lengths, [0] * rows, None, device, x.dtype)      # (rows, 1, 1, S)
+        for i, block in enumerate(module.model.layers):
+            x, _, _ = block(x, cos, sin, mask, cache, i)                 # (rows, 1, hidden)
     cache.advance(rows)
-    return module.lm_head(module.model.norm(x))[:, 0].float()           # (rows, vocab)
+    return module.lm_head(module.model.norm(x))[:, 0].float()            # (rows, vocab)
 
 
 # -- the scheduler ------------------------------------------------------------------------------------------------
@@ -156,7 +224,16 @@ class Request:
     token_ms: list[float] = field(default_factory=list)   # the engine clock (ms since the run began) at each token
     joined_step: int | None = None
     left_step: int | None = None
-    stop_reason: str | None = None                        # "eos" | "max_new_tokens" | "context_full"
+    stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens"
+    # greedy by default; otherwise temperature → top-k → top-p with the request's own seed, as its solo run draws
+    settings: SamplingSettings = field(default_factory=SamplingSettings)
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
+        draw index of its solo run (generate.py draws its k-th token, counting from 0, at step k)."""
+        if self.settings.greedy:
+            return int(torch.argmax(logits))
+        return sample(logits.float().cpu().numpy(), self.settings, len(self.new_ids)).chosen_id
 
     @property
     def ttft_ms(self) -> float | None:
@@ -178,6 +255,7 @@ class ServeStep:
     left: list[int]               # requests that finished this step and freed their slot
     prefill_ms: float             # the joiners' prefills
     decode_ms: float              # the batched decode pass
+    draw_ms: float                # choosing every row's token from its logits (sampling's softmax and filters)
     decode_lengths: list[int]     # per decoding row, the keys its query attended over
     decode_bytes: int             # step_bytes of the decode pass: weights once + each row's cache
     decode_flops: int
@@ -187,7 +265,7 @@ class ServeStep:
 
     @property
     def ms(self) -> float:
-        return self.prefill_ms + self.decode_ms
+        return self.prefill_ms + self.decode_ms + self.draw_ms
 
     @property
     def tokens(self) -> int:
@@ -216,19 +294,21 @@ def matmul_params(module: torch.nn.Module) -> int:
 def flops(module: Llama, rows: list[tuple[int, int]]) -> int:
     """counting.step_flops for this module's shapes, rows = [(new positions, keys attended), ...]."""
     cfg, head = module.config, module.lm_head.in_features * module.lm_head.out_features
+    windows = [w for w in module.windows if w is not None]
     return step_flops(matmul_params(module) - head, head, cfg.num_hidden_layers, cfg.num_attention_heads,
-                      cfg.head_dim, rows)
+                      cfg.head_dim, rows, len(windows), windows[0] if windows else None)
 
 
 MAX_SLOTS = 32
 
 
 def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int) -> None:
-    """A batch this module can run within the session's memory budget, else one sentence: a native Llama, 1 to
-    MAX_SLOTS slots, and the slot buffers, which double ahead and so may reserve up to twice the longest request's
-    cache in every slot, within `budget_bytes`."""
-    if not isinstance(model, NativeModel) or not isinstance(model.module, Llama):
-        raise InputError("serving_needs_llama", model=model.info.name)
+    """A batch this module can run within the session's memory budget, else one sentence: the native engine (Llama
+    or Gemma 3), 1 to MAX_SLOTS slots, and the slot buffers, which double ahead and so may reserve up to twice the
+    longest request's cache in every slot (a sliding layer's window + 2 × CROP_MARGIN ≤ twice its window), within
+    `budget_bytes`."""
+    if not isinstance(model, NativeModel):
+        raise InputError("serving_needs_native", model=model.info.name)
     if not 1 <= slots <= MAX_SLOTS:
         raise InputError("serving_slots", slots=slots)
     needed = 2 * slots * model.info.cache_bytes_formula(longest)
@@ -241,9 +321,11 @@ class Server:
 
     def __init__(self, model: NativeModel, slots: int, requests: list[Request], budget_bytes: int):
         check_batch(model, slots, max(len(r.prompt_ids) + r.max_new_tokens for r in requests), budget_bytes)
+        for request in requests:
+            check_settings_or_refuse(request.settings)
         info = model.info
         self.model, self.info = model, info
-        self.cache = SlotCache(info.n_layers, slots)
+        self.cache = SlotCache(info.n_layers, slots, info.layer_windows)
         self.waiting = list(requests)
         self.requests = {r.id: r for r in requests}
         self.holders: list[Request | None] = [None] * slots
@@ -259,19 +341,20 @@ class Server:
         request.token_steps.append(step)
         request.token_ms.append(self.clock_ms)
         eos = self.info.eos_id
+        # in generate.find_stop's order: the context is full when no position is left to feed the token just chosen
         if eos is not None and token == eos:
             request.stop_reason = "eos"
+        elif len(request.prompt_ids) + len(request.new_ids) - 1 >= self.info.context_length:
+            request.stop_reason = "context_full"
         elif len(request.new_ids) >= request.max_new_tokens:
             request.stop_reason = "max_new_tokens"
-        elif len(request.prompt_ids) + len(request.new_ids) >= self.info.context_length:
-            request.stop_reason = "context_full"
 
     @torch.inference_mode()
     def step(self) -> ServeStep:
         """Waiting requests take the free slots (each prefilled alone: its first token), then every request that was
         already running decodes one token in one batched pass; the finished ones leave."""
         index, device = len(self.steps), self.model.device
-        joined, first_tokens, prefill_rows = [], [], []
+        joined, first_logits, prefill_rows = [], [], []
         synchronize(device)
         t0 = time.perf_counter()
         for slot, holder in enumerate(self.holders):
@@ -283,11 +366,14 @@ class Server:
                 request.slot, request.joined_step = slot, index
                 self.holders[slot] = request
                 joined.append(request)
-                first_tokens.append(int(torch.argmax(logits)))
+                first_logits.append(logits)
                 prefill_rows.append((len(request.prompt_ids), len(request.prompt_ids)))
         synchronize(device)
         prefill_ms = (time.perf_counter() - t0) * 1000
-        self.clock_ms += prefill_ms
+        t0 = time.perf_counter()
+        first_tokens = [request.choose(logits) for request, logits in zip(joined, first_logits)]
+        draw_ms = (time.perf_counter() - t0) * 1000
+        self.clock_ms += prefill_ms + draw_ms
         for request, token in zip(joined, first_tokens):
             self._emit(request, token, index)
 
@@ -303,8 +389,11 @@ class Server:
             logits = decode_rows(self.model.module, self.cache, tokens)  # (rows, vocab)
             synchronize(device)
             decode_ms = (time.perf_counter() - t0) * 1000
-            self.clock_ms += decode_ms
-            chosen = logits.argmax(-1).tolist()
+            t0 = time.perf_counter()
+            chosen = {s: self.holders[s].choose(logits[s]) for s in range(rows) if decoding[s]}
+            row_draw_ms = (time.perf_counter() - t0) * 1000
+            draw_ms += row_draw_ms
+            self.clock_ms += decode_ms + row_draw_ms
             for s in range(rows):
                 if decoding[s]:
                     self._emit(self.holders[s], chosen[s], index)
@@ -321,6 +410,7 @@ class Server:
         step = ServeStep(
             index=index, rows=rows, slots=held,
             joined=[r.id for r in joined], left=left, prefill_ms=prefill_ms, decode_ms=decode_ms,
+            draw_ms=draw_ms,
             decode_lengths=lengths,
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
                                     [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,

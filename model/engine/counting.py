@@ -34,14 +34,19 @@ def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: 
 # they are a few operations per element of the hidden state, against ~2 per weight in the matmuls.
 
 def step_flops(layer_matmul_params: int, head_params: int, n_layers: int, n_heads: int, d_head: int,
-               rows: list[tuple[int, int]]) -> int:
+               rows: list[tuple[int, int]], sliding_layers: int = 0, window: int | None = None) -> int:
     """Floating-point operations of one step over `rows` = [(new positions, keys attended), ...]: every new position
     multiplies-and-adds each weight of the layers' matmuls once (2 × layer_matmul_params), the LM head runs on each
     row's last position only (2 × head_params: inference needs no other logits), and per layer each query head does
     Q·Kᵀ and weights·V over the keys, 2 × d_head operations per key each (4 × n_heads × d_head × keys).
-    A prefill's N × N scores count whole: the engine computes the masked half too, then adds −∞."""
-    per_key = 4 * n_layers * n_heads * d_head
-    return sum(2 * layer_matmul_params * new + 2 * head_params + per_key * new * keys for new, keys in rows)
+    A prefill's N × N scores count whole: the engine computes the masked half too, then adds −∞. Of the n_layers,
+    `sliding_layers` read at most window + new − 1 keys (a decode step: its window; a prefill from an empty cache
+    still scores every key, the mask hides those outside the window)."""
+    per_key = 4 * n_heads * d_head
+    full = n_layers - sliding_layers
+    return sum(2 * layer_matmul_params * new + 2 * head_params
+               + per_key * new * (full * keys + sliding_layers * min(keys, (window or keys) + new - 1))
+               for new, keys in rows)
 
 
 def step_bytes(weight_bytes: int, row_cache_bytes: list[int]) -> int:

@@ -124,7 +124,11 @@ class Gemma3Attention(nn.Module):
         self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, n_past: int, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
+    def forward(self, x, cos, sin, n_past: int, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = (),
+                mask: torch.Tensor | None = None):
+        """mask: an additive mask over the keys the cache gives back, from a caller that batches requests of
+        different lengths (model/engine/batch.py: a row per request, each over its own slot, n_past unused);
+        without it, the causal mask of one sequence at n_past."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
@@ -133,8 +137,9 @@ class Gemma3Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv, S, d_head): on a sliding layer only the window's keys
-        first_key = n_past + T - k.shape[2]   # the position of the first key
-        mask = causal_mask(T, n_past, x.device, x.dtype, self.window, first_key)
+        first_key = 0 if mask is not None else n_past + T - k.shape[2]  # the position of the first key
+        if mask is None:
+            mask = causal_mask(T, n_past, x.device, x.dtype, self.window, first_key)
         out, weights = attend(q, k, v, mask, self.scale)  # weights (B, n_heads, T, S)
         if first_key > 0:  # the views index keys by position: the positions before the window get weight 0
             weights = F.pad(weights, (first_key, 0))      # (B, n_heads, T, n_past + T)
@@ -151,8 +156,9 @@ class Gemma3Block(nn.Module):
         self.mlp = MLP(cfg, activation=gelu_tanh)
         self.post_feedforward_layernorm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, n_past, cache, layer, heads_off=()):
-        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, n_past, cache, layer, heads_off)
+    def forward(self, x, cos, sin, n_past, cache, layer, heads_off=(), mask=None):
+        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, n_past, cache, layer, heads_off,
+                                                mask)
         x = x + self.post_attention_layernorm(attn_out)
         x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         return x, weights, qkv

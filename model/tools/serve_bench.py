@@ -8,6 +8,7 @@ python -m model profile --model M --steps N --trace FILE
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 
@@ -25,10 +26,11 @@ from model.engine.batch import (
     weight_bytes,
 )
 from model.engine.counting import step_bytes
-from model.engine.generate import session_budget_bytes
+from model.engine.generate import check_settings_or_refuse, session_budget_bytes
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel, synchronize
+from model.engine.sampling import SamplingSettings
 from model.errors import InputError
 from model.tools.bench import copy_bandwidth, filler_ids, matmul_peak, percentile, timed
 
@@ -36,6 +38,7 @@ ACCURACY_PROMPTS = 4       # prompts of filler ids, seeds 0 .. 3
 ACCURACY_PROMPT_LEN = 16
 ACCURACY_NEW_TOKENS = 24
 TOP_OPS = 12
+GREEDY = SamplingSettings()
 
 
 @dataclass(frozen=True)
@@ -97,21 +100,31 @@ def filled_slots(model: NativeModel, batch: int, context: int) -> SlotCache:
     """`batch` slots each holding the same `context` prefilled positions of filler ids."""
     solo = model.new_cache()
     model.forward(filler_ids(model, context), solo, output_attentions=False)
-    cache = SlotCache(model.info.n_layers, batch)
+    cache = SlotCache(model.info.n_layers, batch, model.info.layer_windows)
     for slot in range(batch):
         cache.load(slot, solo)
     return cache
 
 
-def decode_work(model: NativeModel, batch: int, context: int, repeats: int) -> Work:
+def row_requests(batch: int, settings: SamplingSettings) -> list[Request]:
+    """One request per row, drawing with `settings`, row r with seed settings.seed + r."""
+    return [Request(r, [], 0, settings=dataclasses.replace(settings, seed=settings.seed + r)) for r in range(batch)]
+
+
+def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
+                settings: SamplingSettings = GREEDY) -> Work:
     """A decode step of `batch` rows over `context` cached positions each (each repeat rewinds the rows, so every
-    repeat sees the same lengths): its times, the bytes it reads (every weight once + each row's cache) and FLOPs."""
+    repeat sees the same lengths), each row's token then drawn with `settings` (greedy: the argmax): its times, the
+    bytes it reads (every weight once + each row's cache) and FLOPs."""
     checked_batch(model, batch, context)
+    check_settings_or_refuse(settings)
     cache = filled_slots(model, batch, context)
     tokens = filler_ids(model, batch, seed=1)
+    rows = row_requests(batch, settings)
 
     def one_step():
-        decode_rows(model.module, cache, tokens)
+        logits = decode_rows(model.module, cache, tokens)
+        [row.choose(row_logits) for row, row_logits in zip(rows, logits)]
         cache.lengths[:batch] = [context] * batch
 
     ms = timed(model.device, one_step, repeats)
@@ -176,7 +189,8 @@ def parse_list(text: str, convert, what: str) -> list:
 
 
 def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dtypes: list[str], device: str,
-                    repeats: int) -> dict:
+                    repeats: int, settings: SamplingSettings = GREEDY) -> dict:
+    check_settings_or_refuse(settings)
     base = load_model(model_name, device, operator=True)
     models = {dtype: with_weights(base, dtype) for dtype in dtypes}  # every refusal before any timing
     for model in models.values():
@@ -188,7 +202,7 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dt
     for dtype, model in models.items():
         for context in contexts:
             for batch in batches:
-                work = decode_work(model, batch, context, repeats)
+                work = decode_work(model, batch, context, repeats, settings)
                 rows.append({"batch": batch, "context": context, "dtype": dtype,
                              "step_ms": {f"p{q}": round(percentile(work.ms, q), 3) for q in (50, 95, 99)},
                              "tokens_per_s": round(work.tokens_per_s, 1), "bytes_read": work.bytes_read,
@@ -208,10 +222,19 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dt
                     "flops": prefill.flops, "achieved_gflops": round(prefill.gflops, 3),
                     "intensity": round(prefill.intensity, 2)},
         "accuracy": [asdict(a) | {"agreement": round(a.agreement, 4)} for a in measured],
-        "conditions": f"{repeats} timed steps per setting after a warm-up, greedy, filler-id prompts, rows rewound "
-                      f"to the same context every step; accuracy over {ACCURACY_PROMPTS} prompts of "
+        "sampling": asdict(settings),
+        "conditions": f"{repeats} timed steps per setting after a warm-up, {drawn(settings)}, filler-id prompts, "
+                      f"rows rewound to the same context every step;"
+                      f" accuracy over {ACCURACY_PROMPTS} prompts of "
                       f"{ACCURACY_PROMPT_LEN} ids × {ACCURACY_NEW_TOKENS} tokens float32 wrote",
     }
+
+
+def drawn(settings: SamplingSettings) -> str:
+    if settings.greedy:
+        return "greedy"
+    return (f"sampled (temperature {settings.temperature}, top-k {settings.top_k or 'off'}, top-p {settings.top_p}, "
+            f"row r with seed {settings.seed} + r)")
 
 
 def print_report(report: dict) -> None:
@@ -240,7 +263,8 @@ def run_cli(args) -> int:
     batches = parse_list(args.batch, int, "--batch")
     contexts = parse_list(args.context, int, "--context")
     dtypes = parse_list(args.dtype, str.strip, "--dtype")
-    report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps)
+    settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
+    report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps, settings)
     if args.json:
         print(json.dumps(report))
     else:
@@ -304,24 +328,28 @@ def run_profile_cli(args) -> int:
 # -- the Serving page's run ---------------------------------------------------------------------------------------
 
 def queue(model: NativeModel, requests: int, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int],
-          seed: int = 0) -> list[Request]:
+          seed: int = 0, settings: SamplingSettings = GREEDY) -> list[Request]:
     """`requests` requests of filler ids, each with its own prompt length and token budget drawn (seeded) from the
-    two ranges, so that they finish at different steps and the waiting ones join as slots free."""
+    two ranges, so that they finish at different steps and the waiting ones join as slots free; request i draws
+    with `settings` and its own seed, settings.seed + i."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(prompt_lengths[0], prompt_lengths[1] + 1, size=requests).tolist()
     budgets = rng.integers(new_tokens[0], new_tokens[1] + 1, size=requests).tolist()
-    return [Request(i, filler_ids(model, n, seed=seed + i), budget)
+    return [Request(i, filler_ids(model, n, seed=seed + i), budget,
+                    settings=dataclasses.replace(settings, seed=settings.seed + i))
             for i, (n, budget) in enumerate(zip(lengths, budgets))]
 
 
 def start_serving(model: NativeModel, slots: int, requests: int, prompt_lengths: tuple[int, int],
-                  new_tokens: tuple[int, int]) -> Server:
+                  new_tokens: tuple[int, int], settings: SamplingSettings = GREEDY) -> Server:
     if requests < 1:
         raise InputError("serving_requests", requests=requests)
     if prompt_lengths[1] + new_tokens[1] >= model.info.context_length:
         raise InputError("serving_context", context=prompt_lengths[1] + new_tokens[1],
                          most=model.info.context_length - 1)
-    return Server(model, slots, queue(model, requests, prompt_lengths, new_tokens), session_budget_bytes())
+    check_settings_or_refuse(settings)
+    return Server(model, slots, queue(model, requests, prompt_lengths, new_tokens, settings=settings),
+                  session_budget_bytes())
 
 
 @dataclass(frozen=True)
