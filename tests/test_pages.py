@@ -1,6 +1,7 @@
 """Each page under AppTest: no exception, Next/Back move the cache by ±1, language switch keeps state."""
 
 
+import os
 import threading
 from html import escape
 
@@ -203,6 +204,16 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     releases[1].set()
     second.result(timeout=30)
     assert gen.checks[1].max_abs_diff <= 1e-4 and not gen.pending_checks
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="threads have no CPU priority of their own here")
+def test_the_check_runs_at_the_lowest_cpu_priority_and_the_steps_at_their_own():
+    """Issue 25: on a busy machine the check's recompute gives way to the sessions' steps (Linux: nice 19)."""
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    assert generate._background_checks.submit(priority).result(timeout=60) == generate.CHECK_NICENESS == 19
+    assert priority() == os.getpriority(os.PRIO_PROCESS, 0)  # this thread, as the session's step runs, unchanged
 
 
 def test_the_downloaded_run_is_the_clis_trace_json(capsys):

@@ -25,7 +25,7 @@ import numpy as np
 
 from model.engine.cache import Cache
 from model.engine.counting import positions_with_cache, positions_without_cache
-from model.engine.runtime import LoadedModel
+from model.engine.runtime import CPU_THREADS, LoadedModel
 from model.engine.sampling import Draw, SamplingSettings, check_settings, draw
 from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute, rewind
 from model.engine.tokenizer import Encoded, UnknownWordsError
@@ -260,9 +260,25 @@ def check_last_step(model: LoadedModel, gen: Generation) -> RecomputeCheck:
     return gen.checks[index]
 
 
+CHECK_NICENESS = 19  # the lowest CPU priority Linux gives a thread
+
+
+def _yield_to_the_steps() -> None:
+    """The check's thread gives way to every other thread of the machine, the sessions' steps first: on a busy
+    2-core machine a recompute at normal priority doubled the next Next's step (benchmarks/click_latency.py), while
+    at the lowest its verdict only comes later. Where threads have no priority of their own, nothing changes; nor
+    with more than one torch thread, since a pool of torch's worker threads started from here would keep the low
+    priority for every session's steps."""
+    if CPU_THREADS > 1:
+        return
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICENESS)
+
+
 # One check at a time in the process, beside the sessions' own steps: a Next never waits for a check, and on a
 # 2-core machine the checks of a whole class queue here instead of slowing everybody's tokens.
-_background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-check")
+_background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-check",
+                                        initializer=_yield_to_the_steps)
 
 
 def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: float = 0.0) -> RecomputeCheck | None:
