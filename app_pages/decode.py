@@ -173,8 +173,9 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         + attention_row_html(cached, trace.weights(layer, head)[-1])  # (cache_len,): the newest query
         + window_edge
         + paragraph_html(t("decode.attention_history"), "dl-caption") + attention_kept_html(gen, layer, head)
-        + svg.heatmap_svg(generate.attention_history(gen, layer, head),
-                          [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention")))
+        + svg.heatmap_html(generate.attention_history(gen, layer, head),
+                           [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention"),
+                           generate.attention_rows_kept(gen, layer, head), t("decode.row_not_kept")))
 
     names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}
     chosen_token = md_escape(tok.token(drawn.chosen_id))

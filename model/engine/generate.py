@@ -343,6 +343,15 @@ def attention_history(gen: Generation, layer: int, head: int) -> np.ndarray:
     return history
 
 
+def attention_rows_kept(gen: Generation, layer: int, head: int) -> np.ndarray:
+    """(S,) bool: which of attention_history's rows the run keeps for this layer and head."""
+    kept = np.zeros(gen.steps[-1].cache_len, dtype=bool)
+    for trace in gen.steps:
+        if trace.keeps(layer, head):
+            kept[trace.positions[0]:trace.positions[-1] + 1] = True
+    return kept
+
+
 @dataclass(frozen=True)
 class AttentionRun:
     """Consecutive decode steps whose attention rows are kept alike."""
