@@ -148,12 +148,14 @@ def main() -> None:
     during = rss_bytes()
     n, t = len(gen.prompt_ids), len(gen.samples)
     L, H = cfg.num_hidden_layers, cfg.num_attention_heads
-    unbounded = 2 * L * H * (n * n + sum(n + k for k in range(1, t))) + 4 * VOCAB * LOGITS_KEPT \
+    unbounded = L * H * n * (n + 1) + 2 * L * H * sum(n + k for k in range(1, t)) + 4 * VOCAB * LOGITS_KEPT \
         + 8 * SHOWN_CANDIDATES * t
     print(f"conditions: CPU float32, random Llama {L} layers × {H} heads, vocabulary {VOCAB:,}, prompt {n}, "
           f"{t} greedy steps, stop: {gen.stop_reason}, session budget {args.budget_mb:g} MiB")
     print(f"formula without a budget (float16 attention + {LOGITS_KEPT} logits + draws): {unbounded / 2**20:8.1f} MiB")
-    print(f"kept by the run (Generation.nbytes), {gen.attention_dropped} oldest rows dropped: "
+    thinned = sum(trace.attention_view is not None for trace in gen.steps)
+    print(f"kept by the run (Generation.nbytes), {thinned} old steps keeping one layer and head, "
+          f"{gen.attention_dropped} oldest rows dropped: "
           f"{gen.nbytes / 2**20:8.1f} MiB")
     held, reserved = gen.cache.nbytes() / 2**20, gen.cache.nbytes_reserved() / 2**20
     print(f"KV cache: held {held:.1f} MiB, reserved {reserved:.1f} MiB (both counted by the budget)")

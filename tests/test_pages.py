@@ -416,3 +416,22 @@ def test_the_decode_page_says_which_attention_rows_the_budget_dropped():
     assert [r.kept for r in generate.attention_runs(gen)] == ["every"]
     assert escape(text("decode.attention_kept", "en").split("{")[0]) not in step_view_html(at)
     assert not at.error
+
+
+def test_a_run_stopped_by_the_budget_says_what_is_left():
+    at = open_page("app_pages/decode.py", model="small", lang="en")
+    at.text_input(key="prompt_text").set_value("the dog").run()
+    click(at, "run_prefill")
+    for _ in range(4):
+        click(at, "next")
+    gen = at.session_state["generation"]
+    gen.budget_bytes = gen.memory_bytes - 200  # more than the older steps' rows can free
+    click(at, "next")
+    assert gen.stop_reason == "memory_budget" and gen.attention_dropped == len(gen.steps) - 3
+    prefill = gen.steps[0].nbytes
+    said = text("decode.memory_budget_stop", "en").format(
+        mb=f"{gen.budget_bytes / 2**20:g}", prefill=f"{prefill / 2**20:.1f}",
+        steps=f"{(gen.nbytes - prefill) / 2**20:.1f}", cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}")
+    html = step_view_html(at)
+    assert escape(said) in html and escape(text("stop.memory_budget", "en")) in html
+    assert at.button(key="next").disabled
