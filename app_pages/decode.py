@@ -121,8 +121,40 @@ def wait_for_check(index: int) -> None:
         st.rerun()
 
 
+def step_list(runs: list[generate.AttentionRun]) -> str:
+    return ", ".join(str(r.first) if r.first == r.last else f"{r.first}–{r.last}" for r in runs)
+
+
+def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
+    """What the budget dropped of the decode steps' attention rows and what stays, for the triangle drawn
+    (layer, head): nothing when every step keeps every row."""
+    runs = generate.attention_runs(gen)
+    if all(r.kept == "every" for r in runs):
+        return ""
+    mb = f"{gen.budget_bytes / 2**20:g}"
+    notes = []
+    dropped = [r for r in runs if r.kept == "none"]
+    if dropped:
+        notes.append(t("decode.attention_dropped", mb=mb, steps=step_list(dropped)))
+    for view in dict.fromkeys(r.view for r in runs if r.kept == "one"):
+        thinned = step_list([r for r in runs if r.view == view])
+        key = "decode.attention_thinned_shown" if view == (layer, head) else "decode.attention_thinned_blank"
+        notes.append(t(key, mb=mb, steps=thinned, layer=view[0], head=view[1]))
+    notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"])))
+    return "".join(paragraph_html(note, "dl-caption") for note in notes)
+
+
+def memory_budget_html(gen: generate.Generation) -> str:
+    """Why the run stopped at the budget: the bytes that are left when nothing older can be dropped."""
+    prefill = gen.steps[0].nbytes
+    return paragraph_html(t("decode.memory_budget_stop", mb=f"{gen.budget_bytes / 2**20:g}",
+                            prefill=f"{prefill / 2**20:.1f}", steps=f"{(gen.nbytes - prefill) / 2**20:.1f}",
+                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}"), "dl-caption")
+
+
 def step_html(gen: generate.Generation, layer: int, head: int) -> str:
     """Everything the current step shows, as one piece of HTML."""
+    gen.view = (layer, head)  # what older steps keep of their attention once the session reaches its budget
     trace, drawn = gen.steps[-1], gen.samples[-1]
     tokens, ids, kinds = strip_tokens(model, gen)
     summary = paragraph_html(t(
@@ -135,17 +167,16 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
     window_edge = (paragraph_html(t("decode.window_edge", layer=layer, window=window,
                                     edge=trace.cache_len - window), "dl-caption")
                    if window is not None and trace.cache_len > window else "")
-    dropped = (paragraph_html(t("decode.attention_dropped", n=gen.attention_dropped,
-                                mb=round(gen.budget_bytes / 2**20)), "dl-caption") if gen.attention_dropped else "")
     attention = (
         heading_html(t("decode.attention"))
         + paragraph_html(t("decode.attention_row", token=md_escape(tok.token(trace.input_ids[-1])),
                            n=trace.cache_len), "dl-caption")
-        + attention_row_html(cached, trace.attention[layer, head, -1])  # (cache_len,): the newest query
+        + attention_row_html(cached, trace.weights(layer, head)[-1])  # (cache_len,): the newest query
         + window_edge
-        + paragraph_html(t("decode.attention_history"), "dl-caption") + dropped
-        + svg.heatmap_svg(generate.attention_history(gen, layer, head),
-                          [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention")))
+        + paragraph_html(t("decode.attention_history"), "dl-caption") + attention_kept_html(gen, layer, head)
+        + svg.heatmap_html(generate.attention_history(gen, layer, head),
+                           [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention"),
+                           generate.attention_rows_kept(gen, layer, head), t("decode.row_not_kept")))
 
     names = {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}
     chosen_token = md_escape(tok.token(drawn.chosen_id))
@@ -195,6 +226,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         check_html = paragraph_html(t("decode.check_off"), "dl-caption")
     stop = (box_html(t("decode.stopped", reason=t("stop." + gen.stop_reason)), "note") if gen.stop_reason
             else paragraph_html(t("decode.not_stopped"), "dl-caption"))
+    if gen.stop_reason == "memory_budget":
+        stop += memory_budget_html(gen)
     check_and_answer = (
         heading_html(t("decode.check")) + check_html
         + heading_html(t("decode.answer"))

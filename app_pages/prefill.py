@@ -52,14 +52,14 @@ st.subheader(t("prefill.attention"))
 with st.container(horizontal=True):
     layer, head = layer_head_selectors(info)
 labels = [f"{p}:{shown(w)}" for p, w in enumerate(prompt_tokens)]
-weights = trace.attention[layer, head]  # (N, N)
+weights = trace.weights(layer, head)  # (N, N)
 st.plotly_chart(charts.attention_heatmap(weights, labels, labels, height=max(320, min(640, 60 + 34 * n))),
                 key="prefill_heatmap")
 st.caption(t("prefill.attention_read", n=n, masked=n * (n - 1) // 2))
 if info.layer_windows and info.layer_windows[layer] is not None:
     st.caption(t("prefill.window_edge", layer=layer, window=info.layer_windows[layer]))
 with st.expander(t("prefill.all_heads", layer=layer)):
-    st.plotly_chart(charts.heads_grid(trace.attention[layer], t("common.head_n")), key="prefill_heads")
+    st.plotly_chart(charts.heads_grid(trace.heads(layer), t("common.head_n")), key="prefill_heads")
 
 st.subheader(t("prefill.cache"))
 layer_formulas = [cache_bytes_formula(1, info.n_kv_heads, info.held_positions(i, trace.cache_len), info.d_head,

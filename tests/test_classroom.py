@@ -10,7 +10,16 @@ from apptest import open_app
 from conftest import wait_idle
 from streamlit.testing.v1 import AppTest
 
-from model.engine.generate import LOGITS_KEPT, back, parse_prompt_ids, run_to_end, start, step
+from model.engine.generate import (
+    LOGITS_KEPT,
+    attention_history,
+    attention_runs,
+    back,
+    parse_prompt_ids,
+    run_to_end,
+    start,
+    step,
+)
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.runtime import NativeModel
 from model.engine.sampling import SHOWN_CANDIDATES, SamplingSettings
@@ -118,10 +127,11 @@ def test_the_prompt_mode_cannot_be_left_empty():
 
 
 def formula_bytes(info, prompt_len: int, new_tokens: int) -> int:
-    """README: 2·L·H·(N² + Σ cache_len) bytes of float16 attention + 4·V bytes of float32 logits for the prefill
-    and the LOGITS_KEPT latest steps + 8·SHOWN_CANDIDATES bytes per draw (int32 id + float32 probability)."""
+    """README: 2·L·H·(N(N+1)/2 + Σ cache_len) bytes of float16 attention (the prefill's lower triangle, each decode
+    step's row) + 4·V bytes of float32 logits for the prefill and the LOGITS_KEPT latest steps + 8·SHOWN_CANDIDATES
+    bytes per draw (int32 id + float32 probability)."""
     cache_lens = [prompt_len + k for k in range(1, new_tokens)]  # each decode step's cache after it
-    attention = 2 * info.n_layers * info.n_heads * (prompt_len**2 + sum(cache_lens))
+    attention = 2 * info.n_layers * info.n_heads * (prompt_len * (prompt_len + 1) // 2 + sum(cache_lens))
     logits = 4 * info.vocab_size * min(1 + LOGITS_KEPT, new_tokens)
     return attention + logits + 8 * SHOWN_CANDIDATES * new_tokens
 
@@ -134,22 +144,89 @@ def test_a_run_keeps_exactly_the_readme_formula(endless, new_tokens):
     assert gen.nbytes == formula_bytes(endless.info, len(gen.prompt_ids), new_tokens)
 
 
-def test_past_the_budget_the_oldest_attention_goes_and_back_still_rewinds(endless):
-    prompt, sampled = [1, 5, 6, 7, 8], SamplingSettings(temperature=1.0, seed=4)
-    whole = start(endless, prompt, sampled, 60)
-    logits_seen = {0: whole.steps[0].logits.copy()}
-    run_to_end(endless, whole, on_step=lambda g: logits_seen.setdefault(len(g.steps) - 1, g.steps[-1].logits.copy()))
-    # room for 12 steps' attention, every draw and the KV cache buffers of the whole run (128 positions reserved)
-    budget = formula_bytes(endless.info, len(prompt), 12) + 8 * SHOWN_CANDIDATES * 60 + whole.cache.nbytes_reserved()
-    gen = start(endless, prompt, sampled, 60, budget_bytes=budget)
+PROMPT, SAMPLED, STEPS, VIEW = [1, 5, 6, 7, 8], SamplingSettings(temperature=1.0, seed=4), 60, (1, 2)
+
+
+def row_bytes(k: int) -> int:
+    """Decode step k's attention row for one layer and head, float16: its cache holds N + k positions."""
+    return 2 * (len(PROMPT) + k)
+
+
+def budget_run(model, budget: int):
+    gen = start(model, PROMPT, SAMPLED, STEPS, budget_bytes=budget)
+    gen.view = VIEW
+    run_to_end(model, gen)
+    return gen
+
+
+@pytest.fixture(scope="module")
+def unbudgeted(endless):
+    gen = start(endless, PROMPT, SAMPLED, STEPS)
     run_to_end(endless, gen)
-    assert gen.new_ids == whole.new_ids and gen.stop_reason == "max_new_tokens"
-    assert gen.memory_bytes <= budget and gen.attention_dropped > 0
-    assert gen.steps[1].attention is None and gen.steps[-1].attention is not None
-    for _ in range(5):  # older logits were dropped: Back runs the step again and gets them back
+    return gen
+
+
+def held_at_least(model, gen) -> int:
+    """What no budget can drop at the end of the run: the prefill's triangle, the latest LOGITS_KEPT steps' rows,
+    three logits, every draw, the KV cache's buffers."""
+    info, t = model.info, STEPS
+    lh = info.n_layers * info.n_heads
+    return (formula_bytes(info, len(PROMPT), 1) - 8 * SHOWN_CANDIDATES + 4 * info.vocab_size * LOGITS_KEPT
+            + lh * sum(row_bytes(k) for k in range(t - LOGITS_KEPT, t)) + 8 * SHOWN_CANDIDATES * t
+            + gen.cache.nbytes_reserved())
+
+
+def test_past_the_budget_old_steps_keep_the_viewed_head_first(endless, unbudgeted):
+    """A budget with room for every old step's viewed row and the other rows of steps 40 on: steps 1–39 keep only
+    the viewed layer and head, the rest keep everything, and the run holds exactly the budget."""
+    lh, old = endless.info.n_layers * endless.info.n_heads, range(1, STEPS - LOGITS_KEPT)
+    budget = (held_at_least(endless, unbudgeted) + sum(row_bytes(k) for k in old)
+              + sum((lh - 1) * row_bytes(k) for k in range(40, STEPS - LOGITS_KEPT)))
+    gen = budget_run(endless, budget)
+    assert gen.new_ids == unbudgeted.new_ids and gen.stop_reason == "max_new_tokens"
+    assert [trace.attention_view for trace in gen.steps[1:]] == [VIEW] * 39 + [None] * (STEPS - 40)
+    assert gen.attention_dropped == 0 and gen.memory_bytes == budget
+
+
+def test_past_the_budget_the_oldest_rows_go_once_every_old_step_keeps_one_head(endless, unbudgeted):
+    budget = held_at_least(endless, unbudgeted) + sum(row_bytes(k) for k in range(11, STEPS - LOGITS_KEPT))
+    gen = budget_run(endless, budget)
+    assert gen.new_ids == unbudgeted.new_ids and gen.stop_reason == "max_new_tokens"
+    assert [trace.attention is None for trace in gen.steps[1:]] == [True] * 10 + [False] * (STEPS - 11)
+    assert [trace.attention_view for trace in gen.steps[11:]] == [VIEW] * (STEPS - 13) + [None] * LOGITS_KEPT
+    assert gen.attention_dropped == 10 and gen.memory_bytes == budget
+    assert [(r.first, r.last, r.kept, r.view) for r in attention_runs(gen)] == [
+        (1, 10, "none", None), (11, STEPS - 3, "one", VIEW), (STEPS - 2, STEPS - 1, "every", None)]
+
+
+def test_the_triangle_drawn_equals_the_full_precision_attention_where_kept(endless, unbudgeted):
+    """Against the float32 weights of one pass over the whole sequence: equal to float16's rounding on every row
+    kept for the layer and head drawn, zero on every row dropped."""
+    budget = held_at_least(endless, unbudgeted) + sum(row_bytes(k) for k in range(11, STEPS - LOGITS_KEPT))
+    gen = budget_run(endless, budget)
+    ids = gen.ids[: gen.steps[-1].cache_len]
+    _, full = endless.forward(ids, None, output_attentions=True)  # (layers, heads, S, S), float32
+    prompt_rows, latest = len(PROMPT), gen.steps[-LOGITS_KEPT].positions[0]
+    for layer, head in [VIEW, (0, 0)]:
+        drawn, exact = attention_history(gen, layer, head), np.tril(full[layer, head].numpy())
+        kept_rows = [*range(prompt_rows), *(range(prompt_rows + 10, len(ids)) if (layer, head) == VIEW else
+                                             range(latest, len(ids)))]
+        np.testing.assert_allclose(drawn[kept_rows], exact[kept_rows], atol=2.5e-4, rtol=0)  # float16: 11 bits
+        assert not drawn[sorted(set(range(len(ids))) - set(kept_rows))].any()
+
+
+def test_back_to_a_thinned_step_gets_every_row_back(endless, unbudgeted):
+    budget = held_at_least(endless, unbudgeted) + sum(row_bytes(k) for k in range(11, STEPS - LOGITS_KEPT))
+    gen = budget_run(endless, budget)
+    while len(gen.steps) > 20:  # back to step 19, which kept only the viewed head, then to 10, which kept nothing
         back(endless, gen)
-        np.testing.assert_allclose(gen.steps[-1].logits, logits_seen[len(gen.steps) - 1], atol=1e-5)
-        assert max_abs_logit_diff(gen.steps[-1], recompute(endless, gen.ids[: gen.steps[-1].cache_len])) < 1e-4
+    assert gen.steps[-1].keeps_every_head
+    np.testing.assert_array_equal(gen.steps[-1].attention, unbudgeted.steps[19].attention)
+    while len(gen.steps) > 11:
+        back(endless, gen)
+    np.testing.assert_array_equal(gen.steps[-1].attention, unbudgeted.steps[10].attention)
+    assert gen.attention_dropped == 9 and [trace.attention_view for trace in gen.steps[1:]] == [None] * 10
+    assert max_abs_logit_diff(gen.steps[-1], recompute(endless, gen.ids[: gen.steps[-1].cache_len])) < 1e-4
 
 
 def test_back_reruns_only_the_decode_steps_whose_logits_were_dropped(endless, monkeypatch):

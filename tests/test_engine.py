@@ -73,12 +73,13 @@ def test_micro_is_the_course_example(micro):
     assert decode_step.input_ids == [4] and decode_step.positions == [2]
     assert (decode_step.cache_len, decode_step.cache_bytes, decode_step.cache_bytes_formula) == (3, 192, 192)
     assert decode_step.attention.shape == (2, 2, 1, 3)
-    assert gen.steps[0].attention.shape == (2, 2, 2, 2)
+    assert gen.steps[0].attention.shape == (2, 2, 3)  # the prefill's triangle, kept without its upper zeros
+    assert gen.steps[0].heads(1).shape == (2, 2, 2) and gen.steps[0].weights(1, 0).shape == (2, 2)
 
 
 def test_prefill_attention_is_causal_and_rows_sum_to_one(small):
     gen = start(small, encode_prompt(small, "con mèo").ids, GREEDY, 1)
-    att = gen.steps[0].attention  # (layers, heads, N, N)
+    att = np.stack([gen.steps[0].heads(layer) for layer in range(small.info.n_layers)])  # (layers, heads, N, N)
     n = att.shape[-1]
     assert np.all(att[..., np.triu_indices(n, k=1)[0], np.triu_indices(n, k=1)[1]] == 0)
     np.testing.assert_allclose(att.sum(-1), 1.0, atol=1e-6)

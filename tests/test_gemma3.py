@@ -230,7 +230,7 @@ def test_tiny_cached_steps_equal_recompute_and_transformers_cache(tiny):
         n = trace.cache_len
         assert trace.cache_bytes == trace.cache_bytes_formula == 2 * 16 * 4 * (1 * n + 5 * min(n, WINDOW))
         assert trace.layer_shapes[0] == (1, 1, min(n, WINDOW), 16) and trace.layer_shapes[5] == (1, 1, n, 16)
-        assert trace.attention.shape == (6, 4, len(trace.input_ids), n)
+        assert np.stack([trace.heads(layer) for layer in range(6)]).shape == (6, 4, len(trace.input_ids), n)
     assert len(gen.steps) == 40 and max(checks) <= 1e-5
     row = gen.steps[-1].attention[0, 0, 0]  # a sliding layer's last query: weight only inside its window
     assert np.all(row[:-WINDOW] == 0) and abs(row[-WINDOW:].sum() - 1) < 1e-3

@@ -100,7 +100,7 @@ def test_every_step_matches_recompute_with_the_native_trace_fields(kind, loaded)
     assert info.n_kv_heads == (2 if kind == "qwen2" else 4) and info.d_head == 8 and info.context_length == 64
     gen = start(model, prompt_for(model), GREEDY, max_new_tokens=8)
     n = len(gen.prompt_ids)
-    assert gen.steps[0].attention.shape == (2, 4, n, n)
+    assert np.stack([gen.steps[0].heads(layer) for layer in range(2)]).shape == (2, 4, n, n)
     for _ in range(6):
         trace = step(model, gen)
         assert trace.attention.shape == (2, 4, 1, trace.cache_len)

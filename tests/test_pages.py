@@ -388,3 +388,76 @@ def test_cache_page_says_what_serving_measures_from_the_run(lang):
     for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"5,280 + 1,024 = **6,304 {unit}**",
                  f"8 × (5,056 + 128) = **41,472 {unit}**"):
         assert part.replace(",", sep) in note, part
+
+
+def attention_kept_sentences(gen: generate.Generation, lang: str, layer: int, head: int) -> list[str]:
+    """What the Decode page must say about the attention rows the budget dropped, from the run's own record."""
+    def steps(runs):
+        return ", ".join(str(r.first) if r.first == r.last else f"{r.first}–{r.last}" for r in runs)
+
+    runs, mb = generate.attention_runs(gen), f"{gen.budget_bytes / 2**20:g}"
+    said = [text("decode.attention_dropped", lang).format(mb=mb, steps=steps([r for r in runs if r.kept == "none"]))]
+    said += [text("decode.attention_thinned_shown" if r.view == (layer, head) else "decode.attention_thinned_blank",
+                  lang).format(mb=mb, steps=steps([r]), layer=r.view[0], head=r.view[1])
+             for r in runs if r.kept == "one"]
+    said.append(text("decode.attention_kept", lang).format(steps=steps([r for r in runs if r.kept == "every"])))
+    return [escape(sentence) for sentence in said]
+
+
+def test_the_decode_page_says_which_attention_rows_the_budget_dropped():
+    """Nothing said while every row is kept; past the budget, which steps keep only which layer and head, which
+    kept nothing and which keep everything: after a head switch, a language switch and a Back too."""
+    at = open_page("app_pages/decode.py", model="small")
+    at.text_input(key="prompt_text").set_value("the dog").run()
+    click(at, "run_prefill")
+    at.selectbox(key="layer").set_value(1).run()
+    at.run()  # a selector reruns only the step view: AppTest then shows only it
+    at.selectbox(key="head.vi").set_value(2).run()
+    for _ in range(4):
+        click(at, "next")
+    gen = at.session_state["generation"]
+    html = step_view_html(at)
+    assert all(trace.keeps_every_head for trace in gen.steps)
+    for key in ("decode.attention_dropped", "decode.attention_thinned_shown", "decode.attention_thinned_blank",
+                "decode.attention_kept"):
+        assert escape(text(key, "vi").split("{")[0]) not in html
+    gen.budget_bytes = gen.memory_bytes - 50  # the next step frees its own growth and 50 bytes: steps 1–2 go, 3 thins
+    click(at, "next")
+    runs = generate.attention_runs(gen)
+    assert [r.kept for r in runs] == ["none", "one", "every"] and runs[1].view == (1, 2), runs
+    for sentence in attention_kept_sentences(gen, "vi", 1, 2):
+        assert sentence in step_view_html(at)
+    at.run()
+    at.selectbox(key="head.vi").set_value(0).run()  # the thinned steps kept head 2: their rows are blank for head 0
+    html = step_view_html(at)
+    assert escape(text("decode.attention_thinned_blank", "vi").split("{")[0]) in html
+    for sentence in attention_kept_sentences(gen, "vi", 1, 0):
+        assert sentence in html
+    at.run()
+    at.radio(key="lang").set_value("en").run()
+    for sentence in attention_kept_sentences(gen, "en", 1, 0):
+        assert sentence in step_view_html(at)
+    while len(gen.steps) > 2:  # back to step 1, which kept nothing: it is run again and keeps every row
+        click(at, "back")
+    assert [r.kept for r in generate.attention_runs(gen)] == ["every"]
+    assert escape(text("decode.attention_kept", "en").split("{")[0]) not in step_view_html(at)
+    assert not at.error
+
+
+def test_a_run_stopped_by_the_budget_says_what_is_left():
+    at = open_page("app_pages/decode.py", model="small", lang="en")
+    at.text_input(key="prompt_text").set_value("the dog").run()
+    click(at, "run_prefill")
+    for _ in range(4):
+        click(at, "next")
+    gen = at.session_state["generation"]
+    gen.budget_bytes = gen.memory_bytes - 200  # more than the older steps' rows can free
+    click(at, "next")
+    assert gen.stop_reason == "memory_budget" and gen.attention_dropped == len(gen.steps) - 3
+    prefill = gen.steps[0].nbytes
+    said = text("decode.memory_budget_stop", "en").format(
+        mb=f"{gen.budget_bytes / 2**20:g}", prefill=f"{prefill / 2**20:.1f}",
+        steps=f"{(gen.nbytes - prefill) / 2**20:.1f}", cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}")
+    html = step_view_html(at)
+    assert escape(said) in html and escape(text("stop.memory_budget", "en")) in html
+    assert at.button(key="next").disabled

@@ -4,6 +4,7 @@ escaping."""
 import base64
 import io
 import re
+from html import unescape
 
 import numpy as np
 from PIL import Image
@@ -135,3 +136,28 @@ def test_a_token_of_spaces_only_is_shown_as_its_spaces():
 
     assert (shown(" "), shown("  "), shown(" mèo"), shown("\n"), shown("")) == ("␣", "␣␣", " mèo", "↵", "∅")
     assert '<div class="lbl">␣</div>' in probability_bars_html([" "], [0.5], ["kept"], {"kept": "kept"})
+
+
+def hover_titles(html: str) -> list[str]:
+    return [unescape(title) for title in re.findall(r'<i title="([^"]*)"', html)]
+
+
+def test_the_triangle_s_hover_says_query_key_and_weight_with_tokens_as_text():
+    weights = np.array([[1.0, 0.0, 0.0], [0.25, 0.75, 0.0], [0.125, 0.5, 0.375]], dtype=np.float32)
+    labels = ["0:<bos>", "1:<b>", '2:"&']
+    html = svg.heatmap_html(weights, labels, "attention", np.array([True, False, True]), "not kept")
+    assert hover_titles(html) == ["0:<bos> → 0:<bos>: 1.0000", "1:<b>: not kept", '2:"& → 0:<bos>: 0.1250',
+                                  '2:"& → 1:<b>: 0.5000', '2:"& → 2:"&: 0.3750']
+    assert "<b>" not in html.replace('<div class="dl-heat"', "") and "1:&lt;b&gt;" in html and "&quot;&amp;" in html
+    assert html.count("<div>") == 3 and "--n:3" in html
+
+
+def test_a_large_triangle_s_hover_is_one_title_per_row_with_its_largest_weights():
+    n = svg.HOVER_CELLS_UP_TO + 1
+    weights = np.tril(np.full((n, n), 0.01, dtype=np.float32))
+    weights[n - 1, [3, 7, 9]] = [0.5, 0.2, 0.3]
+    html = svg.heatmap_html(weights, [f"{i}:t" for i in range(n)], "attention", np.ones(n, dtype=bool), "not kept")
+    titles = hover_titles(html)
+    assert len(titles) == n and titles[0] == "0:t → 0:t 0.0100"
+    assert titles[-1] == "32:t → 3:t 0.5000 · 9:t 0.3000 · 7:t 0.2000"
+    assert f'style="width:{100:.3f}%"' in html  # the last row spans every key

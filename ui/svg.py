@@ -132,19 +132,61 @@ def _colour_bar(x: float, top: float, height: float, scale: tuple[str, ...], tic
     return parts
 
 
+def _heatmap_frame(labels: list[str]) -> tuple[SquareFrame, int, int]:
+    """The triangle's frame and the picture's width and height."""
+    side = min(HEAT_SIDE[1], max(HEAT_SIDE[0], CELL_PX * len(labels)))
+    frame = square_frame(labels, side)
+    width = max(frame.left + side + 14 + 52, round(frame.left + side + frame.text_px * 0.71))
+    return frame, width, frame.top + side + 6
+
+
 def heatmap_svg(weights: np.ndarray, labels: list[str], description: str) -> str:
     """A lower-triangular attention map, weights (queries, keys) over the same positions `labels`, on a fixed
     0–1 colour scale with its bar. `description` is the picture's accessible name."""
-    side = min(HEAT_SIDE[1], max(HEAT_SIDE[0], CELL_PX * len(labels)))
-    frame = square_frame(labels, side)
-    left, top = frame.left, frame.top
+    frame, width, height = _heatmap_frame(labels)
+    left, top, side = frame.left, frame.top, frame.side
     bar_x = left + side + 14
-    width, height = max(bar_x + 52, round(left + side + frame.text_px * 0.71)), top + side + 6
     parts = [_image(left, top, side, side, triangle_pixels(weights)),
              f'<rect x="{left}" y="{top}" width="{side}" height="{side}" fill="none" stroke="{GRID_INK}"/>',
              *frame.cell_lines(), *frame.label_parts(),
              *_colour_bar(bar_x, top, side, SCALE, [(1, "1"), (0.5, "0.5"), (0, "0")], "dl-heat-scale")]
     return _svg(width, height, description, parts)
+
+
+HOVER_CELLS_UP_TO = 32  # positions up to which every cell has its own hover text (528 cells); beyond, each row one
+HOVER_ROW_TOP = 3  # a row's hover text beyond that: its largest weights
+
+
+def _hover_rows(weights: np.ndarray, labels: list[str], rows_kept: np.ndarray, not_kept: str) -> str:
+    """Hover texts over the triangle's rows: per cell "query → key: weight" while the triangle is small, per row
+    "query → its largest weights" beyond (a cell each would make every click cost the browser more); a row not
+    kept says `not_kept`."""
+    n = len(labels)
+    rows = []
+    for q in range(n):
+        if not rows_kept[q]:
+            cells = f'<i title="{escape(f"{labels[q]}: {not_kept}")}" style="width:{100 * (q + 1) / n:.3f}%"></i>'
+        elif n <= HOVER_CELLS_UP_TO:
+            cells = "".join(f'<i title="{escape(f"{labels[q]} → {labels[k]}: {float(weights[q, k]):.4f}")}"></i>'
+                            for k in range(q + 1))
+        else:
+            top = np.argsort(-weights[q, : q + 1], kind="stable")[:HOVER_ROW_TOP]
+            said = " · ".join(f"{labels[k]} {float(weights[q, k]):.4f}" for k in top)
+            cells = f'<i title="{escape(f"{labels[q]} → {said}")}" style="width:{100 * (q + 1) / n:.3f}%"></i>'
+        rows.append(f"<div>{cells}</div>")
+    return "".join(rows)
+
+
+def heatmap_html(weights: np.ndarray, labels: list[str], description: str, rows_kept: np.ndarray,
+                 not_kept: str) -> str:
+    """heatmap_svg with hover values: a grid of empty elements with titles laid over the picture's triangle, in
+    fractions of the picture, so it follows the picture when the column shrinks it. rows_kept (S,) bool: the rows
+    whose weights are there; the others' hover says `not_kept`."""
+    frame, width, height = _heatmap_frame(labels)
+    place = (f"left:{100 * frame.left / width:.3f}%;top:{100 * frame.top / height:.3f}%;"
+             f"width:{100 * frame.side / width:.3f}%;height:{100 * frame.side / height:.3f}%;--n:{len(labels)}")
+    return (f'<div class="dl-heat" style="max-width:{width}px">{heatmap_svg(weights, labels, description)}'
+            f'<div class="dl-hover" style="{place}">{_hover_rows(weights, labels, rows_kept, not_kept)}</div></div>')
 
 
 # -----------------------------------------------------------------------------

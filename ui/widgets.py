@@ -58,6 +58,10 @@ CSS = """
 .dl-box.pass{background:rgba(33,195,84,0.1);color:#177233}
 .dl-box.fail{background:rgba(255,43,43,0.09);color:#7d353b}
 .dl-box.note{background:rgba(28,131,225,0.1);color:#004280}
+.dl-heat{position:relative}
+.dl-hover{position:absolute;display:flex;flex-direction:column}
+.dl-hover>div{flex:1;display:flex}
+.dl-hover i{width:calc(100% / var(--n))}
 </style>
 """
 # the step buttons' keys, shown on the buttons (a help tooltip would make Streamlit draw each button twice);

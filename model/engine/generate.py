@@ -3,10 +3,12 @@
 start (prefill + draw) -> step (decode the last choice + draw) ... until a stop condition;
 back crops the cache to the previous step; resample re-draws the last step from its stored logits.
 
-A session keeps, per step, the new position's attention over the cache (float16) and a Draw (a few numbers and
-the 20 most probable ids); the vocabulary-sized logits only for the prefill and the latest steps (Back restores an
-older step's logits by running that step again on the cropped cache). Past the session's memory budget the oldest decode
-steps' attention rows are dropped; the budget counts Generation.memory_bytes (kept arrays and KV cache buffers).
+A session keeps, per step, the new position's attention over the cache (float16; the prefill's as its lower
+triangle) and a Draw (a few numbers and the 20 most probable ids); the vocabulary-sized logits only for the prefill
+and the latest steps (Back restores an older step's logits and attention by running that step again on the cropped
+cache). Past the session's memory budget, decode steps older than the latest LOGITS_KEPT first keep only the rows of
+the layer and head on view (Generation.view), oldest first, then lose their rows altogether, oldest first; the
+budget counts Generation.memory_bytes (kept arrays and KV cache buffers).
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class Generation:
     checks: dict[int, RecomputeCheck] = field(default_factory=dict)  # step index -> its check
     # step index -> (the step, its check running in the background)
     pending_checks: dict[int, tuple[StepTrace, Future]] = field(default_factory=dict)
-    attention_dropped: int = 0    # decode steps (from step 1 on) whose attention rows left to fit the budget
+    view: tuple[int, int] = (0, 0)  # the (layer, head) whose rows old steps keep when the budget is reached
 
     @property
     def new_ids(self) -> list[int]:
@@ -82,6 +84,11 @@ class Generation:
     @property
     def positions_without_cache(self) -> int:
         return positions_without_cache(len(self.prompt_ids), len(self.samples))
+
+    @property
+    def attention_dropped(self) -> int:
+        """Decode steps whose attention rows left, for every layer and head, to fit the budget."""
+        return sum(trace.attention is None for trace in self.steps[1:])
 
     @property
     def nbytes(self) -> int:
@@ -165,14 +172,25 @@ def find_stop(model: LoadedModel, gen: Generation) -> str | None:
 
 
 def _keep_within_budget(gen: Generation) -> None:
-    """Old decode steps' logits go first (Back can recompute them), then the oldest decode steps' attention rows;
-    when the rest (the prefill's attention, the KV cache) is still over the budget, the run stops."""
-    for trace in gen.steps[1:-LOGITS_KEPT]:
+    """Old decode steps' logits go first (Back can recompute them); then, oldest first, the steps before the latest
+    LOGITS_KEPT keep only the rows of the layer and head on view; then, oldest first, they lose their rows. When the
+    rest (the prefill's attention, the latest steps, the KV cache) is still over the budget, the run stops."""
+    old = gen.steps[1:-LOGITS_KEPT]
+    for trace in old:
         trace.logits = None
-    while gen.memory_bytes > gen.budget_bytes and gen.attention_dropped < len(gen.steps) - 2:
-        gen.attention_dropped += 1
-        gen.steps[gen.attention_dropped].attention = None
-    if gen.memory_bytes > gen.budget_bytes:
+    over = gen.memory_bytes - gen.budget_bytes
+    for trace in old:
+        if over <= 0:
+            break
+        if trace.keeps_every_head:
+            over -= trace.keep_only(*gen.view)
+    for trace in old:
+        if over <= 0:
+            break
+        if trace.attention is not None:
+            over -= trace.attention.nbytes
+            trace.attention, trace.attention_view = None, None
+    if over > 0:
         gen.stop_reason = "memory_budget"
 
 
@@ -204,13 +222,14 @@ def step(model: LoadedModel, gen: Generation) -> StepTrace | None:
     return trace
 
 
-def _restore_logits(model: LoadedModel, gen: Generation) -> None:
-    """Run the last step again on its cropped cache: the logits it had, without keeping them all along."""
+def _restore_step(model: LoadedModel, gen: Generation) -> None:
+    """Run the last step again on its cropped cache: the logits and attention it had, without keeping them all
+    along."""
     trace = gen.steps[-1]
     rewind(model, gen.cache, gen.ids, trace.positions[0])
     again = (prefill(model, gen.cache, trace.input_ids) if trace.phase == "prefill"
              else decode(model, gen.cache, trace.input_ids[0]))
-    trace.logits = again.logits
+    trace.logits, trace.attention, trace.attention_view = again.logits, again.attention, None
 
 
 def back(model: LoadedModel, gen: Generation) -> bool:
@@ -221,9 +240,8 @@ def back(model: LoadedModel, gen: Generation) -> bool:
     gen.steps.pop()
     gen.samples.pop()
     rewind(model, gen.cache, gen.ids, gen.steps[-1].cache_len)
-    if gen.steps[-1].logits is None:
-        _restore_logits(model, gen)
-    gen.attention_dropped = min(gen.attention_dropped, len(gen.steps) - 1)
+    if gen.steps[-1].logits is None or not gen.steps[-1].keeps_every_head:
+        _restore_step(model, gen)
     gen.stop_reason = find_stop(model, gen)
     return True
 
@@ -330,14 +348,44 @@ def run_to_end(model: LoadedModel, gen: Generation, on_step: Callable[[Generatio
 
 def attention_history(gen: Generation, layer: int, head: int) -> np.ndarray:
     """(S, S) lower triangle for one layer and head: the prompt's rows from prefill, then one row per
-    decode step, so the triangle grows by a row each time the cache grows by a position. Rows dropped to keep
-    the session inside its memory budget stay zero."""
+    decode step, so the triangle grows by a row each time the cache grows by a position. Rows not kept for this
+    layer and head (attention_runs says which) stay zero."""
     size = gen.steps[-1].cache_len
     history = np.zeros((size, size), dtype=np.float32)
     for trace in gen.steps:
-        if trace.attention is None:
-            continue
-        first = trace.positions[0]
-        rows = trace.attention[layer, head]  # (queries, keys)
-        history[first:first + rows.shape[0], : rows.shape[1]] = rows
+        rows = trace.weights(layer, head)  # (queries, keys)
+        if rows is not None:
+            first = trace.positions[0]
+            history[first:first + rows.shape[0], : rows.shape[1]] = rows
     return history
+
+
+def attention_rows_kept(gen: Generation, layer: int, head: int) -> np.ndarray:
+    """(S,) bool: which of attention_history's rows the run keeps for this layer and head."""
+    kept = np.zeros(gen.steps[-1].cache_len, dtype=bool)
+    for trace in gen.steps:
+        if trace.keeps(layer, head):
+            kept[trace.positions[0]:trace.positions[-1] + 1] = True
+    return kept
+
+
+@dataclass(frozen=True)
+class AttentionRun:
+    """Consecutive decode steps whose attention rows are kept alike."""
+    first: int  # step indices, both included
+    last: int
+    kept: str  # "every" (every layer and head), "one" (only `view`'s layer and head), "none"
+    view: tuple[int, int] | None = None
+
+
+def attention_runs(gen: Generation) -> list[AttentionRun]:
+    """The decode steps in order, grouped by what of their attention the run still keeps."""
+    runs: list[AttentionRun] = []
+    for index, trace in enumerate(gen.steps[1:], start=1):
+        kept = "none" if trace.attention is None else "every" if trace.attention_view is None else "one"
+        view = trace.attention_view if kept == "one" else None
+        if runs and runs[-1].kept == kept and runs[-1].view == view and runs[-1].last == index - 1:
+            runs[-1] = AttentionRun(runs[-1].first, index, kept, view)
+        else:
+            runs.append(AttentionRun(index, index, kept, view))
+    return runs

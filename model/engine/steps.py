@@ -19,8 +19,10 @@ class StepTrace:
     phase: str                 # "prefill" | "decode"
     input_ids: list[int]       # the ids fed in this step: the prompt, or the one token chosen before
     positions: list[int]       # their positions in the sequence
-    # (layers, heads, queries, keys): prefill N×N causal, decode 1×cache_len; float16, which shows every weight to
-    # three digits at half the bytes a session keeps. None once dropped to keep the session inside its budget.
+    # The attention weights as the session keeps them, float16 (every weight to three digits at half the bytes):
+    # prefill (layers, heads, N(N+1)/2), each query's row up to its own position, one after the other (the causal
+    # triangle without its zeros above the diagonal); decode (layers, heads, 1, cache_len), or (1, 1, 1, cache_len)
+    # once only attention_view's layer and head are kept. Read them with weights() and heads(). None once dropped.
     attention: np.ndarray | None
     cache_len: int             # positions in the cache after the step
     cache_bytes: int           # bytes of the positions the cache holds (K and V tensors): equals the formula
@@ -31,11 +33,61 @@ class StepTrace:
     cache_bytes_formula: int   # 2 × n_layers × n_kv_heads × positions × d_head × bytes (sliding layers: ≤ window)
     logits: np.ndarray | None  # (vocab,) at the last position, float32; kept for the prefill and the latest steps
     ms: float                  # wall time of the forward pass, device synchronised
+    attention_view: tuple[int, int] | None = None  # (layer, head) when only its rows are kept; None: every one
 
     @property
     def nbytes(self) -> int:
         """Bytes of the arrays this trace keeps."""
         return sum(a.nbytes for a in (self.attention, self.logits) if a is not None)
+
+    @property
+    def keeps_every_head(self) -> bool:
+        return self.attention is not None and self.attention_view is None
+
+    def keeps(self, layer: int, head: int) -> bool:
+        return self.attention is not None and self.attention_view in (None, (layer, head))
+
+    def heads(self, layer: int) -> np.ndarray:
+        """(heads, queries, keys) of one layer, float16; the trace keeps every layer and head."""
+        assert self.keeps_every_head, "only a trace that keeps every layer and head"
+        if self.phase == "decode":
+            return self.attention[layer]
+        n = len(self.positions)
+        rows, cols = np.tril_indices(n)
+        triangle = np.zeros((self.attention.shape[1], n, n), dtype=self.attention.dtype)
+        triangle[:, rows, cols] = self.attention[layer]
+        return triangle
+
+    def weights(self, layer: int, head: int) -> np.ndarray | None:
+        """(queries, keys) of one layer and head, float16, zeros above the diagonal; None when not kept."""
+        if not self.keeps(layer, head):
+            return None
+        if self.attention_view is not None:
+            return self.attention[0, 0]
+        if self.phase == "decode":
+            return self.attention[layer, head]
+        n = len(self.positions)
+        triangle = np.zeros((n, n), dtype=self.attention.dtype)
+        triangle[np.tril_indices(n)] = self.attention[layer, head]
+        return triangle
+
+    def keep_only(self, layer: int, head: int) -> int:
+        """Keep only this layer and head's rows (a decode step's); returns the bytes freed."""
+        assert self.phase == "decode" and self.keeps_every_head
+        before = self.attention.nbytes
+        self.attention = self.attention[layer:layer + 1, head:head + 1].copy()  # a copy: the view would hold it all
+        self.attention_view = (layer, head)
+        return before - self.attention.nbytes
+
+
+def kept_attention(phase: str, attention: torch.Tensor) -> np.ndarray:
+    """(layers, heads, queries, keys) from the forward pass -> the float16 array a StepTrace keeps: a prefill's
+    causal square as its lower triangle, row after row (np.tril_indices' order); a decode step's row whole."""
+    if phase == "prefill":
+        n = attention.shape[-1]
+        rows, cols = torch.tril_indices(n, n, device=attention.device)
+        attention = attention[:, :, rows, cols]
+    return attention.to(torch.float16).cpu().numpy()
 
 
 def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
@@ -52,7 +104,7 @@ def _run(model: LoadedModel, cache, phase: str, ids: list[int]) -> StepTrace:
     info = model.info
     return StepTrace(
         phase=phase, input_ids=list(ids), positions=list(range(start, start + len(ids))),
-        attention=attention.to(torch.float16).cpu().numpy(), cache_len=cache.length, cache_bytes=cache.nbytes(),
+        attention=kept_attention(phase, attention), cache_len=cache.length, cache_bytes=cache.nbytes(),
         layer_shapes=[cache.layer_shape(i) for i in range(info.n_layers)],
         layer_bytes=[cache.layer_bytes(i) for i in range(info.n_layers)],
         cache_bytes_reserved=cache.nbytes_reserved(),
