@@ -267,6 +267,9 @@ def test_cli_json(small, capsys):
     assert main(["speculate", "--model", "small", "--draft", "small-draft", "--gamma", "3",
                  "--prompt", "my mother cooks", "--max-new-tokens", "12", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
+    assert rep["schema"] == "decode-lab.speculate/1" and rep["settings"]["max_new_tokens"] == 12
+    assert all(r["settings"] == {"temperature": 0.0, "top_k": None, "top_p": 1.0, "seed": 0} for r in rep["rounds"])
+    assert rep["rounds"][-1]["answer"] == rep["output"]["text"]
     plain = plain_greedy(small, generate.encode_prompt(small, "my mother cooks").ids, 12)
     assert rep["output"]["ids"] == plain.new_ids
     assert rep["output"]["text"] == "noodle soup for me."
@@ -281,7 +284,7 @@ def test_cli_json(small, capsys):
         produced += len(r["new_ids"])
         assert r["target_cache_len"] == prompt_len + produced - 1
         assert all(p["r"] is None for p in r["proposed"])  # greedy
-        assert set(r["proposed"][0]) == {"id", "token", "q", "p", "r", "accepted"}
+        assert set(r["proposed"][0]) == {"id", "token", "bytes", "q", "p", "r", "accepted"}
 
 
 def test_cli_lists_the_unknown_words_as_trace_does(capsys):

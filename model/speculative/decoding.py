@@ -78,6 +78,7 @@ class Round:
     draft_ms: float
     target_ms: float
     total_ms: float                # the whole round, draws and crops included
+    settings: SamplingSettings     # the round's own: the Speculative page applies a change from the next round on
 
     @property
     def accepted(self) -> int:
@@ -251,7 +252,7 @@ def next_round(run: SpeculativeRun) -> Round | None:
         residual_top=residual_top, target_len_before=before, target_len_checked=checked,
         target_len_after=run.cache.length, draft_len_before=draft_before, draft_len_proposed=draft_proposed,
         draft_len_after=_length(run.draft), draft_passes=proposal.passes, draft_ms=(t1 - t0) * 1000,
-        target_ms=(t2 - t1) * 1000, total_ms=(t3 - t0) * 1000)
+        target_ms=(t2 - t1) * 1000, total_ms=(t3 - t0) * 1000, settings=run.settings)
     run.rounds.append(round_)
     run.stop_reason = _stop(run)
     return round_
