@@ -109,6 +109,7 @@ def test_a_head_off_on_the_prefill_page(app_server, browser_page, artifacts, lan
     page.goto(f"{app_server}/prefill?lang={lang}")
     page.get_by_role("button", name=text("prompt.run_prefill", lang)).first.click()
     wait_idle(page)
+    page.set_viewport_size({"width": 1440, "height": 2600})  # room below the box for its drop-down
     page.locator(".st-key-heads_off").first.click()
     page.get_by_role("option", name="0.3", exact=True).click()
     wait_idle(page)
