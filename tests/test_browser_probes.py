@@ -20,6 +20,7 @@ def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, arti
     page.get_by_text(text("lens.toggle", lang), exact=True).first.click()
     wait_idle(page)
     page.get_by_text(text("lens.title", lang)).first.wait_for(timeout=60_000)
+    page.set_viewport_size({"width": 1440, "height": 2600})  # room below the box for its drop-down
     page.locator(".st-key-heads_off").first.click()
     page.get_by_role("option", name="1.2", exact=True).click()
     wait_idle(page)
