@@ -1,5 +1,5 @@
-"""Issue 26 in a real browser, both languages: the logit lens and switched-off heads (Decode, Prefill), predict
-then reveal (Decode, Cache)."""
+"""Issue 26 in a real browser, both languages: the logit lens and switched-off heads (Decode), predict then reveal
+(Decode, Cache)."""
 
 import pytest
 from conftest import wait_idle
@@ -47,9 +47,12 @@ def whole_number(written: str) -> int:
 
 def type_number(page, key: str, value: int) -> None:
     box = page.locator(f".st-key-{key} input")
-    box.fill(str(value))
-    box.press("Enter")
-    wait_idle(page)
+    for _ in range(3):  # the rerun of the box typed before can redraw this one over what was just typed
+        box.fill(str(value))
+        box.press("Enter")
+        wait_idle(page)
+        if box.input_value() == str(value):
+            return
 
 
 @pytest.mark.parametrize("lang", ["vi", "en"])
@@ -101,22 +104,4 @@ def test_predict_then_reveal_on_the_cache_page(app_server, browser_page, artifac
     assert [r[1:] for r in rows] == [["17", "17", text("predict.right", lang)],
                                      ["70", "75", text("predict.wrong", lang)]]
     page.screenshot(path=str(artifacts / f"cache-predict-{lang}.png"), full_page=True)
-    assert not page.locator('[data-testid="stException"]').count()
-
-
-@pytest.mark.parametrize("lang", ["vi", "en"])
-def test_a_head_off_on_the_prefill_page(app_server, browser_page, artifacts, lang):
-    page = browser_page
-    page.goto(f"{app_server}/prefill?lang={lang}")
-    page.get_by_role("button", name=text("prompt.run_prefill", lang)).first.click()
-    wait_idle(page)
-    page.set_viewport_size({"width": 1440, "height": 2600})  # room below the box for its drop-down
-    page.locator(".st-key-heads_off").first.click()
-    page.get_by_role("option", name="0.3", exact=True).click()
-    wait_idle(page)
-    page.keyboard.press("Escape")
-    page.get_by_text(text("ablation.prefill_step", lang)).first.wait_for(timeout=60_000)
-    page.get_by_text(text("ablation.title", lang).format(heads="0.3")).first.wait_for(timeout=60_000)
-    page.get_by_text("KL(").first.wait_for()
-    page.screenshot(path=str(artifacts / f"prefill-heads-off-{lang}.png"), full_page=True)
     assert not page.locator('[data-testid="stException"]').count()
