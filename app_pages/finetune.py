@@ -16,14 +16,14 @@ from model.training.sft import FROZEN_IN_SFT, SFT
 from model.training.train import IGNORE, CheckpointStore, limits
 from ui import charts
 from ui.i18n import t
+from ui.pages import FINETUNE_TABS
 from ui.session import guarded
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, csv_of, md_escape, table_html, token_strip
 
 BOUND = limits()
 CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
-ORDER = ("sft", "lora", "rlhf", "dpo")  # the map's order: 4D, 4E, 4F, 4G
-ANCHORS = {"sft": "cell-4d", "lora": "cell-4e", "rlhf": "cell-4f", "dpo": "cell-4g"}
+ORDER = tuple(FINETUNE_TABS)  # the map's order: 4D, 4E, 4F, 4G
 SERIES = {"sft": ("loss",), "lora": ("loss",), "dpo": ("loss", "margin", "accuracy"),
           "rlhf": ("reward", "kl", "loss")}
 LIVE_REDRAW_S = 0.5
@@ -266,6 +266,8 @@ def rlhf_samples(trainer) -> None:
 
 
 keep_across_pages(WIDGETS | {"ft_tab": t("finetune.tab_" + ORDER[0])})  # the open tab, by its label
+if st.query_params.get("tab") in ORDER:  # a link to one method's cell (the map's, opened in a new tab)
+    st.session_state.ft_tab = t("finetune.tab_" + st.query_params.pop("tab"))
 st.title(t("finetune.title"))
 st.caption(t("finetune.intro"))
 if st.session_state.ft_running is not None:  # a Run of N steps stopped by another click
@@ -279,7 +281,7 @@ for method, tab in zip(ORDER, tabs):
     if not tab.open:
         continue
     with tab:
-        st.subheader(t("finetune.h_" + method), anchor=ANCHORS[method])
+        st.subheader(t("finetune.h_" + method), anchor=FINETUNE_TABS[method])
         st.markdown(t("finetune.explain_" + method))
         model_and_seed(method)
         if method == "lora":

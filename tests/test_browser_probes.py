@@ -9,12 +9,17 @@ from model.texts import text
 pytestmark = pytest.mark.browser
 
 
-@pytest.mark.parametrize("lang", ["vi", "en"])
-def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, artifacts, lang):
-    page = browser_page
+def decode_prefilled(page, app_server: str, lang: str) -> None:
+    """The Decode page in `lang` with its default prompt prefilled."""
     page.goto(f"{app_server}/decode?lang={lang}")
     page.get_by_role("button", name=text("prompt.run_prefill", lang)).first.click()
     wait_idle(page)
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, artifacts, lang):
+    page = browser_page
+    decode_prefilled(page, app_server, lang)
     page.get_by_role("button", name=text("decode.next", lang)).first.click()
     wait_idle(page)
     page.get_by_text(text("lens.toggle", lang), exact=True).first.click()
@@ -59,9 +64,7 @@ def type_number(page, key: str, value: int) -> None:
 def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifacts, lang):
     """Two wrong guesses, then two right ones worked out from the first reveal: the verdicts and the score follow."""
     page = browser_page
-    page.goto(f"{app_server}/decode?lang={lang}")
-    page.get_by_role("button", name=text("prompt.run_prefill", lang)).first.click()
-    wait_idle(page)
+    decode_prefilled(page, app_server, lang)
     page.get_by_text(text("predict.toggle", lang), exact=True).first.click()
     wait_idle(page)
     page.get_by_text(text("predict.waiting", lang)).first.wait_for(timeout=60_000)

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from apptest import open_app
+from apptest import APP, open_app
 from streamlit.testing.v1 import AppTest
 
 from model.texts import text
@@ -53,6 +53,24 @@ def test_one_step_on_each_tab_and_the_anchors_of_the_map(lang):
     click(at, "ft_rlhf_one")
     assert trainer(at, "rlhf").steps_done == 1 and trainer(at, "rlhf").history[0]["kl"] == 0
     assert trainer(at, "sft").steps_done == 1  # the other tabs keep their runs
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_link_with_a_tab_opens_that_tab_once(lang):
+    """The map's link to 4F (finetune?tab=rlhf#cell-4f, opened in a new browser tab): the RLHF tab and its anchor,
+    then the query is gone, so a later click on another tab is not overruled."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["lang"] = lang
+    at.query_params["tab"] = "rlhf"
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.session_state["ft_tab"] == text("finetune.tab_rlhf", lang)
+    assert [h.proto.anchor for h in at.subheader] == ["cell-4f"]
+    assert "tab" not in at.query_params
+    open_tab(at, "dpo")
+    assert [h.proto.anchor for h in at.subheader] == ["cell-4g"]
 
 
 def test_run_n_then_reset_and_use_this_model():

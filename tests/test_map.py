@@ -26,7 +26,7 @@ from ui.map_view import (
     map_html,
     map_labels,
 )
-from ui.pages import PAGES, live_views
+from ui.pages import PAGES, live_views, tab_of
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -218,7 +218,12 @@ def test_live_links_go_to_the_app_pages_and_keep_the_language(lang):
         dialog = html.split(f'id="dlm-pop-{c["id"]}"')[1].split("</dialog>")[0]
         links = [a for a in Tags(dialog).find("a", "dlm-live")]
         views = live_views(c["id"])
-        assert [a["href"] for a in links] == [f"{p.url}?lang={lang}" + (f"#{a}" if a else "") for p, a in views]
+        assert [a["href"] for a in links] == [
+            f"{p.url}?lang={lang}" + (f"&tab={tab_of(a)}" if tab_of(a) else "") + (f"#{a}" if a else "")
+            for p, a in views]
+        # a link into one of the Fine-tune page's tabs names it, so that the map's script opens it
+        assert [a["data-tab"] for a in links] == [
+            text(f"finetune.tab_{tab_of(a)}", lang) if tab_of(a) else "" for _, a in views]
         assert all(a["target"] == "_self" for a in links)
         for p, _ in views:
             assert (ROOT / p.path).is_file()
@@ -514,3 +519,10 @@ def test_every_one_of_the_22_cells_opens_a_live_view_in_the_browser(app_server, 
     page.locator(".dlm-cell[data-cell='4D']").click()
     page.locator("#dlm-pop-4D a.dlm-live").first.click()
     page.get_by_role("heading", name=text("finetune.title", lang)).wait_for(timeout=90_000)
+    # 4F's link opens its own tab (RLHF), not the one this session had open (SFT), and scrolls to its heading
+    page.locator('[data-testid="stSidebarNav"] a').first.click()  # the map, the navigation's first page
+    page.locator(".dlm-cell[data-cell='4F']").click()
+    page.locator("#dlm-pop-4F a.dlm-live").first.click()
+    page.locator("#cell-4f").wait_for(timeout=90_000)
+    selected = page.locator('[role="tab"][aria-selected="true"]')
+    assert selected.inner_text().strip() == text("finetune.tab_rlhf", lang)

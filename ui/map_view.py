@@ -20,7 +20,7 @@ from itertools import pairwise
 from typing import Any
 
 from model.texts import ASSETS
-from ui.pages import PAGES, live_views
+from ui.pages import FINETUNE_TABS, PAGES, live_views, tab_of
 
 BANDS = ("1", "2", "3", "4", "5")
 BAND_CHOICES = ("all", *BANDS)  # the filter chips' stable values; labels come from band_choice_label
@@ -59,13 +59,22 @@ def map_labels(t: Callable[[str], str]) -> dict[str, str]:
         "map.map_title",
         *(f"band.{b}" for b in BANDS),
         *(p.title_key for p in PAGES),
+        *(f"finetune.tab_{tab}" for tab in FINETUNE_TABS),
     ]
     return {key: t(key) for key in keys}
 
 
+def tab_label(anchor: str, labels: dict[str, str]) -> str:
+    """The label of the Fine-tune tab that holds `anchor` ("" for none): the map's script opens that tab."""
+    tab = tab_of(anchor)
+    return labels[f"finetune.tab_{tab}"] if tab else ""
+
+
 def live_href(page: str, lang: str, anchor: str = "") -> str:
-    """The app's own URL of a live page, keeping the language (relative: it also works under a base path)."""
-    return f"{page}?lang={lang}" + (f"#{anchor}" if anchor else "")
+    """The app's own URL of a live page, keeping the language, with the Fine-tune tab that holds the anchor
+    (relative: it also works under a base path)."""
+    tab = tab_of(anchor)
+    return f"{page}?lang={lang}" + (f"&tab={tab}" if tab else "") + (f"#{anchor}" if anchor else "")
 
 
 def script_json(value: Any) -> str:
@@ -124,7 +133,8 @@ def _popover(cell: dict[str, Any], lang: str, labels: dict[str, str]) -> str:
     )
     links = "".join(
         f'<a class="dlm-live" href="{escape(live_href(page.url, lang, anchor))}" target="_self" '
-        f'data-page="{escape(page.url)}">{escape(labels["map.open_live"])}: {escape(labels[page.title_key])} →</a>'
+        f'data-page="{escape(page.url)}" data-anchor="{escape(anchor)}" data-tab="{escape(tab_label(anchor, labels))}">'
+        f'{escape(labels["map.open_live"])}: {escape(labels[page.title_key])} →</a>'
         for page, anchor in live_views(cell["id"])
     )
     live = f'<nav class="dlm-links">{links}</nav>' if links else ""
@@ -410,6 +420,25 @@ SCRIPT = r"""
       const d = a.closest("dialog");
       if (d) d.close();
       nav.click();
+      // the navigation drops the URL's #anchor: once the page is drawn, open the anchor's tab (Fine-tune draws
+      // only the open one), then scroll to it; give up after 10 s
+      const tab = a.dataset.tab, anchor = a.dataset.anchor;
+      if (!anchor) return;
+      let tries = 0;
+      const timer = setInterval(() => {
+        tries += 1;
+        if (tries > 100) { clearInterval(timer); return; }
+        if (tab) {
+          const label = Array.from(document.querySelectorAll('[role="tab"]'))
+            .find((b) => b.innerText.trim() === tab);
+          if (!label) return;
+          if (label.getAttribute("aria-selected") !== "true") { label.click(); return; }
+        }
+        const target = document.getElementById(anchor);
+        if (!target) return;
+        clearInterval(timer);
+        target.scrollIntoView({block: "start"});
+      }, 100);
     });
   });
 

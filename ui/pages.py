@@ -39,11 +39,19 @@ PAGES: tuple[PageSpec, ...] = (
     PageSpec("finetune", "app_pages/finetune.py", ":material/tune:",
              {"4D": "cell-4d", "4E": "cell-4e", "4F": "cell-4f", "4G": "cell-4g"}),
 )
+# the Fine-tune page's tabs, in the map's order (4D, 4E, 4F, 4G), and the anchor of each one's heading: only the
+# open tab is drawn, so a link to a cell there opens its tab first (the map's links, the page's "tab" query)
+FINETUNE_TABS = {"sft": "cell-4d", "lora": "cell-4e", "rlhf": "cell-4f", "dpo": "cell-4g"}
 DEFAULT_PAGE = "map"
 
 
 def page(url: str) -> PageSpec:
     return next(p for p in PAGES if p.url == url)
+
+
+def tab_of(anchor: str) -> str | None:
+    """The Fine-tune tab that holds `anchor`, None for an anchor on no tab."""
+    return next((tab for tab, a in FINETUNE_TABS.items() if a == anchor), None)
 
 
 def live_views(cell_id: str) -> list[tuple[PageSpec, str]]:
