@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from apptest import click, open_app
 from conftest import wait_idle
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from model.errors import InputError
 from model.texts import LANGUAGES, text
@@ -488,3 +489,33 @@ def test_a_tampered_speculative_recording_re_runs_to_the_round_that_differs(monk
     click(at, "replay_rerun_button")
     assert at.error[0].value.startswith(text("replay.rerun_differs_round", "vi").split("{")[0] + "1")
     assert text("replay.what_proposal", "vi") in at.error[0].value
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_the_browser_replays_the_shipped_speculative_recording_round_by_round(app_server, browser_page, artifacts,
+                                                                              lang):
+    page = browser_page
+    page.goto(f"{app_server}/replay?lang={lang}")
+    page.get_by_text(text("replay.step_of", lang).format(step=0, last=1)).wait_for(timeout=60_000)  # micro first
+    wait_idle(page)
+    option = page.get_by_role("option", name=text("replay.source_small-speculative", lang), exact=True)
+    for attempt in range(3):  # a click while the first run's elements still arrive may not open the drop-down
+        page.locator("[class*='st-key-replay_source']").first.click()
+        try:
+            option.wait_for(timeout=5_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    option.click()
+    round_of = text("replay.round_of", lang)
+    page.get_by_text(round_of.format(round=1, rounds=3)).wait_for(timeout=60_000)
+    page.get_by_text(re.compile(text("replay.banner_rounds", lang).split("**")[1])).first.wait_for()
+    page.locator(".st-key-replay_next button").click()  # its name carries the icon's and the shortcut's text
+    page.get_by_text(round_of.format(round=2, rounds=3)).wait_for()
+    page.get_by_text(text("speculative.round", lang).format(n=2, k=3, gamma=3, draft="small-draft")).wait_for()
+    wait_idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0
+    assert page.locator(".tok.spec-accepted").count() == 3
+    page.screenshot(path=str(artifacts / f"replay-speculative-1440x900-{lang}.png"), full_page=True)
