@@ -29,7 +29,7 @@ KINDS = {SCHEMA: DECODE, SPECULATE_SCHEMA: SPECULATIVE}  # the schemas this vers
 # cache figures are compared exactly; a probability more than 1e-4 away says the model or the engine changed.
 PROB_TOLERANCE = 1e-4
 
-INT, NUMBER, TEXT, LIST, TABLE, BOOL = "int", "number", "text", "list", "table", "bool"
+INT, NUMBER, TEXT, LIST, TABLE, BOOL, HEX = "int", "number", "text", "list", "table", "bool", "hex"
 # the fields the Replay page reads, each with its kind; None after a kind: the field may be null
 MODEL_FIELDS = {"name": TEXT, "n_layers": INT, "n_heads": INT, "n_kv_heads": INT, "d_head": INT, "dtype": TEXT,
                 "device": TEXT, "bytes_per_element": INT, "vocab_size": INT, "sliding_window": (INT, None),
@@ -39,8 +39,8 @@ SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": (INT, None), "top_p": NUMBER,
 SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": INT, "stop": LIST}
 STEP_FIELDS = {"index": INT, "phase": TEXT, "input_ids": LIST, "positions": LIST, "cache_len": INT,
                "cache_bytes": INT, "cache_bytes_formula": INT, "chosen_id": INT, "chosen_token": TEXT,
-               "chosen_bytes": TEXT, "chosen_prob": NUMBER, "top": LIST, "ms": NUMBER, "answer": TEXT}
-TOP_FIELDS = {"id": INT, "token": TEXT, "bytes": TEXT, "prob": NUMBER}
+               "chosen_bytes": HEX, "chosen_prob": NUMBER, "top": LIST, "ms": NUMBER, "answer": TEXT}
+TOP_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "prob": NUMBER}
 PHASES = ("prefill", "decode")
 STOP_REASONS = (None, "eos", "max_new_tokens", "stop_string", "context_full", "cancelled", "memory_budget")
 OUTPUT_FIELDS = {"ids": LIST, "text": TEXT, "stop_reason": (TEXT, None)}
@@ -50,15 +50,18 @@ SPEC_MODEL_FIELDS = {"name": TEXT, "n_layers": INT, "dtype": TEXT, "device": TEX
 SPEC_SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": INT}
 SPEC_PROMPT_FIELDS = {"ids": LIST, "tokens": LIST, "bytes": LIST, "unknown": LIST}
 ROUND_FIELDS = {"index": INT, "gamma": INT, "settings": TABLE, "proposed": LIST, "next_id": (INT, None),
-                "next_token": (TEXT, None), "next_bytes": (TEXT, None), "next_kind": TEXT, "new_ids": LIST,
+                "next_token": (TEXT, None), "next_bytes": (HEX, None), "next_kind": TEXT, "new_ids": LIST,
                 "residual": LIST, "target_cache_len_before": INT, "target_cache_len_checked": INT,
                 "target_cache_len": INT, "draft_cache_len_before": (INT, None), "draft_cache_len_proposed": (INT, None),
                 "draft_cache_len": (INT, None), "draft_passes": INT, "draft_ms": NUMBER, "target_ms": NUMBER,
                 "ms": NUMBER, "answer": TEXT}
-PROPOSED_FIELDS = {"id": INT, "token": TEXT, "bytes": TEXT, "q": NUMBER, "p": NUMBER, "r": (NUMBER, None),
+PROPOSED_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "q": NUMBER, "p": NUMBER, "r": (NUMBER, None),
                    "accepted": (BOOL, None)}
-RESIDUAL_FIELDS = {"id": INT, "token": TEXT, "bytes": TEXT, "p": NUMBER, "q": NUMBER, "residual": NUMBER}
+RESIDUAL_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "p": NUMBER, "q": NUMBER, "residual": NUMBER}
 NEXT_KINDS = ("bonus", "resampled", "corrected", "target", "eos")  # model/speculative/decoding.py Round.next_kind
+
+
+_HEX_BYTES = {f"{b:02x}" for b in range(256)}
 
 
 def _is(value, kind) -> bool:
@@ -68,6 +71,8 @@ def _is(value, kind) -> bool:
         return value is None
     if kind == INT:
         return isinstance(value, int) and not isinstance(value, bool)
+    if kind == HEX:  # a token's bytes, as "e1 bb 9b"
+        return isinstance(value, str) and all(len(b) == 2 and b in _HEX_BYTES for b in value.split())
     if kind == NUMBER:
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return isinstance(value, {TEXT: str, LIST: list, TABLE: dict, BOOL: bool}[kind])
@@ -135,6 +140,8 @@ def _check_entries(run: dict, entries: str) -> list:
     if not isinstance(run[entries], list) or not run[entries]:
         raise InputError("recording_wrong_type", field=entries, kind_text="replay.kind_" + entries)
     _check_ints(run["prompt"]["ids"], "prompt.ids")
+    if not all(_is(b, HEX) for b in run["prompt"]["bytes"]):
+        raise InputError("recording_wrong_type", field="prompt.bytes", kind_text="replay.kind_hexes")
     _check_ints(run["output"]["ids"], "output.ids")
     if run["output"]["stop_reason"] not in STOP_REASONS:
         raise InputError("recording_wrong_type", field="output.stop_reason", kind_text="replay.kind_stop")
