@@ -1,4 +1,5 @@
-"""Replay: a recorded Decode run (trace JSON) step by step without loading its model; re-run it for real on demand.
+"""Replay: a recorded Decode run (trace JSON) step by step, or a speculative run (speculate JSON) round by round,
+without loading its model; re-run it for real on demand.
 
 Nothing here calls the model loader until "Re-run for real" is pressed: a class can open SmolLM2's recording on a
 machine that has not loaded SmolLM2 (tests/test_replay.py replaces the loader with one that fails).
@@ -11,11 +12,14 @@ import streamlit as st
 from model.engine.generate import CHECK_TOLERANCE
 from model.engine.tokenizer import joined_characters
 from model.tools.replay import (
+    DECODE,
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,
     SHIPPED,
     RecordedTokens,
     read_recording,
+    recording_kind,
+    replayed_run,
     rerun,
     shipped_recording,
 )
@@ -23,6 +27,7 @@ from model.weights.catalog import FETCHED, list_models, settings
 from ui import svg
 from ui.i18n import labels, number, t
 from ui.session import attempt, cache_by_layer_kind, callback_error_here, guarded_in_callback, shared_model
+from ui.speculative_round import draw_counts, draw_round, draw_sequence
 from ui.state import keep_across_pages
 from ui.widgets import (
     BACK_KEY,
@@ -86,17 +91,36 @@ if source == "upload":
 else:
     run = shipped_recording(source)
 
-steps, m = run["steps"], run["model"]
-last = len(steps) - 1
+kind, m = recording_kind(run), run["model"]
+entries = run["steps"] if kind == DECODE else run["rounds"]  # what Next and Back move over
+last = len(entries) - 1
 index = st.session_state.replay_step = min(max(int(st.session_state.replay_step), 0), last)
-st.html(box_html(t("replay.banner", model=md_escape(m["name"]), device=md_escape(m["device"]),
-                   dtype=md_escape(m["dtype"]), date=md_escape(run.get("recorded_at", "?")), n=len(steps)), "note"))
+recorded = {"model": md_escape(m["name"]), "device": md_escape(m["device"]), "dtype": md_escape(m["dtype"]),
+            "date": md_escape(run.get("recorded_at", "?")), "n": len(entries)}
+if kind == DECODE:
+    st.html(box_html(t("replay.banner", **recorded), "note"))
+else:
+    st.html(box_html(t("replay.banner_rounds", draft=md_escape(run["draft"]), gamma=run["gamma"], **recorded),
+                     "note"))
 with st.container(horizontal=True, vertical_alignment="center"):
     st.button(t("decode.next"), key="replay_next", type="primary", icon=":material/skip_next:",
               disabled=index == last, on_click=on_step, args=(1,), shortcut=NEXT_KEY)
     st.button(t("decode.back"), key="replay_back", icon=":material/undo:", disabled=index == 0, on_click=on_step,
               args=(-1,), shortcut=BACK_KEY)
-    st.markdown(f"**{t('replay.step_of', step=index, last=last)}**")
+    st.markdown("**" + (t("replay.step_of", step=index, last=last) if kind == DECODE
+                        else t("replay.round_of", round=index + 1, rounds=last + 1)) + "**")
+
+
+def stop_html(run: dict, at_end: bool) -> str:
+    """Where the recorded run stopped, once the replay reaches its last step or round."""
+    reason = run["output"]["stop_reason"]
+    if not at_end:
+        return paragraph_html(t("replay.not_stopped"), "dl-caption")
+    if reason is None:
+        return box_html(t("replay.saved_before_stop"), "note")
+    if reason == "cancelled":
+        return box_html(t("replay.stop_cancelled"), "note")
+    return box_html(t("decode.stopped", reason=t("stop." + reason)), "note")
 
 
 def step_html(run: dict, index: int) -> str:
@@ -158,42 +182,50 @@ def step_html(run: dict, index: int) -> str:
                               tol=CHECK_TOLERANCE, n=step["cache_len"]), "pass" if passed else "fail"))
     else:
         check = paragraph_html(t("replay.check_absent"), "dl-caption")
-    reason = run["output"]["stop_reason"]
-    if index < len(run["steps"]) - 1:
-        stop = paragraph_html(t("replay.not_stopped"), "dl-caption")
-    elif reason is None:
-        stop = box_html(t("replay.saved_before_stop"), "note")
-    elif reason == "cancelled":
-        stop = box_html(t("replay.stop_cancelled"), "note")
-    else:
-        stop = box_html(t("decode.stopped", reason=t("stop." + reason)), "note")
     answer = (heading_html(t("decode.check")) + check + heading_html(t("decode.answer"))
-              + paragraph_html(t("decode.answer_text", text=md_escape(step["answer"]) or "∅", n=index + 1)) + stop)
+              + paragraph_html(t("decode.answer_text", text=md_escape(step["answer"]) or "∅", n=index + 1))
+              + stop_html(run, index == len(run["steps"]) - 1))
     return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
             + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
             f"<div>{answer}</div></div>")
 
 
-st.html(step_html(run, index))
+if kind == DECODE:
+    st.html(step_html(run, index))
+else:  # drawn by the Speculative page's own code, from a run with no model behind it
+    replayed, token = replayed_run(run, index + 1), RecordedTokens(run).token
+    draw_sequence(replayed, token)
+    draw_round(replayed, token, replayed.rounds[-1].settings.greedy)
+    draw_counts(replayed, token)
+    st.subheader(t("speculative.answer"))
+    st.markdown(t("speculative.answer_text", text=md_escape(run["rounds"][index]["answer"]) or "∅",
+                  n=len(replayed.new_ids)))
+    st.html(stop_html(run, index == last))
 
 st.subheader(t("replay.rerun"))
 name = m["name"]
 if name in list_models(settings().models_dir):
-    st.caption(t("replay.rerun_help", model=name, tol=PROB_TOLERANCE))
+    st.caption(t("replay.rerun_help", model=name, tol=PROB_TOLERANCE) if kind == DECODE
+               else t("replay.rerun_help_rounds", model=name, draft=md_escape(run["draft"]), tol=PROB_TOLERANCE))
     st.button(t("replay.rerun"), key="replay_rerun_button", icon=":material/play_arrow:", on_click=on_rerun,
               args=(run,))
     done = st.session_state.replay_rerun
     if isinstance(done, str):
         st.error(done)
     elif done is not None:
-        if done.matches:
-            st.success(t("replay.rerun_match", model=name, device=done.device, dtype=done.dtype, n=done.steps,
-                         tol=PROB_TOLERANCE, gap=f"{done.max_prob_diff:.1e}"))
+        found = {"device": done.device, "dtype": done.dtype}
+        if done.matches and kind == DECODE:
+            st.success(t("replay.rerun_match", model=name, n=done.steps, tol=PROB_TOLERANCE,
+                         gap=f"{done.max_prob_diff:.1e}", **found))
+        elif done.matches:
+            st.success(t("replay.rerun_match_rounds", model=name, draft=md_escape(run["draft"]), n=done.steps,
+                         tol=PROB_TOLERANCE, gap=f"{done.max_prob_diff:.1e}", **found))
         else:
             d = done.difference
-            what = t("replay.what_" + d.what, tol=PROB_TOLERANCE)
-            st.error(t("replay.rerun_differs", step=d.step, what=what, recorded=md_escape(d.recorded),
-                       now=md_escape(d.now), device=done.device, dtype=done.dtype))
+            found |= {"what": t("replay.what_" + d.what, tol=PROB_TOLERANCE), "recorded": md_escape(d.recorded),
+                      "now": md_escape(d.now)}
+            st.error(t("replay.rerun_differs", step=d.step, **found) if kind == DECODE
+                     else t("replay.rerun_differs_round", round=d.step + 1, **found))
 elif name in FETCHED:
     st.info(t("replay.model_absent", model=name))
 else:

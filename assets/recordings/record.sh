@@ -9,3 +9,5 @@ $py -m model trace --model smollm2 --chat "What is the capital of France?" --max
     --device cpu > assets/recordings/smollm2.json
 $py -m model trace --model gemma3 --prompt "Thủ đô của Việt Nam là" --max-new-tokens 12 --check --json \
     --device cpu > assets/recordings/gemma3.json
+$py -m model speculate --model small --draft small-draft --gamma 3 --prompt "the dog" --json --device cpu \
+    > assets/recordings/small-speculative.json
