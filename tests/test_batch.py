@@ -20,10 +20,11 @@ from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
 
 TOL = 1e-5
-# SmolLM2's 30 layers (and Gemma 3 270M's 18): MKL's sgemm rounds a row differently at M = 1 row (the solo decode),
-# M = 2–3 and M ≥ 4 (4e-6 to 2e-5 apart per matmul on this CPU, ~1e-7 of the values; the other rows' values play no
-# part), which the depth grows to 2e-5–5e-5 in the logits; the padding and the mask add nothing (a row beside a copy
-# of itself, no padding, differs as much). The house's other SmolLM2 parity checks use 1e-4 for the same cause
+# SmolLM2's 30 layers (and Gemma 3 270M's 18): MKL's sgemm rounds a row differently at M = 1 row (the solo decode)
+# and at M ≥ 2 (on the CPU loader's column-major weights every M from 2 to 32 gives the same bits; 3e-6 to 5e-6 from
+# M = 1 per matmul, ~1e-7 of the values; the other rows' values play no part), which the depth grows to 2e-5–5e-5 in
+# the logits; the padding and the mask add nothing (a row beside a copy of itself, no padding, differs as much). The
+# house's other SmolLM2 parity checks use 1e-4 for the same cause
 SMOLLM2_TOL = 1e-4
 BUDGET = 256 * 2**20
 
