@@ -303,20 +303,42 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
                                    atol=1e-5, rtol=0)
 
 
-def test_loaded_weights_are_column_major_and_the_lm_head_stays_tied(tmp_path):
-    """load_weights lays every 2-D weight out as the transpose of a row-major matrix (the decode step's GEMV reads
-    it row by row); the tied LM head is still the embedding's tensor, and save writes the file it was loaded from."""
+def test_shared_model_multiplies_with_packed_weights_and_the_lm_head_stays_tied(tmp_path):
+    """The loader packs every Linear of the shared model (CPU, float32); the tied LM head is still the embedding's
+    tensor, save writes the file it was loaded from, and a copy (a trainer's, lowbit's) multiplies the plain way."""
+    import copy
+
     from safetensors.torch import load_file
 
+    from model.engine.llama import Linear
     from model.weights.catalog import resolve_path
 
-    model = Llama.load(resolve_path("small"))
-    matrices = {name: p for name, p in model.named_parameters() if p.dim() == 2}
-    assert matrices and all(p.t().is_contiguous() and not p.is_contiguous() for p in matrices.values())
-    assert model.lm_head.weight is model.model.embed_tokens.weight
-    model.save(tmp_path)
+    shared = load_model("small", "cpu").module
+    linears = [m for m in shared.modules() if isinstance(m, Linear)]
+    assert linears and all(m.packed is not None for m in linears)
+    assert shared.lm_head.weight is shared.model.embed_tokens.weight
+    assert all(m.packed is None for m in copy.deepcopy(shared).modules() if isinstance(m, Linear))
+    assert all(m.packed is None for m in Llama.load(resolve_path("small")).modules() if isinstance(m, Linear))
+    shared.save(tmp_path)
     saved, original = load_file(tmp_path / "model.safetensors"), load_file(resolve_path("small") / "model.safetensors")
     assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
+
+
+@pytest.mark.parametrize("d_in,d_out", [(576, 576), (576, 1536), (1536, 576), (640, 2048), (2048, 640),
+                                        (576, 49152), (3000, 8)])
+def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out):
+    """PackedWeight: row 0 of 1 to 40 rows comes out bit for bit the same (MKL's sgemm, the plain F.linear, rounds it
+    differently at 1 row and at 8), and within float32's rounding of F.linear. The shapes: SmolLM2's and Gemma 3's
+    projections, its LM head, and an input longer than two parts."""
+    from model.engine.llama import PackedWeight
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(40, d_in)
+    packed = PackedWeight(weight)
+    alone = packed(x[:1])
+    for rows in range(2, 41):
+        assert torch.equal(packed(x[:rows])[:1], alone), rows
+    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), atol=1e-4, rtol=1e-5)
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):

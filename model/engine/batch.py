@@ -8,8 +8,9 @@ continuous batching). Here:
   keeps its request's positions in the order a solo KVCache keeps them; on Gemma 3's sliding-window layers each slot
   keeps only its own window (and a margin), from a start of its own;
 - `decode_rows` feeds one token per row, on the native Llama or Gemma 3: RoPE turns each row at its own position, and
-  an additive mask lets each row's query see only the keys of its own slot up to its own position, on a sliding layer
-  only its own window (the rest of the padded buffer gets −∞);
+  each row's query is attended over the keys of its own slot up to its own position alone (on a sliding layer only
+  its own window), exactly the keys of its solo decode, never over the padding: with the linears' batch-invariant
+  products (llama.Linear) every row's logits are its solo run's, bit for bit;
 - `Server` schedules: a waiting request takes the first free slot, its prompt is prefilled alone (the solo code, so
   its first token is the solo run's), and from the next step on it decodes with the others; a request that
   finished (eos, its token budget, the context) leaves at once and frees its slot for the next one waiting. Each
@@ -27,7 +28,7 @@ from model.engine.cache import CROP_MARGIN, MIN_CAPACITY, KVCache, LayerBytes
 from model.engine.counting import step_bytes, step_flops
 from model.engine.gemma3 import FULL, SLIDING, Gemma3
 from model.engine.generate import check_settings_or_refuse
-from model.engine.llama import Llama, rope_cos_sin
+from model.engine.llama import Llama, RowKeys, rope_cos_sin
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, sample
 from model.errors import InputError
@@ -39,7 +40,7 @@ class SlotCache:
     layer's (`windows[i]`, Gemma 3) holds them from position starts[s] at index 0, at most window + 2 × CROP_MARGIN
     of them: when a slot's next position would not fit, its latest window − 1 + CROP_MARGIN positions move to the
     front (once every CROP_MARGIN steps, as the solo KVCache keeps the window and the margin), so its memory stops
-    growing. The buffers start zeroed and double when full; a freed slot keeps its old values (finite, masked)."""
+    growing. The buffers double when full; a freed slot keeps its old values, which no row reads."""
 
     def __init__(self, n_layers: int, slots: int, windows: list[int | None] | tuple[int | None, ...] | None = None):
         self.n_layers, self.slots = n_layers, slots
@@ -71,8 +72,7 @@ class SlotCache:
             capacity = max(needed, 2 * old, MIN_CAPACITY)
             capacity = capacity if most is None else min(capacity, most)
             for store in (self._keys, self._values):
-                # zeros, never empty memory: a padded key is multiplied by its weight 0, and 0 × NaN would be NaN
-                bigger = like.new_zeros(self.slots, n_kv, capacity, d_head)
+                bigger = like.new_empty(self.slots, n_kv, capacity, d_head)
                 if store[layer] is not None:
                     bigger[:, :, :old] = store[layer]
                 store[layer] = bigger
@@ -119,7 +119,7 @@ class SlotCache:
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One new position per row: k, v (rows, n_kv, 1, d_head) of slots 0 .. rows − 1, written at each row's own
         length (after make_room). Returns every row's keys and values up to the longest row's end, (rows, n_kv, S,
-        d_head): a view, no copy; `row_mask` masks what lies past each row's own end or before its window. Lengths
+        d_head): a view, no copy; `row_keys` tells which of them each row reads. Lengths
         move on once, after the last layer."""
         rows = k.shape[0]
         index = [self.lengths[s] - self._offset(layer, s) for s in range(rows)]
@@ -164,26 +164,19 @@ class RowCache(LayerBytes):
         return keys[s:s + 1, :, held], self.cache._values[layer][s:s + 1, :, held]
 
 
-def row_mask(lengths: list[int], starts: list[int], window: int | None, device, dtype) -> torch.Tensor:
-    """(rows, 1, 1, S) additive mask over the buffer indices a layer's append gives back, S = the longest row's
-    after the step: row r's new query (at position lengths[r]) sees the keys of its own slot at positions ≤
-    lengths[r], on a sliding layer only the `window` latest (its own included), the index j holding position
-    starts[r] + j (starts all 0 on a full layer); −∞ elsewhere; broadcast over heads."""
-    position = torch.tensor(lengths, device=device)[:, None]                              # (rows, 1)
-    start = torch.tensor(starts, device=device)[:, None]
-    S = int((position - start).max()) + 1
-    keys = start + torch.arange(S, device=device)[None, :]                                # (rows, S) positions
-    allowed = keys <= position
-    if window is not None:
-        allowed &= keys > position - window
-    mask = torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
-    return mask[:, None, None, :]                                                        # (rows, 1, 1, S)
+def row_keys(lengths: list[int], starts: list[int], window: int | None) -> RowKeys:
+    """The buffer indices a layer's row reads in a decode step: row r's new query (at position lengths[r]) sees the
+    keys of its own slot at positions ≤ lengths[r], on a sliding layer only the `window` latest (its own included),
+    index j holding position starts[r] + j (starts all 0 on a full layer)."""
+    first = [0 if window is None else max(start, n - window + 1) - start for n, start in zip(lengths, starts)]
+    return RowKeys(tuple(first), tuple(n - start + 1 for n, start in zip(lengths, starts)))
 
 
 @torch.inference_mode()
 def decode_rows(module: Llama | Gemma3, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
     """One decode step for slots 0 .. rows − 1, tokens[r] the token row r feeds (rows = len(tokens)); returns the
-    logits (rows, vocab). The blocks are the model's own: RoPE's cos and sin and the mask simply carry a row axis."""
+    logits (rows, vocab). The blocks are the model's own: RoPE's cos and sin carry a row axis, and RowKeys stands in
+    for the mask."""
     rows = len(tokens)
     device = module.lm_head.weight.device
     cache.make_room(rows)
@@ -195,18 +188,18 @@ def decode_rows(module: Llama | Gemma3, cache: SlotCache, tokens: list[int]) -> 
         x = embed(ids) * module.embed_scale.to(embed.weight.dtype)       # (rows, 1, hidden)
         rope = {kind: tuple(t.to(x.dtype)[:, None, None, :] for t in rope_cos_sin(positions, inv_freq))
                 for kind, inv_freq in ((FULL, module.inv_freq_full), (SLIDING, module.inv_freq_sliding))}
-        masks = {window: row_mask(lengths, cache.starts[:rows] if window else [0] * rows, window, device, x.dtype)
-                 for window in set(cache.windows)}                       # (rows, 1, 1, S) per layer kind
+        keys = {window: row_keys(lengths, cache.starts[:rows] if window else [0] * rows, window)
+                for window in set(cache.windows)}                        # per layer kind
         for i, block in enumerate(module.model.layers):
             cos, sin = rope[module.config.layer_types[i]]                # (rows, 1, 1, d_head)
-            x, _, _ = block(x, cos, sin, 0, cache, i, (), masks[cache.windows[i]])
+            x, _, _ = block(x, cos, sin, 0, cache, i, (), keys[cache.windows[i]])
     else:
         x = module.model.embed_tokens(ids)                               # (rows, 1, hidden)
         cos = module.rope_cos[positions].to(x.dtype)[:, None, None, :]   # (rows, 1, 1, d_head): over heads, T = 1
         sin = module.rope_sin[positions].to(x.dtype)[:, None, None, :]
-        mask = row_mask(lengths, [0] * rows, None, device, x.dtype)      # (rows, 1, 1, S)
+        keys = row_keys(lengths, [0] * rows, None)
         for i, block in enumerate(module.model.layers):
-            x, _, _ = block(x, cos, sin, mask, cache, i)                 # (rows, 1, hidden)
+            x, _, _ = block(x, cos, sin, keys, cache, i)                 # (rows, 1, hidden)
     cache.advance(rows)
     return module.lm_head(module.model.norm(x))[:, 0].float()            # (rows, vocab)
 

@@ -28,6 +28,8 @@ from model.engine.cache import KVCache
 from model.engine.llama import (
     MLP,
     ForwardOutput,
+    Linear,
+    RowKeys,
     apply_rope,
     attend,
     causal_mask,
@@ -117,18 +119,18 @@ class Gemma3Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.window = cfg.window(layer)
         self.scale = math.sqrt(cfg.query_pre_attn_scalar)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, self.n_heads * self.head_dim)
+        self.k_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
+        self.v_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
+        self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size)
         self.q_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, n_past: int, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = (),
-                mask: torch.Tensor | None = None):
-        """mask: an additive mask over the keys the cache gives back, from a caller that batches requests of
-        different lengths (model/engine/batch.py: a row per request, each over its own slot, n_past unused);
-        without it, the causal mask of one sequence at n_past."""
+                mask: RowKeys | None = None):
+        """mask: the keys each row reads, from a caller that batches requests of different lengths
+        (model/engine/batch.py: a row per request, each over its own slot, n_past unused); without it, the causal
+        mask of one sequence at n_past."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
@@ -176,7 +178,7 @@ class Gemma3(nn.Module):
             layers=nn.ModuleList(Gemma3Block(cfg, i) for i in range(cfg.num_hidden_layers)),
             norm=GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
         ))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # only the rotation speeds, not cos/sin tables: over a 32,768-position context two kinds of tables would

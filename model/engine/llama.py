@@ -109,12 +109,25 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
+@dataclass(frozen=True)
+class RowKeys:
+    """The keys each row of a batched decode reads (model/engine/batch.py): row r's query attends over buffer indices
+    first[r] .. end[r] − 1 of its own slot and nothing else, exactly the keys its solo decode attends over. Given in
+    place of a mask, so that each row is attended over those keys alone: over a padded buffer with −∞ beyond a row's
+    end, the products and the softmax run over a longer row of keys and round differently, and a row's logits would
+    depend on how long the others are."""
+    first: tuple[int, ...]
+    end: tuple[int, ...]
+
+
 def attend(q, k, v, mask, scale: float):
     """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
     q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
     GQA: query head h reads KV head h // groups. The queries of a group's heads are stacked as the rows of one
     matrix per KV head, so each KV head's K and V are read once, as they lie in the cache (a view of its buffer):
     a matmul that broadcast K over the groups would copy it first."""
+    if isinstance(mask, RowKeys):
+        return attend_rows(q, k, v, mask, scale)
     B, n_heads, T, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     groups = n_heads // n_kv
@@ -126,6 +139,85 @@ def attend(q, k, v, mask, scale: float):
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
     out = weights.reshape(B, n_kv, groups * T, S) @ v                         # (B, n_kv, groups·T, d_head)
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
+
+
+def attend_rows(q, k, v, rows: RowKeys, scale: float):
+    """attend for a batched decode, each row over its own keys (RowKeys); rows that read the same keys share one
+    product. q (B, n_heads, 1, d_head), k and v (B, n_kv, S, d_head), S the longest row's keys -> out (B, 1,
+    n_heads·d_head), weights (B, n_heads, 1, S), zero outside a row's keys."""
+    B, n_heads, T, d_head = q.shape
+    spans = list(zip(rows.first, rows.end))
+    out = q.new_empty(B, T, n_heads * d_head)
+    weights = q.new_zeros(B, n_heads, T, k.shape[2])
+    groups = [range(B)] if len(set(spans)) == 1 else [range(r, r + 1) for r in range(B)]  # slices: views, no copy
+    for group in groups:
+        first, end = spans[group[0]]
+        batch = slice(group[0], group[-1] + 1)
+        out[batch], weights[batch, :, :, first:end] = attend(q[batch], k[batch, :, first:end], v[batch, :, first:end],
+                                                             None, scale)
+    return out, weights
+
+
+# oneDNN keeps one order of sums for a row, whatever the number of rows, up to this many inputs (measured on this
+# CPU's AVX-512 kernels: 1,024 holds, 1,152 and more do not); a longer input is cut into parts of at most this many
+PACK_INPUTS = 1024
+PACK_ROWS = 8  # the batch size the packed layout is chosen for (any number of rows runs on it; at 1 the order changes)
+
+
+class PackedWeight:
+    """oneDNN's packed copy of a weight (out, in), in parts of at most PACK_INPUTS input columns whose products are
+    added: for the shared inference model on a CPU in float32 (pack_linears). A copy of the module (a trainer's,
+    lowbit's) does not take it along: its weights may change."""
+
+    def __init__(self, weight: torch.Tensor):
+        d_in = weight.shape[1]
+        width = -(-d_in // -(-d_in // PACK_INPUTS))  # equal parts, each ≤ PACK_INPUTS
+        self.parts = [(start, min(d_in, start + width),
+                       torch.ops.mkldnn._reorder_linear_weight(weight[:, start:start + width].contiguous(), PACK_ROWS))
+                      for start in range(0, d_in, width)]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])                                        # (rows, in)
+        y = None
+        for start, end, part in self.parts:
+            piece = torch.ops.mkldnn._linear_pointwise(rows[:, start:end].contiguous(), part, None, "none", [], "")
+            y = piece if y is None else y + piece                                # (rows, out)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+class Linear(nn.Linear):
+    """A bias-free nn.Linear: every projection and the LM head. On a CPU in inference the shared model's linears
+    multiply with oneDNN's packed copy of their weight (pack_linears): a row then comes out with the same bits
+    however many rows are multiplied beside it (1 in a solo decode, 8 in a batched one, N in a prefill), which torch's
+    default product on a CPU (MKL's sgemm) does not give, and the rows of a batched decode share one read of the
+    weight (MKL's small-row products read it once per few rows: README, "Serving")."""
+
+    packed: PackedWeight | None = None
+
+    def __init__(self, d_in: int, d_out: int):
+        super().__init__(d_in, d_out, bias=False)
+
+    def forward(self, x):
+        if self.packed is not None and not x.requires_grad:
+            return self.packed(x)
+        return F.linear(x, self.weight)
+
+
+def pack_linears(model: nn.Module) -> bool:
+    """Give every Linear of a model that will never change again (the shared inference model) its packed weight:
+    on a CPU, in float32, where torch has oneDNN. True when packed."""
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    usable = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+              and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights))
+    if not usable:
+        return False
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.packed = PackedWeight(module.weight.detach())
+    return True
 
 
 def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
@@ -143,10 +235,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, self.n_heads * self.head_dim)
+        self.k_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
+        self.v_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
+        self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size)
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
         B, T, _ = x.shape
@@ -166,9 +258,9 @@ class MLP(nn.Module):
     def __init__(self, cfg, activation=F.silu):
         super().__init__()
         self.activation = activation
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x):
         return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
@@ -219,7 +311,7 @@ class Llama(nn.Module):
             layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
         ))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         # computed once, not saved: checkpoints hold only the weights
@@ -302,16 +394,4 @@ def load_weights(model: nn.Module, folder: Path, device, dtype) -> nn.Module:
     """model.safetensors into a model built from its config (a tied LM head is not in the file), ready to run."""
     tensors = load_file(folder / "model.safetensors")
     model.load_state_dict(tensors, strict=not model.config.tie_word_embeddings)
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    return column_major(model) if torch.device(device).type == "cpu" else model  # measured on CPU only
-
-
-def column_major(model: nn.Module) -> nn.Module:
-    """Every 2-D weight (out, in) kept as the transpose of a row-major (in, out) matrix: the same parameters with
-    the same shapes and values, laid out so that a decode step's one-row product x·Wᵀ reads Wᵀ row by row (on this
-    CPU's single thread 1.8× quicker for the 262,144 × 640 LM head than dot products over W's rows, README). A tied LM
-    head stays the embedding's own tensor; an embedding lookup then gathers a strided column, a few KB per token."""
-    for parameter in model.parameters():
-        if parameter.dim() == 2:
-            parameter.data = parameter.data.t().contiguous().t()
-    return model
+    return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

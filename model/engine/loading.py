@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from model.engine.gemma3 import Gemma3, Gemma3Config
-from model.engine.llama import Llama, LlamaConfig
+from model.engine.llama import Llama, LlamaConfig, pack_linears
 from model.engine.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
 from model.engine.tokenizer import load_tokenizer
 from model.errors import InputError
@@ -110,6 +110,7 @@ def _load(location: Location, device: str) -> LoadedModel:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
         module = load_native(folder, dev)
+        pack_linears(module)  # shared and never changed: its products may use a packed copy of the weights
         return warmed_up(NativeModel(name, module, tokenizer, dev, language(name)))
     from model.engine import hf
 

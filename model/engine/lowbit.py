@@ -27,7 +27,7 @@ class Int8Linear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        # (out, in) row-major, as torch's int8 kernel reads it (the loader keeps float32 weights column-major)
+        # (out, in) row-major, as torch's int8 kernel reads it
         w = linear.weight.detach().float().contiguous()
         scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)  # (out,)
         self.register_buffer("weight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from model.engine.gemma3 import Gemma3
-from model.engine.llama import Llama
+from model.engine.llama import Llama, pack_linears
 from model.engine.runtime import LoadedModel, NativeModel, warmed_up
 from model.engine.sampling import SamplingSettings, draw_from
 from model.engine.tokenizer import load_tokenizer
@@ -97,7 +97,9 @@ def load_draft_model(name: str, device: str) -> NativeModel:
     """A bundled draft model, loaded once per process and device."""
     folder = ROOT / DRAFT_MODELS[name]
     dev = torch.device(device)
-    return warmed_up(NativeModel(name, Llama.load(folder, dev), load_tokenizer(folder), dev))
+    module = Llama.load(folder, dev)
+    pack_linears(module)  # shared and never changed, like the target (model/engine/loading.py)
+    return warmed_up(NativeModel(name, module, load_tokenizer(folder), dev))
 
 
 def same_tokenizer(a: LoadedModel, b: LoadedModel) -> bool:

@@ -25,7 +25,7 @@ DECODE, SPECULATIVE = "decode", "speculative"
 KINDS = {SCHEMA: DECODE, SPECULATE_SCHEMA: SPECULATIVE}  # the schemas this version reads, and the run each holds
 # the trace rounds probabilities to 6 decimals (5e-7), and float32 rounds the same sums differently from one
 # kernel, weight layout or CPU to another: the shipped recordings' probabilities moved by up to 2e-6 when the CPU
-# loader's weight layout changed (model/engine/llama.py column_major), a step's logits by up to 3e-5. Tokens and
+# loader's weight layout changed, a step's logits by up to 3e-5. Tokens and
 # cache figures are compared exactly; a probability more than 1e-4 away says the model or the engine changed.
 PROB_TOLERANCE = 1e-4
 

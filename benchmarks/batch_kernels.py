@@ -1,0 +1,92 @@
+"""The shared model's packed linears (oneDNN, model/engine/llama.py PackedWeight) against torch's plain product
+(F.linear, MKL's sgemm on a CPU), side by side in one run: a decode step of B rows over the same context, the two
+models' steps interleaved so that the machine's noisy minutes weigh on both alike; then B rows of different lengths
+(each row attended over its own keys) against B rows of one length.
+
+    .venv/bin/python benchmarks/batch_kernels.py [--model smollm2] [--batch 1,8] [--context 256] [--steps 20]
+
+Printed per setting: p50 / p95 ms of each, tokens per second, and the plain ÷ packed ratio of the p50s; then the
+throughput of B rows against 1 row for each kind of product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from pathlib import Path
+
+import torch
+from conditions import p50_p95, print_conditions
+
+from model.engine.batch import decode_rows
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.tools.serve_bench import filled_slots, filler_ids
+
+
+def step_timer(model: NativeModel, batch: int, lengths: list[int]):
+    """A function that runs one decode step of `batch` rows at `lengths` and returns its milliseconds (the rows are
+    rewound after it, so every call sees the same lengths)."""
+    cache = filled_slots(model, batch, max(lengths))
+    cache.lengths[:batch] = lengths
+    tokens = filler_ids(model, batch, seed=1)
+
+    def one_step() -> float:
+        t0 = time.perf_counter()
+        decode_rows(model.module, cache, tokens)
+        ms = (time.perf_counter() - t0) * 1000
+        cache.lengths[:batch] = lengths
+        return ms
+    return one_step
+
+
+def interleaved(timers: dict[str, callable], steps: int) -> dict[str, list[float]]:
+    for timer in timers.values():
+        timer()  # warm-up
+    times = {name: [] for name in timers}
+    for _ in range(steps):
+        for name, timer in timers.items():
+            times[name].append(timer())
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batch.split(",")]
+    packed = load_model(args.model, "cpu")
+    plain = NativeModel(packed.info.name, copy.deepcopy(packed.module), packed.tokenizer, packed.device)
+    print_conditions(Path(__file__).resolve().parent.parent, model=args.model, context=args.context,
+                     steps=f"{args.steps} per setting after a warm-up, interleaved",
+                     threads=torch.get_num_threads(), dtype="float32")
+    print(f"{'rows':>4} {'lengths':>10} | {'packed p50/p95 ms':>18} {'tok/s':>7} | {'plain p50/p95 ms':>17} "
+          f"{'tok/s':>7} | plain ÷ packed")
+    tokens_per_s = {}
+    for batch in batches:
+        same = [args.context] * batch
+        times = interleaved({"packed": step_timer(packed, batch, same), "plain": step_timer(plain, batch, same)},
+                            args.steps)
+        (a50, a95), (b50, b95) = p50_p95(times["packed"]), p50_p95(times["plain"])
+        tokens_per_s[batch] = (1000 * batch / a50, 1000 * batch / b50)
+        print(f"{batch:>4} {'equal':>10} | {a50:>8.1f} / {a95:>7.1f} {tokens_per_s[batch][0]:>7.1f} | "
+              f"{b50:>7.1f} / {b95:>7.1f} {tokens_per_s[batch][1]:>7.1f} | {b50 / a50:.2f}×")
+    for batch in (b for b in batches if b > 1):
+        mixed = [args.context - 7 * r for r in range(batch)]
+        times = interleaved({"equal": step_timer(packed, batch, [args.context] * batch),
+                             "mixed": step_timer(packed, batch, mixed)}, args.steps)
+        (e50, e95), (m50, m95) = p50_p95(times["equal"]), p50_p95(times["mixed"])
+        print(f"packed, {batch} rows: one length {e50:.1f} / {e95:.1f} ms; lengths {mixed[-1]}–{mixed[0]} (each row "
+              f"attended over its own keys) {m50:.1f} / {m95:.1f} ms: {m50 / e50:.2f}×")
+    if 1 in tokens_per_s:
+        for batch in (b for b in batches if b > 1):
+            print(f"tokens/s at {batch} rows ÷ at 1 row: packed {tokens_per_s[batch][0] / tokens_per_s[1][0]:.2f}×, "
+                  f"plain {tokens_per_s[batch][1] / tokens_per_s[1][1]:.2f}×")
+
+
+if __name__ == "__main__":
+    main()
