@@ -1,11 +1,13 @@
 """The shared model's packed linears (oneDNN, model/engine/llama.py PackedWeight) against torch's plain product
-(F.linear, MKL's sgemm on a CPU), side by side in one run: a decode step of B rows over the same context, the two
-models' steps interleaved so that the machine's noisy minutes weigh on both alike; then B rows of different lengths
-(each row attended over its own keys) against B rows of one length.
+(F.linear, MKL's sgemm on a CPU) on the weights as they are stored (row-major) and column-major (each weight the
+transpose of a row-major matrix: the loader's layout before the packed one, quicker for one row), side by side in one
+run: a decode step of B rows over the same context, the three models' steps interleaved so that the machine's noisy
+minutes weigh on all alike; then B rows of different lengths (each row attended over its own keys) against B rows of
+one length.
 
     .venv/bin/python benchmarks/batch_kernels.py [--model smollm2] [--batch 1,8] [--context 256] [--steps 20]
 
-Printed per setting: p50 / p95 ms of each, tokens per second, and the plain ÷ packed ratio of the p50s; then the
+Printed per setting: p50 / p95 ms and tokens per second of each, and each plain one's p50 ÷ packed's; then the
 throughput of B rows against 1 row for each kind of product.
 """
 
@@ -41,6 +43,17 @@ def step_timer(model: NativeModel, batch: int, lengths: list[int]):
     return one_step
 
 
+def plain_copy(model: NativeModel, column_major: bool) -> NativeModel:
+    """The model with its linears unpacked (a copy does not take the packed weights along): torch's F.linear on the
+    stored layout, or on every 2-D weight laid out as the transpose of a row-major matrix (same shapes and values)."""
+    module = copy.deepcopy(model.module)
+    if column_major:
+        for parameter in module.parameters():
+            if parameter.dim() == 2:
+                parameter.data = parameter.data.t().contiguous().t()
+    return NativeModel(model.info.name, module, model.tokenizer, model.device)
+
+
 def interleaved(timers: dict[str, callable], steps: int) -> dict[str, list[float]]:
     for timer in timers.values():
         timer()  # warm-up
@@ -60,21 +73,22 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     packed = load_model(args.model, "cpu")
-    plain = NativeModel(packed.info.name, copy.deepcopy(packed.module), packed.tokenizer, packed.device)
+    kinds = {"packed": packed, "row-major": plain_copy(packed, column_major=False),
+             "column-major": plain_copy(packed, column_major=True)}
     print_conditions(Path(__file__).resolve().parent.parent, model=args.model, context=args.context,
                      steps=f"{args.steps} per setting after a warm-up, interleaved",
                      threads=torch.get_num_threads(), dtype="float32")
-    print(f"{'rows':>4} {'lengths':>10} | {'packed p50/p95 ms':>18} {'tok/s':>7} | {'plain p50/p95 ms':>17} "
-          f"{'tok/s':>7} | plain ÷ packed")
+    print(f"{'rows':>4} | " + " | ".join(f"{name + ' p50/p95 ms':>24} {'tok/s':>6}" for name in kinds)
+          + " | plain ÷ packed (p50)")
     tokens_per_s = {}
     for batch in batches:
         same = [args.context] * batch
-        times = interleaved({"packed": step_timer(packed, batch, same), "plain": step_timer(plain, batch, same)},
-                            args.steps)
-        (a50, a95), (b50, b95) = p50_p95(times["packed"]), p50_p95(times["plain"])
-        tokens_per_s[batch] = (1000 * batch / a50, 1000 * batch / b50)
-        print(f"{batch:>4} {'equal':>10} | {a50:>8.1f} / {a95:>7.1f} {tokens_per_s[batch][0]:>7.1f} | "
-              f"{b50:>7.1f} / {b95:>7.1f} {tokens_per_s[batch][1]:>7.1f} | {b50 / a50:.2f}×")
+        times = interleaved({name: step_timer(model, batch, same) for name, model in kinds.items()}, args.steps)
+        p50 = {name: p50_p95(times[name])[0] for name in kinds}
+        tokens_per_s[batch] = {name: 1000 * batch / p50[name] for name in kinds}
+        print(f"{batch:>4} | " + " | ".join(
+            f"{p50[name]:>12.1f} / {p50_p95(times[name])[1]:>9.1f} {tokens_per_s[batch][name]:>6.1f}" for name in kinds)
+            + " | " + ", ".join(f"{name} {p50[name] / p50['packed']:.2f}×" for name in kinds if name != "packed"))
     for batch in (b for b in batches if b > 1):
         mixed = [args.context - 7 * r for r in range(batch)]
         times = interleaved({"equal": step_timer(packed, batch, [args.context] * batch),
@@ -84,8 +98,8 @@ def main() -> None:
               f"attended over its own keys) {m50:.1f} / {m95:.1f} ms: {m50 / e50:.2f}×")
     if 1 in tokens_per_s:
         for batch in (b for b in batches if b > 1):
-            print(f"tokens/s at {batch} rows ÷ at 1 row: packed {tokens_per_s[batch][0] / tokens_per_s[1][0]:.2f}×, "
-                  f"plain {tokens_per_s[batch][1] / tokens_per_s[1][1]:.2f}×")
+            print(f"tokens/s at {batch} rows ÷ at 1 row: " + ", ".join(
+                f"{name} {tokens_per_s[batch][name] / tokens_per_s[1][name]:.2f}×" for name in kinds))
 
 
 if __name__ == "__main__":

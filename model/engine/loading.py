@@ -47,6 +47,14 @@ def load_native(folder: Path, device: torch.device) -> Llama | Gemma3:
     return NATIVE[model_type][0].load(folder, device)
 
 
+def load_shared_native(folder: Path, device: torch.device) -> Llama | Gemma3:
+    """The native module as the app's shared model runs it: never changed again, so its linears may multiply with
+    a packed copy of their weights (llama.pack_linears). A trainer takes load_native: its weights change."""
+    module = load_native(folder, device)
+    pack_linears(module)
+    return module
+
+
 def model_key(name: str, device: str = "auto") -> tuple[str, str]:
     """One key per real model, so that a process caches one copy of each: a listed name as it is, a folder as
     its absolute path (no trailing slash, no "~", no ".."), and the device "auto" resolves to ("cpu", "cuda")."""
@@ -109,9 +117,7 @@ def _load(location: Location, device: str) -> LoadedModel:
         except Exception:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
-        module = load_native(folder, dev)
-        pack_linears(module)  # shared and never changed: its products may use a packed copy of the weights
-        return warmed_up(NativeModel(name, module, tokenizer, dev, language(name)))
+        return warmed_up(NativeModel(name, load_shared_native(folder, dev), tokenizer, dev, language(name)))
     from model.engine import hf
 
     return warmed_up(hf.load_transformers(location, dev, language(name)))

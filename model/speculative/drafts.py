@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from model.engine.gemma3 import Gemma3
-from model.engine.llama import Llama, pack_linears
+from model.engine.llama import Llama
+from model.engine.loading import load_shared_native
 from model.engine.runtime import LoadedModel, NativeModel, warmed_up
 from model.engine.sampling import SamplingSettings, draw_from
 from model.engine.tokenizer import load_tokenizer
@@ -97,9 +98,7 @@ def load_draft_model(name: str, device: str) -> NativeModel:
     """A bundled draft model, loaded once per process and device."""
     folder = ROOT / DRAFT_MODELS[name]
     dev = torch.device(device)
-    module = Llama.load(folder, dev)
-    pack_linears(module)  # shared and never changed, like the target (model/engine/loading.py)
-    return warmed_up(NativeModel(name, module, load_tokenizer(folder), dev))
+    return warmed_up(NativeModel(name, load_shared_native(folder, dev), load_tokenizer(folder), dev))
 
 
 def same_tokenizer(a: LoadedModel, b: LoadedModel) -> bool:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from model.engine.llama import Llama, LlamaConfig
-from model.engine.loading import load_native
+from model.engine.loading import load_shared_native
 from model.engine.runtime import LoadedModel, NativeModel, pick_device, synchronize
 from model.engine.steps import decode, prefill
 from model.weights.catalog import resolve_path
@@ -133,7 +133,7 @@ def native_and_transformers(folder: Path, label: str, device: torch.device) -> t
 
     from model.engine.hf import HFModel
 
-    native = NativeModel(label, load_native(folder, device), None, device)
+    native = NativeModel(label, load_shared_native(folder, device), None, device)
     theirs = HFModel(label, AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager",
                                                                  dtype=torch.float32).to(device).eval(), None, device)
     return native, theirs
@@ -255,7 +255,7 @@ def run_bench(device: str = "auto", quick: bool = False, tiny: bool = False) -> 
         Llama(tiny_llama_config() if tiny else gpt2_small_llama_config()).save(tmp)
         compare_with_transformers(native_and_transformers(Path(tmp), label, dev), label, 16 if tiny else 128,
                                   4 if tiny else 16 if quick else 32, repeats)
-        big = NativeModel(label, Llama.load(tmp, dev), None, dev)
+        big = NativeModel(label, load_shared_native(Path(tmp), dev), None, dev)
         print_cache_vs_recompute(big, [16, 32] if tiny else [64, 256, 512], 1 if tiny else 3 if quick else 10)
     compare_with_generate(dev, quick, tiny)
 
