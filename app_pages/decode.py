@@ -10,6 +10,7 @@ whole-page run instead, so that its Stop button can interrupt it.
 from functools import partial
 from html import escape
 
+import numpy as np
 import streamlit as st
 
 from model.engine import generate
@@ -50,13 +51,20 @@ from ui.widgets import (
     shown,
     table_html,
     token_strip_html,
+    window_of,
 )
 
 TOP_BARS = 12
+# a long context's strip and attention row show the start, the latest positions (and the row its heaviest keys),
+# each run of the others folded into one chip: a Next then redraws about 50 chips, not 2 per position
+# (benchmarks/click_latency.py: a 245-position step view was 1,514 elements and 131 KB)
+STRIP_HEAD, STRIP_TAIL = 4, 40
+ROW_HEAD, ROW_TOP, ROW_TAIL = 4, 12, 32
 TABLE_ROWS = 6  # the cache table shows the latest steps; the chart shows them all
 STEP_VIEW = "decode_step"  # the fragment that draws the current step
 CHECK_POLL_S = 0.15  # how often the page asks whether the step's background check is done
 CHECK_INLINE_S = 0.03  # a check done this soon is drawn with its step (small's take a few ms): no poll, no rerun
+CHECK_DEFER_S = 0.1  # a slower check starts this long after its step, at the poller's first tick: the token first
 
 model = page_start("decode")
 info, tok = model.info, model.tokenizer
@@ -113,11 +121,14 @@ def step_view() -> None:
 
 @st.fragment(run_every=CHECK_POLL_S)
 def wait_for_check(index: int) -> None:
-    """Asks every CHECK_POLL_S whether this step's check, running in the background, is done; then one whole-page
-    run draws the verdict in place, and no longer draws this poller (Streamlit then stops its timer). Between two
-    polls nothing runs, so a Next is never kept waiting by a check."""
+    """Every CHECK_POLL_S: starts this step's check in the background once the step is CHECK_DEFER_S old (the page
+    has drawn it by then), and asks whether it is done; then one whole-page run draws the verdict in place, and no
+    longer draws this poller (Streamlit then stops its timer). Between two polls nothing runs, so a Next is never
+    kept waiting by a check."""
     gen = st.session_state.generation
-    if gen is None or index in gen.checks or index not in gen.pending_checks:  # done, or the run moved on
+    if gen is None or len(gen.steps) - 1 != index:  # the run moved on
+        st.rerun()
+    if generate.check_last_step_in_background(model, gen, defer_s=CHECK_DEFER_S) is not None:
         st.rerun()
 
 
@@ -163,6 +174,12 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         cache=trace.cache_len, ms=f"{trace.ms:.2f}", device=info.device, dtype=info.dtype))
 
     cached = tokens[: trace.cache_len]
+    row = trace.weights(layer, head)[-1]  # (cache_len,): the newest query
+    heaviest = np.argsort(-row, kind="stable")[:ROW_TOP]
+    row_keep = window_of(len(row), ROW_HEAD, ROW_TAIL, heaviest.tolist())
+    row_folded = "" if row_keep is None else paragraph_html(t(
+        "decode.attention_folded", head=ROW_HEAD, top=ROW_TOP, tail=ROW_TAIL, folded=len(row) - len(row_keep),
+        w=f"{float(row.sum() - row[sorted(row_keep)].sum()):.2f}"), "dl-caption")
     window = info.layer_windows[layer] if info.layer_windows else None
     window_edge = (paragraph_html(t("decode.window_edge", layer=layer, window=window,
                                     edge=trace.cache_len - window), "dl-caption")
@@ -171,7 +188,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         heading_html(t("decode.attention"))
         + paragraph_html(t("decode.attention_row", token=md_escape(tok.token(trace.input_ids[-1])),
                            n=trace.cache_len), "dl-caption")
-        + attention_row_html(cached, trace.weights(layer, head)[-1])  # (cache_len,): the newest query
+        + row_folded + attention_row_html(cached, row, row_keep)
         + window_edge
         + paragraph_html(t("decode.attention_history"), "dl-caption") + attention_kept_html(gen, layer, head)
         + svg.heatmap_html(generate.attention_history(gen, layer, head),
@@ -209,8 +226,8 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
             b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
             total=number(trace.cache_bytes_formula)), "dl-caption"))
 
-    check = (generate.check_last_step_in_background(model, gen, CHECK_INLINE_S) if st.session_state.check_each_step
-             else None)
+    check = (generate.check_last_step_in_background(model, gen, CHECK_INLINE_S, CHECK_DEFER_S)
+             if st.session_state.check_each_step else None)
     if check is not None:
         passed = check.max_abs_diff <= CHECK_TOLERANCE
         verdict = t("decode.check_result_pass" if passed else "decode.check_result_fail", tol=CHECK_TOLERANCE,
@@ -234,9 +251,15 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
         + paragraph_html(t("decode.answer_text", text=md_escape(tok.decode(gen.new_ids)) or "∅", n=len(gen.new_ids)))
         + stop)
     joined = joined_characters(tok, ids)
-    legend = (paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else "")
+    strip_keep = window_of(len(ids), STRIP_HEAD, STRIP_TAIL)
+    shown_joined = joined if strip_keep is None else [c for i, c in enumerate(joined) if i in strip_keep]
+    legend = (paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in shown_joined)
+              else "")
+    if strip_keep is not None:
+        legend += paragraph_html(t("decode.strip_folded", n=len(ids), head=STRIP_HEAD, tail=STRIP_TAIL,
+                                   folded=len(ids) - len(strip_keep)), "dl-caption")
     predicted = reveal_html(model, gen) if st.session_state.predict_on else ""
-    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary + predicted
+    return (token_strip_html(tokens, ids, kinds, joined, strip_keep, tok.decode) + legend + summary + predicted
             + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
             f"<div>{check_and_answer}</div></div>"
             + probes_html(model, gen, len(gen.steps) - 1, lens=st.session_state.logit_lens))

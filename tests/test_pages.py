@@ -3,6 +3,7 @@
 
 import os
 import threading
+import time
 from html import escape
 
 import pytest
@@ -204,6 +205,25 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     releases[1].set()
     second.result(timeout=30)
     assert gen.checks[1].max_abs_diff <= 1e-4 and not gen.pending_checks
+
+
+def test_a_slow_check_starts_once_its_step_is_drawn_and_a_quick_one_at_once(small):
+    """Issue 25: a check whose run's latest check took longer than wait_s is neither waited for nor started until
+    its step is defer_s old (the page draws the token first); a quick one starts and is waited for at once. Breaks if
+    a slow check starts with its step (then it competes with the token's drawing) or a quick one is deferred."""
+    gen = generate.start(small, small.tokenizer.encode("the dog").ids, generate.SamplingSettings(), 5)
+    assert generate.check_last_step_in_background(small, gen, wait_s=5.0, defer_s=60.0) is not None  # quick: inline
+    generate.step(small, gen)
+    gen.checks[0] = generate.RecomputeCheck(0.0, 50.0)  # as if the latest check took 50 ms
+    assert generate.check_last_step_in_background(small, gen, wait_s=0.03, defer_s=60.0) is None
+    assert not gen.pending_checks  # not started: the step is younger than 60 s
+    gen.stepped_at -= 60.0
+    generate.check_last_step_in_background(small, gen, wait_s=0.03, defer_s=60.0)
+    assert 1 in gen.pending_checks or 1 in gen.checks  # started now
+    deadline = time.monotonic() + 30
+    while 1 not in gen.checks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gen.checks[1].max_abs_diff <= 1e-4
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="threads have no CPU priority of their own here")
@@ -461,3 +481,36 @@ def test_a_run_stopped_by_the_budget_says_what_is_left():
     html = step_view_html(at)
     assert escape(said) in html and escape(text("stop.memory_budget", "en")) in html
     assert at.button(key="next").disabled
+
+
+def test_a_long_context_folds_the_strip_and_the_attention_row():
+    """Past STRIP_HEAD + STRIP_TAIL tokens the step view's strip shows the first 4 and the latest 40 chips, the rest
+    in one dotted chip whose tooltip is their text; the attention row shows its first 4 keys, its 12 heaviest and its
+    latest 32, each folded run one chip with its count and total weight. Breaks if the fold drops a position, a
+    folded weight, or keeps drawing a chip per position."""
+    import re
+
+    import numpy as np
+
+    from model.engine.loading import load_model
+
+    at = open_app("app_pages/decode.py", lang="en", model_name="small", device="cpu", prompt_mode="ids")
+    at.text_input(key="prompt_ids_text").set_value(",".join(str(4 + i % 90) for i in range(70))).run()
+    click(at, "run_prefill")
+    click(at, "next")
+    gen = at.session_state["generation"]
+    html = step_view_html(at)
+    n = len(gen.ids)  # 72: 70 prompt ids, the token fed, the token drawn
+    assert len(re.findall(r'<div class="tok[ "]', html)) == 4 + 40 and html.count('class="tok-gap"') == 1
+    assert f"#3 · id {gen.ids[3]}<" in html and f"#4 · id {gen.ids[4]}<" not in html
+    assert f"#{n - 40} · id {gen.ids[n - 40]}<" in html and f"#{n - 41} · id " not in html
+    folded_text = load_model("small", "cpu").tokenizer.decode(gen.ids[4:n - 40])
+    assert escape(text("tokens.folded_title", "en").format(first=4, last=n - 41, text=folded_text)) in html
+    assert escape(text("tokens.folded", "en").format(n=n - 44)) in html
+    row = gen.steps[-1].weights(0, 0)[-1]
+    keep = set(range(4)) | set(np.argsort(-row, kind="stable")[:12].tolist()) | set(range(len(row) - 32, len(row)))
+    assert html.count('<div class="att" ') == len(keep) < len(row)
+    gaps = [float(w) for w in re.findall(r'positions · Σ ([\d.]+)<', html)]
+    assert len(gaps) >= 1 and abs(sum(gaps) - float(row.sum() - row[sorted(keep)].sum())) <= 0.005 * len(gaps)
+    assert escape(text("decode.strip_folded", "en").format(n=n, head=4, tail=40, folded=n - 44)) in html
+    assert not at.error

@@ -114,3 +114,15 @@ def test_draw_from_inverts_the_cumulative_distribution():
     assert [draw_from(probs, u) for u in (0.0, 0.1999, 0.2, 0.6999, 0.7, 0.9999)] == [0, 0, 2, 2, 3, 3]
     # a sum rounded below 1 leaves u past the end: the last id with a probability, never a zero-probability one
     assert draw_from(np.array([0.5, 0.4999, 0.0]), 0.99995) == 1
+
+
+def test_most_probable_is_the_stable_argsort_s_head_ties_by_id():
+    """most_probable = np.argsort(-probs, kind="stable")[:k], ties at the boundary and inside broken by id (breaks if
+    the candidates were taken in another order or a tie at the k-th value were dropped)."""
+    from model.engine.sampling import most_probable
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        probs = rng.choice([0.0, 0.1, 0.2, 0.3, 0.5], size=int(rng.integers(1, 60)))  # many ties
+        for k in (1, 3, 20, 80):
+            assert most_probable(probs, k).tolist() == np.argsort(-probs, kind="stable")[:k].tolist()

@@ -26,9 +26,9 @@ def test_colours_run_from_the_lightest_stop_to_the_darkest():
 
 
 def png_image(inner: str) -> Image.Image:
-    """The (first) PNG inside an SVG."""
+    """The (first) PNG inside an SVG, in RGB (the triangle's is paletted)."""
     png = re.search(r'href="data:image/png;base64,([^"]+)"', inner).group(1)
-    return Image.open(io.BytesIO(base64.b64decode(png)))
+    return Image.open(io.BytesIO(base64.b64decode(png))).convert("RGB")
 
 
 def test_the_triangle_image_has_a_pixel_per_cell_and_white_future():
@@ -161,3 +161,21 @@ def test_a_large_triangle_s_hover_is_one_title_per_row_with_its_largest_weights(
     assert len(titles) == n and titles[0] == "0:t → 0:t 0.0100"
     assert titles[-1] == "32:t → 3:t 0.5000 · 9:t 0.3000 · 7:t 0.2000"
     assert f'style="width:{100:.3f}%"' in html  # the last row spans every key
+
+
+def test_a_long_triangle_s_hover_is_at_most_64_bands_of_rows_a_line_each():
+    """Past HOVER_BANDS rows, consecutive rows share one title, a line per row (an element per row made a 245-row
+    step view cost the browser more); every row is still said, in order, and the last band reaches the last key.
+    Breaks if the bands skip a row or a band spans a row's keys wrong."""
+    n = 200
+    weights = np.tril(np.full((n, n), 0.001, dtype=np.float32))
+    weights[n - 1, [0, 150]] = [0.6, 0.3]
+    kept = np.ones(n, dtype=bool)
+    kept[5] = False
+    html = svg.heatmap_html(weights, [f"{i}:t" for i in range(n)], "attention", kept, "not kept")
+    titles = hover_titles(html)
+    assert len(titles) == 50  # bands of ceil(200 / 64) = 4 rows
+    lines = [line for title in titles for line in title.split("\n")]
+    assert len(lines) == n and lines[5] == "5:t: not kept" and lines[4].startswith("4:t → ")
+    assert lines[-1] == "199:t → 0:t 0.6000 · 150:t 0.3000 · 1:t 0.0010"
+    assert 'style="flex:4"' in html and f'style="width:{100:.3f}%"' in html

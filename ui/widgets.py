@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from html import escape
 
 import streamlit as st
@@ -32,6 +32,8 @@ CSS = """
 .att{border-radius:5px;padding:2px 6px;font-size:15px;line-height:1.25;text-align:center;border:1px solid #ced4da;
      white-space:pre;min-width:28px}
 .att small{display:block;font-size:11px}
+.tok-gap,.att-gap{align-self:center;border:2px dotted #868e96;border-radius:8px;padding:4px 9px;color:#495057;
+                  font-size:14px;white-space:nowrap}
 .bars{display:grid;grid-template-columns:minmax(60px,max-content) 1fr 54px;gap:3px 8px;align-items:center;
       font-size:16px;margin:4px 0}
 .bars .lbl{white-space:pre;text-align:right;font-family:monospace;overflow:hidden;text-overflow:ellipsis;
@@ -78,36 +80,82 @@ def shown(token: str) -> str:
     return token.replace("\n", "↵") if token else "∅"
 
 
+FOLDED_TEXT_CHARS = 2000  # the most of a folded run's text its chip's tooltip holds
+
+
+def runs(n: int, keep: Collection[int] | None) -> list[tuple[bool, int, int]]:
+    """Positions 0 .. n − 1 in order as runs (shown, first, last + 1): the positions in `keep` shown, every run of
+    the others folded into one chip; keep None: all shown."""
+    if keep is None:
+        return [(True, 0, n)] if n else []
+    out: list[tuple[bool, int, int]] = []
+    for position in range(n):
+        shown_here = position in keep
+        if out and out[-1][0] == shown_here:
+            out[-1] = (shown_here, out[-1][1], position + 1)
+        else:
+            out.append((shown_here, position, position + 1))
+    return out
+
+
+def window_of(n: int, head: int, tail: int, also: Collection[int] = ()) -> set[int] | None:
+    """The positions a long row shows: its first `head`, its latest `tail` and `also`; None (all of them) when that
+    would fold nothing."""
+    keep = set(range(min(head, n))) | set(range(max(0, n - tail), n)) | set(also)
+    return None if len(keep) >= n else keep
+
+
 def token_strip_html(tokens: list[str], ids: list[int], kinds: list[str],
-                     joined: list[str | None] | None = None) -> str:
+                     joined: list[str | None] | None = None, keep: Collection[int] | None = None,
+                     text_of: Callable[[list[int]], str] | None = None) -> str:
     """A row of token chips: token above, position and id below; kinds add CSS classes. A byte piece (part of a
     character, shown as <E1><BB>) says in its tooltip why, and which character it makes with its neighbours
-    (joined: tokenizer.joined_characters of the ids)."""
+    (joined: tokenizer.joined_characters of the ids). keep: only these positions get a chip (window_of), each run of
+    the others one dotted chip whose tooltip holds their text, as text_of (the tokenizer's decode) writes their ids."""
     chips = []
-    for position, (tok, tid, kind) in enumerate(zip(tokens, ids, kinds)):
-        piece = joined[position] if joined is not None else None
-        if piece is not None:
-            extra = f' bytes" title="{escape(t("tokens.byte_piece", char=piece.strip() or piece))}'
-        else:
-            extra = " special" if tok.startswith("<") and tok.endswith(">") else ""
-        chips.append(f'<div class="tok {escape(kind)}{extra}">{escape(shown(tok))}'
-                     f"<small>#{position} · id {tid}</small></div>")
+    for shown_run, first, end in runs(len(tokens), keep):
+        if not shown_run:
+            text = text_of(ids[first:end]) if text_of is not None else "".join(tokens[first:end])
+            text = text if len(text) <= FOLDED_TEXT_CHARS else text[:FOLDED_TEXT_CHARS] + "…"
+            title = t("tokens.folded_title", first=first, last=end - 1, text=text)
+            chips.append(f'<div class="tok-gap" title="{escape(title)}">{escape(t("tokens.folded", n=end - first))}'
+                         "</div>")
+            continue
+        for position in range(first, end):
+            chips.append(_token_chip(position, tokens[position], ids[position], kinds[position],
+                                     joined[position] if joined is not None else None))
     return '<div class="tok-strip">' + "".join(chips) + "</div>"
+
+
+def _token_chip(position: int, tok: str, tid: int, kind: str, piece: str | None) -> str:
+    if piece is not None:
+        extra = f' bytes" title="{escape(t("tokens.byte_piece", char=piece.strip() or piece))}'
+    else:
+        extra = " special" if tok.startswith("<") and tok.endswith(">") else ""
+    return f'<div class="tok {escape(kind)}{extra}">{escape(shown(tok))}<small>#{position} · id {tid}</small></div>'
 
 
 def token_strip(tokens: list[str], ids: list[int], kinds: list[str], joined: list[str | None] | None = None) -> None:
     st.html(token_strip_html(tokens, ids, kinds, joined))
 
 
-def attention_row_html(tokens: list[str], weights) -> str:
-    """One query's attention over the cache as chips: each cached token tinted by the weight it gets."""
+def attention_row_html(tokens: list[str], weights, keep: Collection[int] | None = None) -> str:
+    """One query's attention over the cache as chips: each cached token tinted by the weight it gets. keep: only
+    these positions get a chip, each run of the others one dotted chip with its count and total weight."""
     top = float(max(weights.max(), 1e-9))
     chips = []
-    for position, (tok, w) in enumerate(zip(tokens, weights)):
-        level = float(w) / top  # the largest weight is the darkest, so small rows still read
-        ink = "#fff" if level > 0.55 else "#212529"
-        chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
-                     f'title="#{position}: {float(w):.4f}">{escape(shown(tok))}<small>{float(w):.2f}</small></div>')
+    for shown_run, first, end in runs(len(tokens), keep):
+        if not shown_run:
+            total = float(weights[first:end].sum())
+            chips.append(f'<div class="att-gap" title="#{first}–#{end - 1}">'
+                         f'{escape(t("decode.keys_folded", n=end - first, w=f"{total:.2f}"))}</div>')
+            continue
+        for position in range(first, end):
+            w = float(weights[position])
+            level = w / top  # the largest weight is the darkest, so small rows still read
+            ink = "#fff" if level > 0.55 else "#212529"
+            chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
+                         f'title="#{position}: {w:.4f}">{escape(shown(tokens[position]))}<small>{w:.2f}</small></div>')
     return '<div class="att-row">' + "".join(chips) + "</div>"
 
 

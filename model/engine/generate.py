@@ -63,6 +63,7 @@ class Generation:
     # step index -> (the step, its check running in the background)
     pending_checks: dict[int, tuple[StepTrace, Future]] = field(default_factory=dict)
     view: tuple[int, int] = (0, 0)  # the (layer, head) whose rows old steps keep when the budget is reached
+    stepped_at: float = field(default_factory=time.monotonic)  # when the latest step became the run's latest
 
     @property
     def new_ids(self) -> list[int]:
@@ -219,6 +220,7 @@ def step(model: LoadedModel, gen: Generation) -> StepTrace | None:
     trace = decode(model, gen.cache, gen.samples[-1].chosen_id)
     gen.steps.append(trace)
     _draw(model, gen)
+    gen.stepped_at = time.monotonic()
     return trace
 
 
@@ -243,6 +245,7 @@ def back(model: LoadedModel, gen: Generation) -> bool:
     if gen.steps[-1].logits is None or not gen.steps[-1].keeps_every_head:
         _restore_step(model, gen)
     gen.stop_reason = find_stop(model, gen)
+    gen.stepped_at = time.monotonic()
     return True
 
 
@@ -299,10 +302,14 @@ _background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decod
                                         initializer=_yield_to_the_steps)
 
 
-def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: float = 0.0) -> RecomputeCheck | None:
+def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: float = 0.0,
+                                  defer_s: float = 0.0) -> RecomputeCheck | None:
     """The last step's check if it is done, or done within wait_s; otherwise start it (once) and return None. The
     result lands in gen.checks only while that step is still the run's step at that index: a verdict belongs to its
-    own step. A check still waiting for its turn when the run moves on is cancelled."""
+    own step. A check still waiting for its turn when the run moves on is cancelled.
+    A slow check (the run's latest took longer than wait_s) is not waited for, and starts only once its step is
+    defer_s old: a page first draws the step, and the recompute does not compete with that drawing for the
+    interpreter and the cores (on 2 cores it held a SmolLM2 token back by about 30 ms, benchmarks/click_latency.py)."""
     index = len(gen.steps) - 1
     if index in gen.checks:
         return gen.checks[index]
@@ -310,8 +317,12 @@ def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: f
     for stale, (stepped, future) in list(gen.pending_checks.items()):
         if stepped is not trace and future.cancel():
             del gen.pending_checks[stale]
+    latest = gen.checks[max(gen.checks)] if gen.checks else None
+    quick = latest is None or latest.ms <= wait_s * 1000
     pending = gen.pending_checks.get(index)
     if pending is None or pending[0] is not trace:
+        if not quick and time.monotonic() - gen.stepped_at < defer_s:
+            return None
         # the ids and the logits as they are now (a shallow copy keeps them when the run drops old logits)
         ids, as_stepped = gen.ids[: trace.cache_len], copy.copy(trace)
         registered = threading.Event()  # the check removes its own entry: it must be there first
@@ -329,8 +340,9 @@ def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: f
 
         pending = gen.pending_checks[index] = (trace, _background_checks.submit(check))
         registered.set()
-    with contextlib.suppress(TimeoutError, CancelledError):  # a small model's check is done at once: drawn inline
-        pending[1].result(timeout=wait_s)
+    if quick:
+        with contextlib.suppress(TimeoutError, CancelledError):  # a small model's check is done at once: drawn inline
+            pending[1].result(timeout=wait_s)
     return gen.checks.get(index)
 
 

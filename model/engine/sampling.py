@@ -134,8 +134,18 @@ def status_of(result: SampleResult, token_id: int) -> str:
     return "cut_p" if np.isin(token_id, result.kept_by_top_k) else "cut_k"
 
 
+def most_probable(probs: np.ndarray, k: int) -> np.ndarray:
+    """The k most probable ids, most probable first, ties by id: np.argsort(-probs, kind="stable")[:k] without
+    sorting the whole vocabulary (Gemma 3's 262,144 ids took milliseconds of every step)."""
+    if k >= probs.size:
+        return np.argsort(-probs, kind="stable")
+    kth = np.partition(probs, probs.size - k)[probs.size - k]  # the k-th largest probability
+    candidates = np.flatnonzero(probs >= kth)                 # ascending ids: every tie at the boundary too
+    return candidates[np.argsort(-probs[candidates], kind="stable")][:k]
+
+
 def summarize(result: SampleResult, shown: int = SHOWN_CANDIDATES) -> Draw:
-    top = np.argsort(-result.probs, kind="stable")[:shown]
+    top = most_probable(result.probs, shown)
     return Draw(
         chosen_id=result.chosen_id, greedy=result.greedy, chosen_prob=float(result.probs[result.chosen_id]),
         chosen_final_prob=float(result.final_probs[result.chosen_id]),
