@@ -161,7 +161,9 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
 # oneDNN keeps one order of sums for a row, whatever the number of rows, up to this many inputs (measured on this
 # CPU's AVX-512 kernels: 1,024 holds, 1,152 and more do not); a longer input is cut into parts of at most this many
 PACK_INPUTS = 1024
-PACK_ROWS = 8  # the batch size the packed layout is chosen for (any number of rows runs on it; at 1 the order changes)
+# the number of rows oneDNN lays the packed weight out for; any number runs on it, and from 2 up to 128 (measured)
+# every number gives a row the same bits, while a layout for 1 row orders its sums differently at 1 row and at more
+PACK_ROWS = 8
 
 
 class PackedWeight:
