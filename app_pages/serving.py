@@ -170,6 +170,17 @@ st.html(table_html(
     [[p.label, f"{p.ms:.2f}", f"{p.intensity:.2f}", f"{p.gb_s:.2f}", f"{p.gb_s / roofs.copy_gb_s:.0%}",
       f"{p.gflops:.2f}", f"{p.gflops / roofs.matmul_gflops:.0%}"] for p in points]))
 st.caption(t("serving.roofline_note"))
+longest = serve_bench.longest_prefill(server)
+if longest is not None:
+    ridge = roofs.matmul_gflops / roofs.copy_gb_s  # FLOPs per byte where the slanted roof meets the flat one
+    intensity = longest.prefill_flops / longest.prefill_bytes
+    said = dict(n=longest.prefill_tokens, i=f"{intensity:.1f}", ridge=f"{ridge:.1f}")
+    if intensity >= ridge:
+        st.caption(t("serving.prefill_compute_bound", **said))
+    else:
+        cross = serve_bench.positions_to_pass(server.model, ridge)
+        st.caption(t("serving.prefill_memory_bound", cross=number(cross), **said) if cross is not None
+                   else t("serving.prefill_never_passes", context=number(info.context_length), **said))
 
 # -- ITL and throughput against B and context length -------------------------------------------------------------
 st.subheader(t("serving.sweep"))

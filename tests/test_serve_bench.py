@@ -1,6 +1,7 @@
 """Serving's measurement: a step's bytes and FLOPs against a hand count for micro, int8 weight-only, the
 serve-bench and profile commands. No timing is asserted: the figures live in the README."""
 
+import itertools
 import json
 
 import pytest
@@ -33,6 +34,17 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     assert second.decode_lengths == [3, 5]
     assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376
     assert second.decode_bytes == 4864 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 5600
+
+
+def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
+    """The Serving page's sentence on the prefill point: the smallest n whose prefill's FLOPs per byte (the
+    counting formulas) reach the ridge, by brute force over small's context; None past every prefill it can do."""
+    intensities = [serve_bench.prefill_intensity(small, n) for n in range(1, small.info.context_length + 1)]
+    assert all(a < b for a, b in itertools.pairwise(intensities))  # the search relies on it growing with n
+    for ridge in (intensities[0], 3.0, intensities[40], intensities[-1]):
+        assert serve_bench.positions_to_pass(small, ridge) == next(n + 1 for n, i in enumerate(intensities)
+                                                                   if i >= ridge)
+    assert serve_bench.positions_to_pass(small, intensities[-1] * 1.01) is None
 
 
 def test_int8_weights_are_a_quarter_and_close(small):

@@ -40,6 +40,23 @@ def test_steps_then_run_to_end_serve_every_request(lang):
     # the roofline's table: a point per batch size the run had and one for its longest prefill
     assert "ITL p99" in html and ">B=2<" in html and re.search(r">prefill \d+<", html)
     assert text("serving.lanes", lang) in [h.value for h in at.subheader]
+    # the prefill sentence follows the run: small's prefills of 3–9 positions are left of this machine's ridge
+    from model.tools import serve_bench
+    from ui.session import machine
+
+    def number(value: int) -> str:  # as ui.i18n.number writes it in `lang`
+        return f"{value:,}".replace(",", "." if lang == "vi" else ",")
+
+    roofs, longest = machine(server.info.device), serve_bench.longest_prefill(server)
+    ridge = roofs.matmul_gflops / roofs.copy_gb_s
+    intensity = longest.prefill_flops / longest.prefill_bytes
+    assert intensity < ridge
+    cross = serve_bench.positions_to_pass(server.model, ridge)
+    said = dict(n=longest.prefill_tokens, i=f"{intensity:.1f}", ridge=f"{ridge:.1f}")
+    expected = (text("serving.prefill_memory_bound", lang).format(cross=number(cross), **said) if cross is not None
+                else text("serving.prefill_never_passes", lang).format(context=number(server.info.context_length),
+                                                                       **said))
+    assert expected in [c.value for c in at.caption]
 
 
 def test_sampled_requests_draw_as_their_solo_runs():

@@ -179,3 +179,17 @@ def test_a_long_triangle_s_hover_is_at_most_64_bands_of_rows_a_line_each():
     assert len(lines) == n and lines[5] == "5:t: not kept" and lines[4].startswith("4:t → ")
     assert lines[-1] == "199:t → 0:t 0.6000 · 150:t 0.3000 · 1:t 0.0010"
     assert 'style="flex:4"' in html and f'style="width:{100:.3f}%"' in html
+
+
+def test_labels_of_points_close_together_do_not_overlap():
+    """B = 3, B = 4 and a prefill a few pixels apart on the roofline: each label on its own free side (breaks if
+    every label goes to the right of its point, as they were drawn, over each other)."""
+    points = [(200, 100, "B=3"), (216, 92, "B=4"), (222, 99, "prefill 10")]
+    placed = svg.place_labels(points, 460)
+    labels = [(x, y - svg.LABEL_LINE_PX, x + svg.LABEL_CHAR_PX * len(label), y)
+              for (x, y), (_, _, label) in zip(placed, points)]
+    dots = [(x - 6, y - 6, x + 6, y + 6) for x, y, _ in points]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:] + dots:
+            assert not (a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]), (a, b)
+    assert svg.place_labels([(200, 100, "B=1")], 460) == [(208, 94)]  # alone: right of its point, above it

@@ -425,6 +425,34 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
     return _svg(width, height, description, parts)
 
 
+LABEL_CHAR_PX, LABEL_LINE_PX = 7, 13  # a 12-pixel label's width per character and its height
+
+
+def place_labels(points: list[tuple[float, float, str]], width: float) -> list[tuple[float, float]]:
+    """Where each point's label goes (its text's x and baseline y): beside its point, on the first side that
+    overlaps no point and no label placed before it and stays inside `width` (points close together, as B = 3,
+    B = 4 and a prefill on a roofline, would otherwise write over each other); the first side when none is free."""
+    # (left, top, right, bottom): every point's dot, then the labels as they are placed
+    boxes: list[tuple[float, float, float, float]] = [(x - 6, y - 6, x + 6, y + 6) for x, y, _ in points]
+
+    def box(left: float, base: float, w: float) -> tuple[float, float, float, float]:
+        return left, base - LABEL_LINE_PX, left + w, base
+
+    def free(b: tuple[float, float, float, float]) -> bool:
+        return 0 <= b[0] and b[2] <= width and not any(
+            b[0] < o[2] and o[0] < b[2] and b[1] < o[3] and o[1] < b[3] for o in boxes)
+
+    out = []
+    for x, y, label in points:
+        w = LABEL_CHAR_PX * len(label)
+        sides = [(x + 8, y - 6), (x + 8, y + 16), (x - 8 - w, y - 6), (x - 8 - w, y + 16),
+                 (x + 8, y - 20), (x + 8, y + 30), (x - 8 - w, y - 20), (x - 8 - w, y + 30)]
+        left, base = next((side for side in sides if free(box(*side, w))), sides[0])
+        boxes.append(box(left, base, w))
+        out.append((left, base))
+    return out
+
+
 def roofline_svg(points: list[tuple[str, float, float]], bandwidth_gb_s: float, peak_gflops: float,
                  x_title: str, y_title: str, description: str) -> str:
     """Log-log roofline: attainable GFLOP/s = min(peak, bandwidth × FLOPs per byte), and (label, intensity,
@@ -456,10 +484,11 @@ def roofline_svg(points: list[tuple[str, float, float]], bandwidth_gb_s: float, 
     roof = [(start, max(bandwidth_gb_s * start, 10 ** y_lo)), (ridge, peak_gflops), (10 ** x_hi, peak_gflops)]
     parts.append('<polyline points="' + " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in roof)
                  + f'" fill="none" stroke="{MUTED_INK}" stroke-width="3"/>')
-    for label, x, y in points:
+    placed = place_labels([(px(x), py(y), label) for label, x, y in points], width)
+    for (label, x, y), (lx, ly) in zip(points, placed):
         colour = CHOSEN if label.startswith("prefill") else KEPT
         parts.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="5" fill="{colour}"/>'
-                     f'<text x="{px(x) + 8:.1f}" y="{py(y) - 6:.1f}" font-size="12">{escape(label)}</text>')
+                     f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="12">{escape(label)}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">{escape(x_title)}</text>'
                  f'<text transform="translate(14,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
                  f"{escape(y_title)}</text>")

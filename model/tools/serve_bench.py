@@ -133,12 +133,18 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
                 flops(model.module, [(1, context + 1)] * batch), batch)
 
 
+def prefill_counts(model: NativeModel, n: int) -> tuple[int, int]:
+    """Bytes read and FLOPs of a prefill of n positions, by the counting formulas: it reads every weight once and
+    writes n positions of cache."""
+    return (step_bytes(weight_bytes(model.module, n), [model.info.cache_bytes_formula(n)]),
+            flops(model.module, [(n, n)]))
+
+
 def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
-    """A prefill of n positions: it reads every weight once and writes n positions of cache."""
-    ids, info = filler_ids(model, n), model.info
+    """A prefill of n positions, timed, with its counts."""
+    ids = filler_ids(model, n)
     ms = timed(model.device, lambda: model.forward(ids, model.new_cache(), output_attentions=False), repeats)
-    return Work(ms, step_bytes(weight_bytes(model.module, n), [info.cache_bytes_formula(n)]),
-                flops(model.module, [(n, n)]), 1)
+    return Work(ms, *prefill_counts(model, n), 1)
 
 
 @dataclass(frozen=True)
@@ -391,12 +397,36 @@ def roofline_points(server: Server) -> list[RooflinePoint]:
     for rows, steps in sorted(by_rows.items()):
         typical = sorted(steps, key=lambda s: s.decode_ms)[len(steps) // 2]
         points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms))
-    prefills = [s for s in server.steps if len(s.joined) == 1]
-    if prefills:
-        longest = max(prefills, key=lambda s: s.prefill_tokens)
+    longest = longest_prefill(server)
+    if longest is not None:
         points.append(point(f"prefill {longest.prefill_tokens}", longest.prefill_flops, longest.prefill_bytes,
                             longest.prefill_ms))
     return points
+
+
+def longest_prefill(server: Server) -> ServeStep | None:
+    """The run's step with the longest prefill of one joining request (a step of one prefill alone is timed
+    alone), None before any."""
+    prefills = [s for s in server.steps if len(s.joined) == 1]
+    return max(prefills, key=lambda s: s.prefill_tokens) if prefills else None
+
+
+def prefill_intensity(model: NativeModel, n: int) -> float:
+    """FLOPs per byte of a prefill of n positions (prefill_counts)."""
+    bytes_read, prefill_flops = prefill_counts(model, n)
+    return prefill_flops / bytes_read
+
+
+def positions_to_pass(model: NativeModel, ridge: float) -> int | None:
+    """The fewest prompt positions whose prefill does at least `ridge` FLOPs per byte (its intensity grows with
+    n); None when no prefill within the model's context does."""
+    low, high = 1, model.info.context_length
+    if prefill_intensity(model, high) < ridge:
+        return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if prefill_intensity(model, middle) < ridge else (low, middle)
+    return low
 
 
 def point(label: str, flops: int, bytes_read: int, ms: float) -> RooflinePoint:
