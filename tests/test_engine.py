@@ -379,3 +379,22 @@ def test_cli_bench_tiny_prints_every_table_with_its_conditions(run_cli):
     for heading in ("micro:", "llama-tiny (random):", "cached vs recomputed step", "GPT-2-tiny shape"):
         assert heading in out
     assert out.count("float32") >= 4 and "native / tf" in out and "model.engine.generate" in out
+
+
+def test_a_torch_that_cannot_pack_leaves_the_model_on_its_own_product(monkeypatch):
+    """On a build whose oneDNN refuses to pack (another CPU family, say), the loader keeps torch's F.linear: no
+    Linear half packed, the same logits within float32's rounding (breaks if the error escaped to the loader)."""
+    from model.engine import llama
+    from model.weights.catalog import resolve_path
+
+    module = Llama.load(resolve_path("small"))
+    ids = torch.tensor([[1, 5, 9, 12]])
+    plain = module(ids).logits
+
+    def refuse(*args):
+        raise RuntimeError("mkldnn: unsupported")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    assert llama.pack_linears(module) is False
+    assert all(m.packed is None for m in module.modules() if isinstance(m, llama.Linear))
+    torch.testing.assert_close(module(ids).logits, plain)

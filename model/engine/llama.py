@@ -216,9 +216,13 @@ def pack_linears(model: nn.Module) -> bool:
               and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights))
     if not usable:
         return False
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.packed = PackedWeight(module.weight.detach())
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    try:
+        packed = [PackedWeight(module.weight.detach()) for module in linears]
+    except (RuntimeError, NotImplementedError):  # a build whose oneDNN cannot pack here: torch's own product
+        return False
+    for module, weight in zip(linears, packed):
+        module.packed = weight
     return True
 
 
