@@ -10,12 +10,12 @@ whole-page run instead, so that its Stop button can interrupt it.
 from functools import partial
 from html import escape
 
-import numpy as np
 import streamlit as st
 
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula
 from model.engine.generate import CHECK_TOLERANCE
+from model.engine.sampling import most_probable
 from model.engine.tokenizer import joined_characters
 from ui import svg
 from ui.i18n import number, t
@@ -175,8 +175,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
 
     cached = tokens[: trace.cache_len]
     row = trace.weights(layer, head)[-1]  # (cache_len,): the newest query
-    heaviest = np.argsort(-row, kind="stable")[:ROW_TOP]
-    row_keep = window_of(len(row), ROW_HEAD, ROW_TAIL, heaviest.tolist())
+    row_keep = window_of(len(row), ROW_HEAD, ROW_TAIL, most_probable(row, ROW_TOP).tolist())
     row_folded = "" if row_keep is None else paragraph_html(t(
         "decode.attention_folded", head=ROW_HEAD, top=ROW_TOP, tail=ROW_TAIL, folded=len(row) - len(row_keep),
         w=f"{float(row.sum() - row[sorted(row_keep)].sum()):.2f}"), "dl-caption")

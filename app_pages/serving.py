@@ -170,6 +170,11 @@ st.html(table_html(
     [[p.label, f"{p.ms:.2f}", f"{p.intensity:.2f}", f"{p.gb_s:.2f}", f"{p.gb_s / roofs.copy_gb_s:.0%}",
       f"{p.gflops:.2f}", f"{p.gflops / roofs.matmul_gflops:.0%}"] for p in points]))
 st.caption(t("serving.roofline_note"))
+decodes = [p for p in points if p.rows is not None]  # one per batch size, fewest rows first
+if len(decodes) > 1:
+    fewest, most = decodes[0], decodes[-1]
+    st.caption(t("serving.rows_scaling", small=fewest.rows, big=most.rows, ratio=f"{most.ms / fewest.ms:.2f}",
+                 rows=f"{most.rows / fewest.rows:.3g}"))
 longest = serve_bench.longest_prefill(server)
 if longest is not None:
     ridge = roofs.matmul_gflops / roofs.copy_gb_s  # FLOPs per byte where the slanted roof meets the flat one
@@ -178,7 +183,10 @@ if longest is not None:
     if intensity >= ridge:
         st.caption(t("serving.prefill_compute_bound", **said))
     else:
-        cross = serve_bench.positions_to_pass(server.model, ridge)
+        # a binary search over the context by the counting formulas (~50 ms on gemma3): once per run, not per rerun
+        if state.get("serving_ridge_positions", (None,))[0] is not server:
+            state.serving_ridge_positions = (server, serve_bench.positions_to_pass(server.model, ridge))
+        cross = state.serving_ridge_positions[1]
         st.caption(t("serving.prefill_memory_bound", cross=number(cross), **said) if cross is not None
                    else t("serving.prefill_never_passes", context=number(info.context_length), **said))
 

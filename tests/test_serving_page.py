@@ -57,6 +57,13 @@ def test_steps_then_run_to_end_serve_every_request(lang):
                 else text("serving.prefill_never_passes", lang).format(context=number(server.info.context_length),
                                                                        **said))
     assert expected in [c.value for c in at.caption]
+    # the rows' sentence is this run's own measurement: the fewest and the most rows a decode pass had
+    decodes = [p for p in serve_bench.roofline_points(server) if p.rows is not None]
+    assert [p.rows for p in decodes] == sorted(p.rows for p in decodes) and len(decodes) > 1
+    scaling = text("serving.rows_scaling", lang).format(small=decodes[0].rows, big=decodes[-1].rows,
+                                                         ratio=f"{decodes[-1].ms / decodes[0].ms:.2f}",
+                                                         rows=f"{decodes[-1].rows / decodes[0].rows:.3g}")
+    assert scaling in [c.value for c in at.caption]
 
 
 def test_sampled_requests_draw_as_their_solo_runs():

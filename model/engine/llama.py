@@ -149,10 +149,9 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
     spans = list(zip(rows.first, rows.end))
     out = q.new_empty(B, T, n_heads * d_head)
     weights = q.new_zeros(B, n_heads, T, k.shape[2])
-    groups = [range(B)] if len(set(spans)) == 1 else [range(r, r + 1) for r in range(B)]  # slices: views, no copy
-    for group in groups:
-        first, end = spans[group[0]]
-        batch = slice(group[0], group[-1] + 1)
+    batches = [slice(0, B)] if len(set(spans)) == 1 else [slice(r, r + 1) for r in range(B)]  # views, no copy
+    for batch in batches:
+        first, end = spans[batch.start]
         out[batch], weights[batch, :, :, first:end] = attend(q[batch], k[batch, :, first:end], v[batch, :, first:end],
                                                              None, scale)
     return out, weights

@@ -385,6 +385,7 @@ class RooflinePoint:
     gflops: float     # achieved
     gb_s: float       # achieved
     ms: float
+    rows: int | None = None  # a decode pass's batch size; None for a prefill
 
 
 def roofline_points(server: Server) -> list[RooflinePoint]:
@@ -396,7 +397,7 @@ def roofline_points(server: Server) -> list[RooflinePoint]:
     points = []
     for rows, steps in sorted(by_rows.items()):
         typical = sorted(steps, key=lambda s: s.decode_ms)[len(steps) // 2]
-        points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms))
+        points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms, rows))
     longest = longest_prefill(server)
     if longest is not None:
         points.append(point(f"prefill {longest.prefill_tokens}", longest.prefill_flops, longest.prefill_bytes,
@@ -429,8 +430,9 @@ def positions_to_pass(model: NativeModel, ridge: float) -> int | None:
     return low
 
 
-def point(label: str, flops: int, bytes_read: int, ms: float) -> RooflinePoint:
-    return RooflinePoint(label, flops / bytes_read, flops / (ms / 1000) / 1e9, bytes_read / (ms / 1000) / 1e9, ms)
+def point(label: str, flops: int, bytes_read: int, ms: float, rows: int | None = None) -> RooflinePoint:
+    return RooflinePoint(label, flops / bytes_read, flops / (ms / 1000) / 1e9, bytes_read / (ms / 1000) / 1e9, ms,
+                         rows)
 
 
 def sweep(model: NativeModel, batches: list[int], contexts: list[int], repeats: int = 5) -> dict[int, list[Work]]:
