@@ -292,6 +292,13 @@ def flops(module: Llama, rows: list[tuple[int, int]]) -> int:
                       cfg.head_dim, rows, len(windows), windows[0] if windows else None)
 
 
+def prefill_counts(model: NativeModel, n: int) -> tuple[int, int]:
+    """Bytes read and FLOPs of a prefill of n positions: it reads every weight once and writes n positions of
+    cache; every position multiplies through the layers, the LM head runs on the last."""
+    return (step_bytes(weight_bytes(model.module, n), [model.info.cache_bytes_formula(n)]),
+            flops(model.module, [(n, n)]))
+
+
 MAX_SLOTS = 32
 
 
@@ -408,8 +415,8 @@ class Server:
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
                                     [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,
             decode_flops=flops(self.model.module, [(1, n) for n in lengths]),
-            prefill_tokens=sum(n for n, _ in prefill_rows), prefill_flops=flops(self.model.module, prefill_rows),
-            prefill_bytes=sum(step_bytes(weight_bytes(self.model.module, n), [self.info.cache_bytes_formula(n)])
-                              for n, _ in prefill_rows))
+            prefill_tokens=sum(n for n, _ in prefill_rows),
+            prefill_bytes=sum(prefill_counts(self.model, n)[0] for n, _ in prefill_rows),
+            prefill_flops=sum(prefill_counts(self.model, n)[1] for n, _ in prefill_rows))
         self.steps.append(step)
         return step

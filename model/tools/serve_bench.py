@@ -23,6 +23,7 @@ from model.engine.batch import (
     check_batch,
     decode_rows,
     flops,
+    prefill_counts,
     weight_bytes,
 )
 from model.engine.counting import step_bytes
@@ -131,13 +132,6 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
     cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
     return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
                 flops(model.module, [(1, context + 1)] * batch), batch)
-
-
-def prefill_counts(model: NativeModel, n: int) -> tuple[int, int]:
-    """Bytes read and FLOPs of a prefill of n positions, by the counting formulas: it reads every weight once and
-    writes n positions of cache."""
-    return (step_bytes(weight_bytes(model.module, n), [model.info.cache_bytes_formula(n)]),
-            flops(model.module, [(n, n)]))
 
 
 def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
