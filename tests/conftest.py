@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -121,9 +122,30 @@ def browser_page(_chromium):
     context.close()
 
 
+# Streamlit's running indicator shows only once a run is 500 ms old, and a click's run starts when the server answers:
+# right after a click neither says a run is coming, and a poller's fragment run can start and end between two looks.
+# So a MutationObserver notes every change of the app's script state (the attribute Streamlit's own browser tests
+# read), and the page is idle once that state has been "notRunning", connected, for QUIET_MS with no change.
+QUIET_MS = 500
+IDLE_JS = """([quiet, call]) => {
+    const app = document.querySelector('[data-testid="stApp"]');
+    if (!app) return false;
+    const now = performance.now();
+    const idle = window.__decodeLabIdle ??= {};
+    if (idle.app !== app) {
+        Object.assign(idle, {app, changed: now});
+        new MutationObserver(() => { idle.changed = performance.now(); }).observe(app, {
+            attributes: true, attributeFilter: ['data-test-script-state', 'data-test-connection-state']});
+    }
+    if (idle.call !== call) Object.assign(idle, {call, changed: now});
+    return app.getAttribute('data-test-script-state') === 'notRunning'
+        && app.getAttribute('data-test-connection-state') === 'CONNECTED' && now - idle.changed >= quiet;
+}"""
+
+
 def wait_idle(page, timeout_ms: int = 60_000) -> None:
-    """Streamlit shows its running indicator while the script runs; wait until it is gone."""
-    page.wait_for_function("!document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout_ms)
+    """Waits until no script run is going on or about to start (QUIET_MS of quiet)."""
+    page.wait_for_function(IDLE_JS, arg=[QUIET_MS, uuid.uuid4().hex], polling=50, timeout=timeout_ms)
 
 
 def choose_sidebar_model(page, label: str) -> None:
