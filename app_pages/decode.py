@@ -33,6 +33,7 @@ from ui.session import (
     prompt_form,
     redraw_only,
     request_run_to_end,
+    rerun_whole_page,
     reset,
     run_as_trace_json,
     run_to_end,
@@ -103,7 +104,7 @@ def step_view() -> None:
     mark_cancelled_run()
     gen = generation(model)
     if gen is None:  # Reset inside the fragment: the whole page draws the prompt form again
-        st.rerun()
+        rerun_whole_page()
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
@@ -127,9 +128,9 @@ def wait_for_check(index: int) -> None:
     kept waiting by a check."""
     gen = st.session_state.generation
     if gen is None or len(gen.steps) - 1 != index:  # the run moved on
-        st.rerun()
+        rerun_whole_page()
     if generate.check_last_step_in_background(model, gen, defer_s=CHECK_DEFER_S) is not None:
-        st.rerun()
+        rerun_whole_page()
 
 
 def step_list(runs: list[generate.AttentionRun]) -> str:

@@ -176,6 +176,31 @@ def test_the_token_comes_first_and_its_own_check_follows(monkeypatch):
     assert verdict in html and checking not in html
 
 
+def test_a_click_while_a_whole_page_run_is_due_is_not_narrowed_to_the_step_view(monkeypatch):
+    """The verdict is drawn by a whole-page run the check's poller asks for (rerun_whole_page). A lens click's run
+    interrupts it; narrowed to the step view, it would leave "checking…" on the page (seen under load in a browser).
+    Breaks if redraw_only ignores whole_page_due, or if app.py does not clear it once the page has run to its end."""
+    import streamlit
+
+    scopes, real_rerun = [], streamlit.rerun
+
+    def rerun(scope="app"):
+        scopes.append(scope)
+        real_rerun(scope)
+
+    monkeypatch.setattr(streamlit, "rerun", rerun)
+    at = click(click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill"), "next")
+    assert at.session_state["whole_page_due"] is False
+    at.toggle(key="logit_lens").set_value(True).run()
+    assert scopes == ["decode_step"]  # nothing due: the click redraws the step view only
+    at.run()  # the whole page again (the tree now holds the step view only)
+    scopes.clear()
+    at.session_state["whole_page_due"] = True  # as the poller leaves it when the check is done
+    at.toggle(key="logit_lens").set_value(False).run()
+    assert not at.exception and scopes == []
+    assert at.session_state["whole_page_due"] is False  # the whole page ran to its end
+
+
 def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced_it(monkeypatch, small):
     """The first step 1's check is made wrong (its recompute is off by 1) and held until Back and Next made another
     step 1: when it finishes, the new step must still have no verdict, and then get its own."""

@@ -359,7 +359,8 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
         "buffer": json.dumps({**_micro(), "schema": "decode-lab.trace/0"}).encode()}])
     page.get_by_text("decode-lab.trace/0", exact=False).first.wait_for()
     page.locator("input[type=file]").set_input_files(str(MICRO.parent / "gemma3.json"))
-    page.get_by_text(step.format(step=0, last=11)).wait_for()  # gemma3's 12 steps
+    # gemma3's 12 steps; it once took over the default 30 s with another job running beside the suite
+    page.get_by_text(step.format(step=0, last=11)).wait_for(timeout=120_000)
     assert page.get_by_text(mark).count() == 1
     wait_idle(page)
     assert page.locator("[data-testid='stException']").count() == 0
