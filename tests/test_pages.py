@@ -1,6 +1,7 @@
 """Each page under AppTest: no exception, Next/Back move the cache by ±1, language switch keeps state."""
 
 
+import dataclasses
 import os
 import threading
 import time
@@ -162,6 +163,12 @@ def test_the_token_comes_first_and_its_own_check_follows(monkeypatch):
 
     at = click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill")
     gen = at.session_state["generation"]
+    # small's checks take a few ms, so the next one starts with its step; a busy machine (CI's once) can slow the
+    # prefill's past CHECK_INLINE_S, and then the next waits for the poller, which AppTest does not run
+    deadline = time.monotonic() + 30
+    while 0 not in gen.checks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gen.checks[0] = dataclasses.replace(gen.checks[0], ms=1.0)
     monkeypatch.setattr(generate, "recompute", slow_recompute)
     click(at, "next")
     n = gen.steps[-1].cache_len
