@@ -266,7 +266,9 @@ def redraw_only(fragment: str | None) -> None:
 def rerun_whole_page() -> None:
     """From a fragment: rerun the whole page. A click's run interrupts a run in progress; were it narrowed to a
     fragment, what only the whole-page run draws (the Decode page's verdict) would stay as it was. So until a
-    whole-page run has reached the page's end (app.py clears the mark), clicks rerun the whole page."""
+    whole-page run has reached the page's end (app.py clears the mark), clicks rerun the whole page. A page that
+    ends in st.stop() (Decode before its prefill) leaves the mark: clicks then redraw whole pages until one runs to
+    its end, which is slower, never stale."""
     st.session_state.whole_page_due = True
     st.rerun()
 
