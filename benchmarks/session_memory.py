@@ -1,4 +1,4 @@
-"""What one session's run costs in server memory, measured against the README's formula.
+"""What one session's run costs in server memory, measured against the formula in docs/deploy.md.
 
 A random Llama with GPT-2's vocabulary (50,257 ids: the vocabulary size is what made the per-step sampling
 arrays expensive) runs a 1000-step greedy decode; the process's resident memory is read before and after, and

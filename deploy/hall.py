@@ -6,7 +6,7 @@
 Each replica is `streamlit run app.py` on a free port of 127.0.0.1 with the classroom settings; once every one
 answers /_stcore/health, nginx runs in the foreground on a config generated into a run folder of its own (not
 /etc/nginx), listening on A:P (HTTPS with a certificate: TLS ends at nginx). Sticky sessions: a cookie, not
-ip_hash (why: README, "Deploying for a school").
+ip_hash (why: docs/deploy.md, "Deploying for a school").
 Ctrl-C or SIGTERM stops nginx and every replica; a replica that dies is started again on its port. Bad
 configuration (the port taken, nginx missing) is one sentence on stderr and exit status 2.
 """

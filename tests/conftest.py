@@ -171,3 +171,10 @@ def artifacts() -> Path:
     path = ROOT / "test-artifacts"
     path.mkdir(exist_ok=True)
     return path
+
+
+def pytest_collection_modifyitems(items):
+    """Browser and real-model tests are slow by definition; `./dev test --fast` leaves the slow ones out."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ("browser", "smollm2", "gemma3")):
+            item.add_marker(pytest.mark.slow)

@@ -127,7 +127,8 @@ def test_the_prompt_mode_cannot_be_left_empty():
 
 
 def formula_bytes(info, prompt_len: int, new_tokens: int) -> int:
-    """README: 2·L·H·(N(N+1)/2 + Σ cache_len) bytes of float16 attention (the prefill's lower triangle, each decode
+    """docs/deploy.md: 2·L·H·(N(N+1)/2 + Σ cache_len) bytes of float16 attention (the prefill's lower triangle, each
+    decode
     step's row) + 4·V bytes of float32 logits for the prefill and the LOGITS_KEPT latest steps + 8·SHOWN_CANDIDATES
     bytes per draw (int32 id + float32 probability)."""
     cache_lens = [prompt_len + k for k in range(1, new_tokens)]  # each decode step's cache after it

@@ -39,10 +39,10 @@ NEW_TOKENS = 1 + NEXTS_BEFORE_KILL + NEXTS_AFTER_KILL  # the prefill draws the f
 ABNORMAL_CLOSURE = 1006  # the websocket code for a connection that ended without a close frame
 TEMPERATURE = 0.9  # sampled, each session its own seed: a draw that leaked between sessions would show
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     shutil.which("nginx") is None and shutil.which("nginx", path="/usr/sbin") is None,
     reason="nginx is not installed and this run may not install it: `./dev test` (or apt-get install -y nginx) "
-           "installs Debian's package")
+           "installs Debian's package")]
 
 
 def alive(pid: int) -> bool:
@@ -148,7 +148,7 @@ def test_sigint_stops_nginx_and_every_replica(hall):
 
 
 def test_a_hall_of_one_behind_tls_and_sigterm_stops_it(tmp_path):
-    """TLS ends at nginx (the README's self-signed example); a service manager's SIGTERM stops all as Ctrl-C."""
+    """TLS ends at nginx (docs/deploy.md's self-signed example); a service manager's SIGTERM stops all as Ctrl-C."""
     if shutil.which("openssl") is None:
         pytest.skip("no openssl to make a self-signed certificate (Debian: apt-get install -y openssl)")
     cert, key = tmp_path / "hall.crt", tmp_path / "hall.key"

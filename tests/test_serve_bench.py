@@ -1,5 +1,5 @@
 """Serving's measurement: a step's bytes and FLOPs against a hand count for micro, int8 weight-only, the
-serve-bench and profile commands. No timing is asserted: the figures live in the README."""
+serve-bench and profile commands. No timing is asserted: the figures live in docs/serving.md."""
 
 import itertools
 import json

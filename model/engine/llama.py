@@ -194,7 +194,7 @@ class Linear(nn.Linear):
     multiply with oneDNN's packed copy of their weight (pack_linears): a row then comes out with the same bits
     however many rows are multiplied beside it (1 in a solo decode, 8 in a batched one, N in a prefill), which torch's
     default product on a CPU (MKL's sgemm) does not give, and the rows of a batched decode share one read of the
-    weight (MKL's small-row products read it once per few rows: README, "Serving")."""
+    weight (MKL's small-row products read it once per few rows: docs/serving.md)."""
 
     packed: PackedWeight | None = None
 
