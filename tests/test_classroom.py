@@ -128,9 +128,8 @@ def test_the_prompt_mode_cannot_be_left_empty():
 
 def formula_bytes(info, prompt_len: int, new_tokens: int) -> int:
     """docs/deploy.md: 2·L·H·(N(N+1)/2 + Σ cache_len) bytes of float16 attention (the prefill's lower triangle, each
-    decode
-    step's row) + 4·V bytes of float32 logits for the prefill and the LOGITS_KEPT latest steps + 8·SHOWN_CANDIDATES
-    bytes per draw (int32 id + float32 probability)."""
+    decode step's row) + 4·V bytes of float32 logits for the prefill and the LOGITS_KEPT latest steps
+    + 8·SHOWN_CANDIDATES bytes per draw (int32 id + float32 probability)."""
     cache_lens = [prompt_len + k for k in range(1, new_tokens)]  # each decode step's cache after it
     attention = 2 * info.n_layers * info.n_heads * (prompt_len * (prompt_len + 1) // 2 + sum(cache_lens))
     logits = 4 * info.vocab_size * min(1 + LOGITS_KEPT, new_tokens)
