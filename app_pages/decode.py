@@ -22,6 +22,7 @@ from ui.i18n import number, t
 from ui.pages import page
 from ui.predict import guess_inputs, on_next_with_guess, reveal_html
 from ui.probes import probe_controls, probes_html
+from ui.process import CHECKS
 from ui.session import (
     cache_by_layer_kind,
     callback_error_here,
@@ -129,7 +130,7 @@ def wait_for_check(index: int) -> None:
     gen = st.session_state.generation
     if gen is None or len(gen.steps) - 1 != index:  # the run moved on
         rerun_whole_page()
-    if generate.check_last_step_in_background(model, gen, defer_s=CHECK_DEFER_S) is not None:
+    if generate.check_last_step_in_background(model, gen, CHECKS, defer_s=CHECK_DEFER_S) is not None:
         rerun_whole_page()
 
 
@@ -226,7 +227,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
             b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
             total=number(trace.cache_bytes_formula)), "dl-caption"))
 
-    check = (generate.check_last_step_in_background(model, gen, CHECK_INLINE_S, CHECK_DEFER_S)
+    check = (generate.check_last_step_in_background(model, gen, CHECKS, CHECK_INLINE_S, CHECK_DEFER_S)
              if st.session_state.check_each_step else None)
     if check is not None:
         passed = check.max_abs_diff <= CHECK_TOLERANCE

@@ -38,6 +38,14 @@ CHROMIUM_ARGS = [
 SERVER_START_TIMEOUT_S = 90
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_threads():
+    """As the app and the command line set it once per process: torch on DECODE_LAB_CPU_THREADS threads (1)."""
+    from model.engine.runtime import apply_cpu_threads  # here, not at the top (torch; see `small`)
+
+    apply_cpu_threads()
+
+
 @pytest.fixture(scope="session")
 def small():
     from model.engine.loading import (

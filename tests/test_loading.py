@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.loading import load_model, model_key
-from model.engine.runtime import CPU_THREADS
 from model.engine.steps import decode, prefill
 from model.errors import InputError
 from model.weights import catalog
 from model.weights.catalog import ROOT, Location, Settings, locate, runs_native, settings
+from ui.process import CPU_THREADS
 
 TINY_LLAMA = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=4, max_position_embeddings=32)

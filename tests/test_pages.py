@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from model.engine import generate
 from model.texts import text
+from ui.process import CHECK_NICENESS, CHECKS
 
 
 def open_page(page: str, model: str = "micro", lang: str = "vi") -> AppTest:
@@ -224,12 +225,12 @@ def test_a_check_for_a_step_that_went_back_never_lands_on_the_step_that_replaced
     gen = generate.start(small, small.tokenizer.encode("the dog").ids, generate.SamplingSettings(), 5)
     monkeypatch.setattr(generate, "recompute", recompute)
     generate.step(small, gen)
-    assert generate.check_last_step_in_background(small, gen) is None
+    assert generate.check_last_step_in_background(small, gen, CHECKS) is None
     first = gen.pending_checks[1][1]
     assert started.wait(timeout=30)  # running, not queued behind other tests' checks: Next cannot cancel it
     generate.back(small, gen)
     generate.step(small, gen)
-    assert generate.check_last_step_in_background(small, gen) is None  # queued behind the first
+    assert generate.check_last_step_in_background(small, gen, CHECKS) is None  # queued behind the first
     second = gen.pending_checks[1][1]
     releases[0].set()
     first.result(timeout=30)
@@ -244,13 +245,14 @@ def test_a_slow_check_starts_once_its_step_is_drawn_and_a_quick_one_at_once(smal
     its step is defer_s old (the page draws the token first); a quick one starts and is waited for at once. Breaks if
     a slow check starts with its step (then it competes with the token's drawing) or a quick one is deferred."""
     gen = generate.start(small, small.tokenizer.encode("the dog").ids, generate.SamplingSettings(), 5)
-    assert generate.check_last_step_in_background(small, gen, wait_s=5.0, defer_s=60.0) is not None  # quick: inline
+    # quick: drawn inline
+    assert generate.check_last_step_in_background(small, gen, CHECKS, wait_s=5.0, defer_s=60.0) is not None
     generate.step(small, gen)
     gen.checks[0] = generate.RecomputeCheck(0.0, 50.0)  # as if the latest check took 50 ms
-    assert generate.check_last_step_in_background(small, gen, wait_s=0.03, defer_s=60.0) is None
+    assert generate.check_last_step_in_background(small, gen, CHECKS, wait_s=0.03, defer_s=60.0) is None
     assert not gen.pending_checks  # not started: the step is younger than 60 s
     gen.stepped_at -= 60.0
-    generate.check_last_step_in_background(small, gen, wait_s=0.03, defer_s=60.0)
+    generate.check_last_step_in_background(small, gen, CHECKS, wait_s=0.03, defer_s=60.0)
     assert 1 in gen.pending_checks or 1 in gen.checks  # started now
     deadline = time.monotonic() + 30
     while 1 not in gen.checks and time.monotonic() < deadline:
@@ -264,7 +266,7 @@ def test_the_check_runs_at_the_lowest_cpu_priority_and_the_steps_at_their_own():
     def priority() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
-    assert generate._background_checks.submit(priority).result(timeout=60) == generate.CHECK_NICENESS == 19
+    assert CHECKS.submit(priority).result(timeout=60) == CHECK_NICENESS == 19
     assert priority() == os.getpriority(os.PRIO_PROCESS, 0)  # this thread, as the session's step runs, unchanged
 
 

@@ -8,6 +8,7 @@ import test_smollm2
 from model.engine import generate
 from model.engine.ablation import ablate, by_layer, kl_divergence, parse_heads
 from model.engine.lens import LENS_TOP, logit_lens
+from model.engine.llama import Probe
 from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.engine.steps import side_step
@@ -114,7 +115,7 @@ def test_no_head_off_gives_the_real_logits_exactly(small):
     gen = run_of(small, "con mèo")
     generate.step(small, gen)
     for trace in (gen.steps[0], gen.steps[-1]):
-        again = side_step(small, gen.cache, trace, heads_off=by_layer([])).logits[0, -1].numpy()
+        again = side_step(small, gen.cache, trace, Probe(heads_off=by_layer([]))).logits[0, -1].numpy()
         assert np.array_equal(again, trace.logits)
 
 

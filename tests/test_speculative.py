@@ -12,7 +12,7 @@ from test_smollm2 import needs_model
 
 from model.engine import generate
 from model.engine.cache import KVCache
-from model.engine.llama import Llama, LlamaConfig
+from model.engine.llama import Llama, LlamaConfig, Probe
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings, sample
@@ -155,7 +155,7 @@ def test_early_exit_is_the_first_k_layers_then_the_final_norm_and_head():
     shallow.load_state_dict(model.module.state_dict(), strict=False)  # layers 0, 1, the norm and the head
     with torch.inference_mode():
         expected = shallow(x).logits
-        got = model.module(x, n_layers=2).logits
+        got = model.module(x, probe=Probe(n_layers=2)).logits
         full = model.module(x).logits
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert not torch.allclose(got, full)
@@ -232,7 +232,7 @@ def test_caches_after_a_round_equal_plain_decoding_of_the_same_tokens(small, dra
         assert held in (len(run.ids) - 1, len(run.ids) - 2)
         fresh = KVCache(run.draft.n_layers)
         with torch.inference_mode():
-            run.draft.module(torch.tensor([run.ids[:held]]), fresh, n_layers=run.draft.n_layers)
+            run.draft.module(torch.tensor([run.ids[:held]]), fresh, probe=Probe(n_layers=run.draft.n_layers))
         for layer in range(run.draft.n_layers):
             for ours, theirs in zip(run.draft.cache.layer(layer), fresh.layer(layer)):
                 torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)

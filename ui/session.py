@@ -13,6 +13,7 @@ from collections.abc import Callable
 import streamlit as st
 import torch
 
+import ui.process  # noqa: F401  (the process set-up, before the first model runs: torch's threads)
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula
 from model.engine.loading import load_model, load_session_checkpoint, model_key

@@ -11,6 +11,7 @@ import numpy as np
 
 from model.engine.cache import KVCache
 from model.engine.lens import LENS_TOP, top_ids
+from model.engine.llama import Probe
 from model.engine.runtime import ModelInfo, NativeModel
 from model.engine.sampling import SamplingSettings, draw, softmax
 from model.engine.steps import StepTrace, side_step
@@ -67,7 +68,7 @@ def kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
 def ablate(model: NativeModel, cache: KVCache, trace: StepTrace, heads: list[tuple[int, int]],
                      settings: SamplingSettings, step_index: int, chosen_id: int) -> Ablation:
     """The step `trace` (the run's step `step_index`, which drew chosen_id) again with `heads` switched off."""
-    logits = side_step(model, cache, trace, heads_off=by_layer(heads)).logits[0, -1].float().cpu().numpy()
+    logits = side_step(model, cache, trace, Probe(heads_off=by_layer(heads))).logits[0, -1].float().cpu().numpy()
     before, after = softmax(trace.logits.astype(np.float64)), softmax(logits.astype(np.float64))
     return Ablation(list(heads), logits, top_with_probs(trace.logits, before), top_with_probs(logits, after),
                     kl_divergence(before, after), chosen_id, draw(logits, settings, step_index).chosen_id)

@@ -24,38 +24,34 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.engine.cache import CROP_MARGIN, MIN_CAPACITY, KVCache, LayerBytes
+from model.engine.cache import KVCache, LayerBytes, cache_layer
 from model.engine.counting import step_bytes, step_flops
-from model.engine.gemma3 import FULL, SLIDING, Gemma3
-from model.engine.generate import check_settings_or_refuse
-from model.engine.llama import Llama, RowKeys, rope_cos_sin
+from model.engine.llama import DecoderOnly, Llama, RowKeys
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import SamplingSettings, sample
+from model.engine.sampling import SamplingSettings, check_settings_or_refuse, sample
+from model.engine.stopping import stop_reason
 from model.errors import InputError
 
 
 class SlotCache:
     """Per layer K and V of shape (slots, n_kv, capacity, d_head): slot s holds positions of one request, with its
     own length. A full layer's buffer holds positions 0 .. lengths[s] − 1 of the slot from index 0; a sliding-window
-    layer's (`windows[i]`, Gemma 3) holds them from position starts[s] at index 0, at most window + 2 × CROP_MARGIN
-    of them: when a slot's next position would not fit, its latest window − 1 + CROP_MARGIN positions move to the
-    front (once every CROP_MARGIN steps, as the solo KVCache keeps the window and the margin), so its memory stops
-    growing. The buffers double when full; a freed slot keeps its old values, which no row reads."""
+    layer's (`windows[i]`, Gemma 3) holds them from position starts[s] at index 0, at most the layer's `most`: when a
+    slot's next position would not fit, the positions its layer keeps (keep_from) move to the front, so its memory
+    stops growing. Which positions a query sees, which a layer holds and keeps, and how a buffer grows are the solo
+    cache's own layer objects' rules (cache.FullLayer, cache.SlidingLayer), applied here per slot. The buffers
+    double when full; a freed slot keeps its old values, which no row reads."""
 
     def __init__(self, n_layers: int, slots: int, windows: list[int | None] | tuple[int | None, ...] | None = None):
         self.n_layers, self.slots = n_layers, slots
         self.windows = list(windows) if windows else [None] * n_layers   # None: full attention
+        self.rules = [cache_layer(window) for window in self.windows]    # the arithmetic, not the buffers
         self.lengths = [0] * slots
         self.starts = [0] * slots   # per slot, the position at index 0 of its sliding layers' buffers
         self._keys: list[torch.Tensor | None] = [None] * n_layers   # (slots, n_kv, capacity, d_head)
         self._values: list[torch.Tensor | None] = [None] * n_layers
 
-    def _most(self, layer: int) -> int | None:
-        """The largest buffer a sliding layer keeps; None on a full layer (it grows with the sequence)."""
-        window = self.windows[layer]
-        return None if window is None else window + 2 * CROP_MARGIN
-
-    def _offset(self, layer: int, slot: int) -> int:
+    def _start(self, layer: int, slot: int) -> int:
         """The position at index 0 of `slot` in `layer`'s buffer."""
         return 0 if self.windows[layer] is None else self.starts[slot]
 
@@ -63,14 +59,12 @@ class SlotCache:
         """Room for `full` positions from index 0 on every full layer, `sliding` on every sliding one; `like`
         (…, n_kv, …, d_head) gives the dtype and device."""
         n_kv, d_head = like.shape[1], like.shape[3]
-        for layer in range(self.n_layers):
-            most = self._most(layer)
-            needed = full if most is None else sliding
+        for layer, rule in enumerate(self.rules):
+            needed = full if rule.window is None else sliding
             old = 0 if self._keys[layer] is None else self._keys[layer].shape[2]
             if needed <= old:
                 continue
-            capacity = max(needed, 2 * old, MIN_CAPACITY)
-            capacity = capacity if most is None else min(capacity, most)
+            capacity = rule.capacity(needed, old)
             for store in (self._keys, self._values):
                 bigger = like.new_empty(self.slots, n_kv, capacity, d_head)
                 if store[layer] is not None:
@@ -95,17 +89,15 @@ class SlotCache:
 
     def make_room(self, rows: int) -> None:
         """Before a step over slots 0 .. rows − 1: a sliding layer's slot whose next position would pass its buffer
-        moves its latest window − 1 + CROP_MARGIN positions to the front, then every buffer grows to what the step
-        writes."""
-        windows = {w for w in self.windows if w is not None}
-        if windows:
-            window = windows.pop()  # Gemma 3: one window for every sliding layer
-            most = window + 2 * CROP_MARGIN
+        moves the positions the layer keeps to the front, then every buffer grows to what the step writes."""
+        sliding = next((rule for rule in self.rules if rule.window is not None), None)  # one window: Gemma 3
+        if sliding is not None:
             for slot in range(rows):
-                if self.lengths[slot] - self.starts[slot] + 1 > most:
-                    self._move_to_front(slot, self.lengths[slot] - window + 1 - CROP_MARGIN)
-        sliding = max(self.lengths[s] - self.starts[s] for s in range(rows)) + 1
-        self._ensure(self._keys[0], max(self.lengths[:rows]) + 1, sliding)
+                end = self.lengths[slot] + 1
+                if end - self.starts[slot] > sliding.most:
+                    self._move_to_front(slot, sliding.keep_from(self.starts[slot], end))
+        held = max(self.lengths[s] - self.starts[s] for s in range(rows)) + 1
+        self._ensure(self._keys[0], max(self.lengths[:rows]) + 1, held)
 
     def _move_to_front(self, slot: int, new_start: int) -> None:
         old_start, end = self.starts[slot], self.lengths[slot]
@@ -119,16 +111,28 @@ class SlotCache:
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One new position per row: k, v (rows, n_kv, 1, d_head) of slots 0 .. rows − 1, written at each row's own
         length (after make_room). Returns every row's keys and values up to the longest row's end, (rows, n_kv, S,
-        d_head): a view, no copy; `row_keys` tells which of them each row reads. Lengths
-        move on once, after the last layer."""
+        d_head): a view, no copy; `row_keys` tells which of them each row reads. Lengths move on once, after the
+        last layer."""
         rows = k.shape[0]
-        index = [self.lengths[s] - self._offset(layer, s) for s in range(rows)]
+        index = [self.lengths[s] - self._start(layer, s) for s in range(rows)]
         slots = torch.arange(rows, device=k.device)
         at = torch.tensor(index, device=k.device)                        # (rows,)
         self._keys[layer][slots, :, at] = k[:, :, 0]                      # (rows, n_kv, d_head)
         self._values[layer][slots, :, at] = v[:, :, 0]
         S = max(index) + 1
         return self._keys[layer][:rows, :, :S], self._values[layer][:rows, :, :S]
+
+    def row_keys(self, rows: int) -> dict[int | None, RowKeys]:
+        """Per layer kind, the buffer indices each of rows 0 .. rows − 1 reads in a decode step: row r's new query
+        (at position lengths[r]) sees the keys of its own slot from the layer's first_seen up to its own."""
+        keys = {}
+        for layer, rule in enumerate(self.rules):
+            if rule.window not in keys:
+                starts = [self._start(layer, s) for s in range(rows)]
+                keys[rule.window] = RowKeys(
+                    tuple(rule.first_seen(start, n) - start for n, start in zip(self.lengths, starts)),
+                    tuple(n - start + 1 for n, start in zip(self.lengths, starts)))
+        return keys
 
     def advance(self, rows: int) -> None:
         self.lengths[:rows] = [n + 1 for n in self.lengths[:rows]]
@@ -157,51 +161,23 @@ class RowCache(LayerBytes):
         keys = self.cache._keys[layer]
         if keys is None or self.length == 0:
             return None
-        n, s, window = self.length, self.slot, self.cache.windows[layer]
-        offset = self.cache._offset(layer, s)
-        first = offset if window is None else max(offset, n - window)
-        held = slice(first - offset, n - offset)
-        return keys[s:s + 1, :, held], self.cache._values[layer][s:s + 1, :, held]
-
-
-def row_keys(lengths: list[int], starts: list[int], window: int | None) -> RowKeys:
-    """The buffer indices a layer's row reads in a decode step: row r's new query (at position lengths[r]) sees the
-    keys of its own slot at positions ≤ lengths[r], on a sliding layer only the `window` latest (its own included),
-    index j holding position starts[r] + j (starts all 0 on a full layer)."""
-    first = [0 if window is None else max(start, n - window + 1) - start for n, start in zip(lengths, starts)]
-    return RowKeys(tuple(first), tuple(n - start + 1 for n, start in zip(lengths, starts)))
+        start = self.cache._start(layer, self.slot)
+        held = slice(self.cache.rules[layer].first_held(start, self.length) - start, self.length - start)
+        return keys[self.slot:self.slot + 1, :, held], self.cache._values[layer][self.slot:self.slot + 1, :, held]
 
 
 @torch.inference_mode()
-def decode_rows(module: Llama | Gemma3, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+def decode_rows(module: DecoderOnly, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
     """One decode step for slots 0 .. rows − 1, tokens[r] the token row r feeds (rows = len(tokens)); returns the
-    logits (rows, vocab). The blocks are the model's own: RoPE's cos and sin carry a row axis, and RowKeys stands in
-    for the mask."""
+    logits (rows, vocab): the model's own forward, each row at its own position over the keys of its own slot."""
     rows = len(tokens)
     device = module.lm_head.weight.device
     cache.make_room(rows)
-    lengths = cache.lengths[:rows]
-    positions = torch.tensor(lengths, device=device)                     # (rows,) each row's own position
-    ids = torch.tensor(tokens, device=device)[:, None]                   # (rows, 1)
-    if isinstance(module, Gemma3):
-        embed = module.model.embed_tokens
-        x = embed(ids) * module.embed_scale.to(embed.weight.dtype)       # (rows, 1, hidden)
-        rope = {kind: tuple(t.to(x.dtype)[:, None, None, :] for t in rope_cos_sin(positions, inv_freq))
-                for kind, inv_freq in ((FULL, module.inv_freq_full), (SLIDING, module.inv_freq_sliding))}
-        keys = {window: row_keys(lengths, cache.starts[:rows] if window else [0] * rows, window)
-                for window in set(cache.windows)}                        # per layer kind
-        for i, block in enumerate(module.model.layers):
-            cos, sin = rope[module.config.layer_types[i]]                # (rows, 1, 1, d_head)
-            x, _, _ = block(x, cos, sin, 0, cache, i, (), keys[cache.windows[i]])
-    else:
-        x = module.model.embed_tokens(ids)                               # (rows, 1, hidden)
-        cos = module.rope_cos[positions].to(x.dtype)[:, None, None, :]   # (rows, 1, 1, d_head): over heads, T = 1
-        sin = module.rope_sin[positions].to(x.dtype)[:, None, None, :]
-        keys = row_keys(lengths, [0] * rows, None)
-        for i, block in enumerate(module.model.layers):
-            x, _, _ = block(x, cos, sin, keys, cache, i)                 # (rows, 1, hidden)
+    positions = torch.tensor(cache.lengths[:rows], device=device)[:, None]  # (rows, 1) each row's own position
+    ids = torch.tensor(tokens, device=device)[:, None]                      # (rows, 1)
+    logits = module(ids, cache, positions=positions, keys=cache.row_keys(rows)).logits  # (rows, 1, vocab)
     cache.advance(rows)
-    return module.lm_head(module.model.norm(x))[:, 0].float()            # (rows, vocab)
+    return logits[:, 0].float()                                             # (rows, vocab)
 
 
 # -- the scheduler ------------------------------------------------------------------------------------------------
@@ -340,14 +316,9 @@ class Server:
         request.new_ids.append(token)
         request.token_steps.append(step)
         request.token_ms.append(self.clock_ms)
-        eos = self.info.eos_id
-        # in generate.find_stop's order: the context is full when no position is left to feed the token just chosen
-        if eos is not None and token == eos:
-            request.stop_reason = "eos"
-        elif len(request.prompt_ids) + len(request.new_ids) - 1 >= self.info.context_length:
-            request.stop_reason = "context_full"
-        elif len(request.new_ids) >= request.max_new_tokens:
-            request.stop_reason = "max_new_tokens"
+        # every token but the one just chosen has been fed
+        request.stop_reason = stop_reason(token, self.info.eos_id, len(request.prompt_ids) + len(request.new_ids) - 1,
+                                          self.info.context_length, len(request.new_ids), request.max_new_tokens)
 
     @torch.inference_mode()
     def step(self) -> ServeStep:

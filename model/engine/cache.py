@@ -68,117 +68,191 @@ class LayerBytes:
         return sum(self.layer_bytes_reserved(i) for i in range(self.n_layers))
 
 
-class KVCache(LayerBytes):
-    """Per layer, K and V of shape (batch, n_kv_heads, positions, d_head).
+class FullLayer:
+    """One full-attention layer's K and V, (B, n_kv, capacity, d_head) buffers holding every position from index 0.
 
-    Each layer's K and V live in a buffer that doubles when full, so a decode step writes its one new position
-    in place instead of copying the whole cache (what torch.cat would do every step). A full-attention layer holds
-    every position; a sliding-window layer (`windows[i]`, Gemma 3) only the `window` latest ones, the keys its last
-    query attended over: older positions are dropped, so its memory stops growing (transformers' sliding-window
-    cache drops them too). It keeps CROP_MARGIN more in its buffer, for crops.
-    """
+    The buffer doubles when full, so a decode step writes its one new position in place instead of copying the
+    whole cache (what torch.cat would do every step). The arithmetic (which positions a query sees, which the layer
+    holds, what it keeps) takes the first position held and the length as arguments, so that the slotted cache of
+    a batched decode (model/serving) applies the same rules to each of its slots."""
+
+    window: int | None = None
+    most: int | None = None  # the largest buffer the layer keeps: none, it grows with the sequence
+
+    def __init__(self):
+        self.keys: torch.Tensor | None = None    # (B, n_kv, capacity, d_head)
+        self.values: torch.Tensor | None = None
+        self.length = 0  # positions the layer has seen: the sequence length
+        self.start = 0   # the position at buffer index 0: above 0 once a sliding layer dropped some
+
+    def first_seen(self, start: int, position: int) -> int:
+        """The first key position a query at `position` attends over."""
+        return start
+
+    def first_held(self, start: int, length: int) -> int:
+        """The first position the layer holds (layer()) after `length` positions."""
+        return start
+
+    def keep_from(self, start: int, end: int) -> int:
+        """The first position a buffer keeps when it is written again after `end` positions."""
+        return start
+
+    def capacity(self, needed: int, old: int) -> int:
+        """A new buffer's positions: at least `needed`, double the old one, never under MIN_CAPACITY."""
+        return max(needed, 2 * old, MIN_CAPACITY)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions' K, V (B, n_kv, T, d_head); return the keys and values the new queries attend
+        over (B, n_kv, S, d_head), from position first_seen(start, length before) to the last new one."""
+        start, end = self.length, self.length + k.shape[2]
+        if self.keys is None or end > self.keys.shape[2]:
+            self._grow(k, end)
+        self.keys[:, :, start:end] = k
+        self.values[:, :, start:end] = v
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def _grow(self, like: torch.Tensor, needed: int) -> None:
+        old = 0 if self.keys is None else self.keys.shape[2]
+        B, n_kv, _, d_head = like.shape
+        capacity = self.capacity(needed, old)
+        for name in ("keys", "values"):
+            bigger = like.new_empty(B, n_kv, capacity, d_head)
+            if getattr(self, name) is not None:
+                bigger[:, :, :self.length] = getattr(self, name)[:, :, :self.length]
+            setattr(self, name, bigger)
+
+    def held(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """K and V (B, n_kv, positions, d_head) the layer holds, None before its first append."""
+        if self.keys is None:
+            return None
+        kept = slice(self.first_held(self.start, self.length) - self.start, self.length - self.start)
+        return self.keys[:, :, kept], self.values[:, :, kept]
+
+    def can_crop(self, n: int) -> bool:
+        """Whether the layer still holds what the position after the first n needs."""
+        return True
+
+    def crop(self, n: int) -> None:
+        """Keep the first n positions (fewer when a pass that stopped half-way left this layer shorter)."""
+        self.length = min(self.length, n)
+        if n == 0:
+            self.start = 0
+
+    def copy_first(self, n: int) -> FullLayer:
+        """This layer's first n positions as views cut at n, so that the copy's first append copies them into
+        buffers of its own (a buffer is written in place only below its end) instead of writing into this one's."""
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        if n == 0:
+            copy.keys = copy.values = None
+            copy.start = copy.length = 0
+        else:
+            copy.keys, copy.values = self.keys[:, :, :n - self.start], self.values[:, :, :n - self.start]
+            copy.length = n
+        return copy
+
+
+class SlidingLayer(FullLayer):
+    """One sliding-window layer (Gemma 3): a query sees only the `window` latest positions, its own included, so
+    the layer keeps those and drops older ones, and its memory stops growing (transformers' sliding-window cache
+    drops them too). It keeps CROP_MARGIN more, for crops (Back, speculative decoding's rejections)."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window = window
+        self.most = window + 2 * CROP_MARGIN
+
+    def first_seen(self, start: int, position: int) -> int:
+        return max(start, position - self.window + 1)
+
+    def first_held(self, start: int, length: int) -> int:
+        return max(start, length - self.window)
+
+    def keep_from(self, start: int, end: int) -> int:
+        return max(start, end - self.window - CROP_MARGIN)
+
+    def capacity(self, needed: int, old: int) -> int:
+        return min(super().capacity(needed, old), self.most)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, past = self.start, self.length
+        end = past + k.shape[2]
+        seen = self.first_seen(start, past) - start  # the buffer index of the oldest key the first new query sees
+        if k.shape[2] == 1 and self.keys is not None and end - start <= self.keys.shape[2]:
+            # a decode step: written in place, like a full layer
+            self.keys[:, :, past - start] = k[:, :, 0]
+            self.values[:, :, past - start] = v[:, :, 0]
+            self.length = end
+            return self.keys[:, :, seen:end - start], self.values[:, :, seen:end - start]
+        # several positions, or a full buffer: the pass attends over the held keys and the new ones; the buffer
+        # then keeps only the window after the last position and the margin before it, in a buffer with room
+        # for CROP_MARGIN more decode steps
+        keys = torch.cat((self.keys[:, :, :past - start], k), dim=2) if self.keys is not None else k
+        values = torch.cat((self.values[:, :, :past - start], v), dim=2) if self.keys is not None else v
+        keep_from = self.keep_from(start, end)
+        kept = end - keep_from
+        capacity = max(MIN_CAPACITY, min(2 * kept, self.most))
+        for name, new in (("keys", keys), ("values", values)):
+            buffer = new.new_empty(*new.shape[:2], capacity, new.shape[3])
+            buffer[:, :, :kept] = new[:, :, keep_from - start:]
+            setattr(self, name, buffer)
+        self.start, self.length = keep_from, end
+        return keys[:, :, seen:], values[:, :, seen:]
+
+    def can_crop(self, n: int) -> bool:
+        """A sliding layer that dropped positions older than n − window cannot give them back."""
+        return n == 0 or self.start <= max(0, n - self.window)
+
+
+def cache_layer(window: int | None) -> FullLayer:
+    """The layer object for a layer kind: FullLayer for full attention, SlidingLayer for a window."""
+    return FullLayer() if window is None else SlidingLayer(window)
+
+
+class KVCache(LayerBytes):
+    """A sequence's cache: one FullLayer or SlidingLayer per layer, chosen from the model's layer kinds (`windows`,
+    None for full attention), as transformers' DynamicCache picks its layer classes from config.layer_types."""
 
     def __init__(self, n_layers: int, windows: list[int | None] | None = None):
         self.n_layers = n_layers
         self.windows = list(windows) if windows is not None else [None] * n_layers  # None: full attention
-        self._keys: list[torch.Tensor | None] = [None] * n_layers    # (B, n_kv, capacity, d_head)
-        self._values: list[torch.Tensor | None] = [None] * n_layers
-        self._lengths = [0] * n_layers  # positions the layer has seen: the sequence length
-        self._starts = [0] * n_layers   # the position in buffer slot 0: above 0 once a sliding layer dropped some
+        self.layers = [cache_layer(window) for window in self.windows]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new positions' K, V (B, n_kv, T, d_head) to `layer`; return the keys and values the new
-        queries attend over (B, n_kv, S, d_head), which end at the last new position: S = past + T on a full layer,
-        on a sliding one the window before the first new query and the T new ones."""
-        if self.windows[layer] is not None:
-            return self._append_sliding(layer, k, v)
-        start, end = self._lengths[layer], self._lengths[layer] + k.shape[2]
-        if self._keys[layer] is None or end > self._keys[layer].shape[2]:
-            self._grow(layer, k, end)
-        self._keys[layer][:, :, start:end] = k
-        self._values[layer][:, :, start:end] = v
-        self._lengths[layer] = end
-        return self._keys[layer][:, :, :end], self._values[layer][:, :, :end]
+        queries attend over (B, n_kv, S, d_head), from first_seen(layer, length before) to the last new position."""
+        return self.layers[layer].append(k, v)
 
-    def _grow(self, layer: int, like: torch.Tensor, needed: int) -> None:
-        old = 0 if self._keys[layer] is None else self._keys[layer].shape[2]
-        B, n_kv, _, d_head = like.shape
-        capacity = max(needed, 2 * old, MIN_CAPACITY)
-        held = self._lengths[layer]
-        for store in (self._keys, self._values):
-            bigger = like.new_empty(B, n_kv, capacity, d_head)
-            if store[layer] is not None:
-                bigger[:, :, :held] = store[layer][:, :, :held]
-            store[layer] = bigger
-
-    def _append_sliding(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        window, start, past = self.windows[layer], self._starts[layer], self._lengths[layer]
-        end = past + k.shape[2]
-        first_needed = max(start, past - window + 1)  # the oldest key the first new query sees
-        buffer = self._keys[layer]
-        if k.shape[2] == 1 and buffer is not None and end - start <= buffer.shape[2]:
-            # a decode step: written in place, like a full layer
-            self._keys[layer][:, :, past - start] = k[:, :, 0]
-            self._values[layer][:, :, past - start] = v[:, :, 0]
-            self._lengths[layer] = end
-            seen = slice(first_needed - start, end - start)
-            return self._keys[layer][:, :, seen], self._values[layer][:, :, seen]
-        # several positions, or a full buffer: the pass attends over the held keys and the new ones; the buffer
-        # then keeps only the window after the last position and the margin before it, in a buffer with room
-        # for CROP_MARGIN more decode steps
-        keys = torch.cat((self._keys[layer][:, :, :past - start], k), dim=2) if buffer is not None else k
-        values = torch.cat((self._values[layer][:, :, :past - start], v), dim=2) if buffer is not None else v
-        keep_from = max(start, end - window - CROP_MARGIN)
-        kept = end - keep_from
-        capacity = max(MIN_CAPACITY, min(2 * kept, window + 2 * CROP_MARGIN))
-        for store, new in ((self._keys, keys), (self._values, values)):
-            store[layer] = new.new_empty(*new.shape[:2], capacity, new.shape[3])
-            store[layer][:, :, :kept] = new[:, :, keep_from - start:]
-        self._starts[layer], self._lengths[layer] = keep_from, end
-        return keys[:, :, first_needed - start:], values[:, :, first_needed - start:]
+    def first_seen(self, layer: int, position: int) -> int:
+        """The first key position a query at `position` attends over in `layer` (what the mask starts at)."""
+        held = self.layers[layer]
+        return held.first_seen(held.start, position)
 
     def copy_first(self, n: int) -> KVCache:
-        """A cache holding this one's first n positions, on which a step leaves this cache exactly as it was: it
-        starts from views of the held tensors cut at n positions, so its first append copies them into buffers of
-        its own (a buffer is written in place only below its end) instead of writing into this cache's."""
+        """A cache holding this one's first n positions, on which a step leaves this cache exactly as it was."""
         if not 0 <= n <= self.length or not self.can_crop(n):
             raise ValueError(f"cannot copy the first {n} positions of a cache of {self.length}")
         copy = KVCache(self.n_layers, self.windows)
-        if n == 0:
-            return copy
-        for layer in range(self.n_layers):
-            start = self._starts[layer]
-            copy._keys[layer] = self._keys[layer][:, :, :n - start]
-            copy._values[layer] = self._values[layer][:, :, :n - start]
-            copy._starts[layer], copy._lengths[layer] = start, n
+        copy.layers = [held.copy_first(n) for held in self.layers]
         return copy
 
     @property
     def length(self) -> int:
-        return self._lengths[0]
+        return self.layers[0].length
 
     def can_crop(self, n: int) -> bool:
-        """Whether every layer still holds what the position after the first n needs: a sliding layer that dropped
-        positions older than n − window cannot give them back."""
-        return n == 0 or all(window is None or start <= max(0, n - window)
-                             for window, start in zip(self.windows, self._starts))
+        """Whether every layer still holds what the position after the first n needs."""
+        return all(held.can_crop(n) for held in self.layers)
 
     def crop(self, n: int) -> None:
         """Keep the first n positions, forget the rest (Back rewinds the sequence this way)."""
         if not 0 <= n <= self.length or not self.can_crop(n):
             raise ValueError(f"cannot crop a cache of {self.length} positions to {n}")
-        # per layer: after a pass that stopped half-way (out of memory) later layers may hold fewer
-        self._lengths = [min(held, n) for held in self._lengths]
-        if n == 0:
-            self._starts = [0] * self.n_layers
+        for held in self.layers:
+            held.crop(n)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """K and V (B, n_kv, positions, d_head) that `layer` holds, None before its first append: every position,
         or on a sliding-window layer the `window` latest."""
-        if self._keys[layer] is None:
-            return None
-        start, held = self._starts[layer], self._lengths[layer]
-        window = self.windows[layer]
-        first = start if window is None else max(start, held - window)
-        kept = slice(first - start, held - start)
-        return self._keys[layer][:, :, kept], self._values[layer][:, :, kept]
+        return self.layers[layer].held()

@@ -20,16 +20,17 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Executor, Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from model.engine.cache import Cache
 from model.engine.counting import positions_with_cache, positions_without_cache
-from model.engine.runtime import CPU_THREADS, LoadedModel
-from model.engine.sampling import Draw, SamplingSettings, check_settings, draw
+from model.engine.runtime import LoadedModel
+from model.engine.sampling import Draw, SamplingSettings, check_settings_or_refuse, draw
 from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, recompute, rewind
+from model.engine.stopping import stop_reason
 from model.engine.tokenizer import Encoded, UnknownWordsError
 from model.errors import InputError
 
@@ -134,13 +135,6 @@ def context_room(model: LoadedModel, prompt_len: int) -> int:
     return model.info.context_length - prompt_len + 1
 
 
-def check_settings_or_refuse(settings: SamplingSettings) -> None:
-    try:
-        check_settings(settings)
-    except ValueError as bad:
-        raise InputError("bad_" + str(bad)) from None
-
-
 def check_request(model: LoadedModel, prompt_ids: list[int], settings: SamplingSettings, max_new_tokens: int):
     """Raise InputError for anything the model cannot run, before touching any state."""
     context = model.info.context_length
@@ -157,19 +151,12 @@ def check_request(model: LoadedModel, prompt_ids: list[int], settings: SamplingS
 
 
 def find_stop(model: LoadedModel, gen: Generation) -> str | None:
-    last = gen.samples[-1].chosen_id
-    if last == model.info.eos_id:
-        return "eos"
-    if gen.stop_strings:
-        answer = model.tokenizer.decode(gen.new_ids)
-        if any(s and s in answer for s in gen.stop_strings):
-            return "stop_string"
-    # checked before the token limit: asking for every token that fits reaches both at once
-    if gen.cache.length >= model.info.context_length:
-        return "context_full"  # no position left to feed the token just chosen
-    if len(gen.samples) >= gen.max_new_tokens:
-        return "max_new_tokens"
-    return None
+    def stop_string_seen() -> bool:
+        answer = model.tokenizer.decode(gen.new_ids) if gen.stop_strings else ""
+        return any(s and s in answer for s in gen.stop_strings)
+
+    return stop_reason(gen.samples[-1].chosen_id, model.info.eos_id, gen.cache.length, model.info.context_length,
+                       len(gen.samples), gen.max_new_tokens, stop_string_seen)
 
 
 def _keep_within_budget(gen: Generation) -> None:
@@ -281,30 +268,10 @@ def check_last_step(model: LoadedModel, gen: Generation) -> RecomputeCheck:
     return gen.checks[index]
 
 
-CHECK_NICENESS = 19  # the lowest CPU priority Linux gives a thread
-
-
-def _yield_to_the_steps() -> None:
-    """The check's thread gives way to every other thread of the machine, the sessions' steps first: on a busy
-    2-core machine a recompute at normal priority doubled the next Next's step (benchmarks/click_latency.py), while
-    at the lowest its verdict only comes later. Where threads have no priority of their own, nothing changes; nor
-    with more than one torch thread, since a pool of torch's worker threads started from here would keep the low
-    priority for every session's steps."""
-    if CPU_THREADS > 1:
-        return
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICENESS)
-
-
-# One check at a time in the process, beside the sessions' own steps: a Next never waits for a check, and on a
-# 2-core machine the checks of a whole class queue here instead of slowing everybody's tokens.
-_background_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode-check",
-                                        initializer=_yield_to_the_steps)
-
-
-def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: float = 0.0,
+def check_last_step_in_background(model: LoadedModel, gen: Generation, checks: Executor, wait_s: float = 0.0,
                                   defer_s: float = 0.0) -> RecomputeCheck | None:
-    """The last step's check if it is done, or done within wait_s; otherwise start it (once) and return None. The
+    """The last step's check if it is done, or done within wait_s; otherwise start it (once) on `checks`, the
+    executor the caller runs checks on (the app: one thread for the whole process), and return None. The
     result lands in gen.checks only while that step is still the run's step at that index: a verdict belongs to its
     own step. A check still waiting for its turn when the run moves on is cancelled.
     A slow check (the run's latest took longer than wait_s) is not waited for, and starts only once its step is
@@ -338,7 +305,7 @@ def check_last_step_in_background(model: LoadedModel, gen: Generation, wait_s: f
             if gen.pending_checks.get(index, (None,))[0] is trace:
                 del gen.pending_checks[index]
 
-        pending = gen.pending_checks[index] = (trace, _background_checks.submit(check))
+        pending = gen.pending_checks[index] = (trace, checks.submit(check))
         registered.set()
     if quick:
         with contextlib.suppress(TimeoutError, CancelledError):  # a small model's check is done at once: drawn inline

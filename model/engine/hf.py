@@ -264,6 +264,11 @@ class HFModel(LoadedModel):
         attentions = torch.cat([a.to(torch.float16) for a in out.attentions]) if output_attentions else None
         return out.logits[0, -1], attentions  # (vocab,), (layers, heads, T, S)
 
+    @torch.inference_mode()
+    def every_logits(self, ids, cache):
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
+        return self.module(input_ids=x, use_cache=True, **{self._cache_arg: cache.dynamic}).logits[0]  # (T, vocab)
+
 
 def load_transformers(location: Location, device: torch.device, language: str | None = None) -> HFModel:
     tokenizer = HFTokenizer(load_tokenizer(location))

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from model.engine.cache import KVCache
+from model.engine.llama import Probe
 from model.engine.runtime import NativeModel
 from model.engine.sampling import softmax
 from model.engine.steps import StepTrace, side_step
@@ -61,7 +62,7 @@ def lens_layer(layer: int, logits: np.ndarray, chosen_id: int) -> LensLayer:
 @torch.inference_mode()
 def logit_lens(model: NativeModel, cache: KVCache, trace: StepTrace, chosen_id: int) -> LogitLens:
     """Every layer's view of the step `trace`, whose drawn token is chosen_id."""
-    out = side_step(model, cache, trace, output_hidden_states=True)
+    out = side_step(model, cache, trace, Probe(hidden_states=True))
     # the layers before the last in one pass through the norm and the head; the last layer's row is the forward's
     # own, the same norm and head on the same stream in the step's shape (stacked, the matmul rounds otherwise:
     # up to 2.6e-5 on SmolLM2's logits)

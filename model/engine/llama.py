@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -38,6 +38,10 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
+
+    def window(self, layer: int) -> int | None:
+        """No sliding window: every layer attends over the whole sequence."""
+        return None
 
     def to_hf_dict(self) -> dict:
         hf = asdict(self)
@@ -70,6 +74,19 @@ class ForwardOutput:
     hidden_states: list[torch.Tensor] | None = None
 
 
+@dataclass(frozen=True)
+class Probe:
+    """What a forward pass keeps beside the logits for the lessons, and the lessons' changes to the pass."""
+    attentions: bool = False            # every layer's attention weights
+    qkv_layer: int | None = None        # this layer's q, k and v after RoPE
+    hidden_states: bool = False         # the residual stream after each block (the logit lens)
+    # layer -> query heads whose attention output is set to zero in that layer (switching heads off)
+    heads_off: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # run only the first n blocks, then the final norm and the LM head (early exit: the model's own shallow part as
+    # a cheap draft for speculative decoding); the cache then needs only n layers
+    n_layers: int | None = None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -89,10 +106,16 @@ def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles at `positions` (n,), (n, d_head) each."""
-    angles = positions.float()[:, None] * inv_freq[None, :]  # (n, d_head/2)
-    angles = torch.cat((angles, angles), dim=-1)             # (n, d_head)
+    """cos and sin of the rotation angles at `positions` (…, n), (…, n, d_head) each."""
+    angles = positions.float()[..., None] * inv_freq         # (…, n, d_head/2)
+    angles = torch.cat((angles, angles), dim=-1)             # (…, n, d_head)
     return angles.cos(), angles.sin()
+
+
+def over_heads(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """cos or sin (T, d_head) of one sequence as they are, (B, T, d_head) of per-row positions as (B, 1, T, d_head):
+    broadcast over the heads of q and k (B, heads, T, d_head)."""
+    return table.unsqueeze(-3) if positions.dim() == 2 else table
 
 
 def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,22 +143,23 @@ class RowKeys:
     end: tuple[int, ...]
 
 
-def attend(q, k, v, mask, scale: float):
+def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float):
     """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
     q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
+    keys: which keys each query sees: the additive mask (T, S) of one sequence (None: every key), or RowKeys.
     GQA: query head h reads KV head h // groups. The queries of a group's heads are stacked as the rows of one
     matrix per KV head, so each KV head's K and V are read once, as they lie in the cache (a view of its buffer):
     a matmul that broadcast K over the groups would copy it first."""
-    if isinstance(mask, RowKeys):
-        return attend_rows(q, k, v, mask, scale)
+    if isinstance(keys, RowKeys):
+        return attend_rows(q, k, v, keys, scale)
     B, n_heads, T, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     groups = n_heads // n_kv
     q_grouped = q.reshape(B, n_kv, groups * T, d_head)                         # (B, n_kv, groups·T, d_head)
     scores = q_grouped @ k.transpose(-2, -1) / scale                           # (B, n_kv, groups·T, S)
     scores = scores.view(B, n_heads, T, S)                                     # (B, n_heads, T, S)
-    if mask is not None:
-        scores = scores + mask
+    if keys is not None:
+        scores = scores + keys
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
     out = weights.reshape(B, n_kv, groups * T, S) @ v                         # (B, n_kv, groups·T, d_head)
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
@@ -240,20 +264,26 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.scale = math.sqrt(self.head_dim)
         self.q_proj = Linear(cfg.hidden_size, self.n_heads * self.head_dim)
         self.k_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
         self.v_proj = Linear(cfg.hidden_size, self.n_kv_heads * self.head_dim)
         self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
+    def project(self, x):
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
+        return q, k, v
+
+    def forward(self, x, cos, sin, keys, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
+        """keys: what attend() takes, built once per layer kind by the model's forward."""
+        q, k, v = self.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            k, v = cache.append(layer, k, v)                     # (B, n_kv, S, d_head), S = past + T
-        out, weights = attend(q, k, v, mask, math.sqrt(self.head_dim))
+            k, v = cache.append(layer, k, v)  # (B, n_kv, S, d_head): from the first key the queries see
+        out, weights = attend(q, k, v, keys, self.scale)
         return self.o_proj(switch_heads_off(out, heads_off, self.head_dim)), weights, (q, k, v)
 
 
@@ -279,8 +309,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache, layer, heads_off=()):
-        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, heads_off)
+    def forward(self, x, cos, sin, keys, cache, layer, heads_off=()):
+        attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, keys, cache, layer, heads_off)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, weights, qkv
@@ -304,68 +334,90 @@ def causal_mask(n_new: int, n_past: int, device, dtype, window: int | None = Non
     return torch.zeros(allowed.shape, device=device, dtype=dtype).masked_fill(~allowed, float("-inf"))
 
 
-class Llama(nn.Module):
-    architecture = "llama"  # the config's model_type
+class DecoderOnly(nn.Module):
+    """What Llama and Gemma 3 share: embedding -> blocks -> final norm -> LM head, one forward for every caller
+    (a prefill, a decode step, a batched decode step, a speculative verify, a training step), the cache's layer kinds
+    and the Hugging Face checkpoint layout. A model says how it embeds (embed), how it turns positions (rope) and
+    which blocks and norm it has."""
 
-    def __init__(self, cfg: LlamaConfig):
+    architecture: str        # the config's model_type
+    config_class: type
+    block_class: type        # built as block_class(cfg)
+    norm_class: type         # built as norm_class(hidden_size, rms_norm_eps)
+
+    def __init__(self, cfg):
         super().__init__()
         assert cfg.num_attention_heads % cfg.num_key_value_heads == 0, "n_heads must be a multiple of n_kv_heads"
         self.config = cfg
         self.model = nn.ModuleDict(dict(
             embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
-            layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
-            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+            layers=nn.ModuleList(self.block_class(cfg) for _ in range(cfg.num_hidden_layers)),
+            norm=self.norm_class(cfg.hidden_size, cfg.rms_norm_eps),
         ))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # computed once, not saved: checkpoints hold only the weights
-        cos, sin = rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
 
     @property
     def windows(self) -> list[int | None]:
-        """No sliding window: every layer attends over the whole cache."""
-        return [None] * self.config.num_hidden_layers
+        """Per layer, the sliding window its queries see (None: the whole sequence): the layer kinds."""
+        return [self.config.window(i) for i in range(self.config.num_hidden_layers)]
 
     def new_cache(self, n_layers: int | None = None) -> KVCache:
-        """A cache for the first n_layers blocks (all of them by default)."""
-        return KVCache(n_layers or self.config.num_hidden_layers)
+        """A cache for the first n_layers blocks (all of them by default), each layer of its own kind."""
+        return KVCache(n_layers or self.config.num_hidden_layers, self.windows[:n_layers])
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
-                output_qkv_layer: int | None = None, last_logits_only: bool = False,
-                n_layers: int | None = None, activation_checkpointing: bool = False,
-                output_hidden_states: bool = False, heads_off: dict[int, tuple[int, ...]] | None = None
-                ) -> ForwardOutput:
-        """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
-        last_logits_only: the LM head runs on the last position alone (inference needs no other), which
-        saves T − 1 rows of vocab-sized logits.
-        n_layers: run only the first n blocks, then the final norm and the LM head (early exit: the model's own
-        shallow part as a cheap draft for speculative decoding); the cache then needs only n layers.
-        activation_checkpointing (training, no cache): each block's inner activations are not kept for backward
-        but recomputed there, block by block; the outputs are the same.
-        output_hidden_states: also return the residual stream after each block (the logit lens reads it).
-        heads_off: layer -> query heads whose attention output is set to zero in that layer (switching heads off)."""
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(ids)                      # (B, T, hidden)
+
+    def rope(self, positions: torch.Tensor, dtype) -> dict[int | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer kind (window), cos and sin at `positions`, shaped for q and k (over_heads)."""
+        raise NotImplementedError
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, positions: torch.Tensor | None = None,
+                keys: dict[int | None, RowKeys] | None = None, probe: Probe | None = None,
+                last_logits_only: bool = False, activation_checkpointing: bool = False) -> ForwardOutput:
+        """ids (B, T) at `positions`, appended to `cache` (None: no cache, nothing kept).
+        One sequence: positions (T,), by default the T positions after what the cache holds; each layer kind's
+        causal mask is built once (a sliding kind from the first key its cache layer still holds).
+        A batched decode over a slotted cache (model/serving): positions (B, 1), each row at its own, and `keys`, per
+        layer kind, the keys each row reads in its own slot (RowKeys), in place of the mask.
+        last_logits_only: the LM head runs on the last position alone (inference needs no other), which saves T − 1
+        rows of vocab-sized logits. activation_checkpointing (training, no cache): each block's inner activations
+        are not kept for backward but recomputed there, block by block; the outputs are the same.
+        probe: what to keep for the lessons (attention weights, one layer's q, k, v, the residual stream) and the
+        lessons' changes (heads switched off, only the first n blocks)."""
+        probe = probe or Probe()
         T = ids.shape[1]
-        n_past = cache.length if cache is not None else 0
-        x = self.model.embed_tokens(ids)                         # (B, T, hidden)
-        cos = self.rope_cos[n_past:n_past + T].to(x.dtype)      # (T, d_head)
-        sin = self.rope_sin[n_past:n_past + T].to(x.dtype)
-        mask = causal_mask(T, n_past, ids.device, x.dtype)
-        attentions, qkv = [] if output_attentions else None, None
-        hidden_states = [] if output_hidden_states else None
-        heads_off = heads_off or {}
-        for i, block in enumerate(self.model.layers[:n_layers]):
+        if positions is None:
+            n_past = cache.length if cache is not None else 0
+            positions = torch.arange(n_past, n_past + T, device=ids.device)
+        x = self.embed(ids)                                      # (B, T, hidden)
+        rope = self.rope(positions, x.dtype)                     # per layer kind: (T or B×1×T, d_head) each
+        blocks = self.model.layers[:probe.n_layers]
+        windows = self.windows[:len(blocks)]
+        first_key = dict.fromkeys(windows, 0)  # per layer kind, the position of the first key its queries see
+        if keys is None:
+            n_past = int(positions[0])
+            if cache is not None:
+                first_key = {window: cache.first_seen(windows.index(window), n_past) for window in first_key}
+            keys = {window: causal_mask(T, n_past, ids.device, x.dtype, window, first)
+                    for window, first in first_key.items()}
+        attentions, qkv = [] if probe.attentions else None, None
+        hidden_states = [] if probe.hidden_states else None
+        for i, block in enumerate(blocks):
+            window = windows[i]
+            cos, sin = rope[window]
+            inputs = (x, cos, sin, keys[window], cache, i, probe.heads_off.get(i, ()))
             if activation_checkpointing:
-                x, weights, layer_qkv = checkpoint(block, x, cos, sin, mask, cache, i, use_reentrant=False)
+                x, weights, layer_qkv = checkpoint(block, *inputs, use_reentrant=False)
             else:
-                x, weights, layer_qkv = block(x, cos, sin, mask, cache, i, heads_off.get(i, ()))
-            if output_attentions:
-                attentions.append(weights)
-            if i == output_qkv_layer:
+                x, weights, layer_qkv = block(*inputs)
+            if probe.attentions:  # the views index keys by position: those before a window get weight 0
+                attentions.append(F.pad(weights, (first_key[window], 0)) if first_key[window] else weights)
+            if i == probe.qkv_layer:
                 qkv = layer_qkv
-            if output_hidden_states:
+            if probe.hidden_states:
                 hidden_states.append(x[:, -1:] if last_logits_only else x)
         if last_logits_only:
             x = x[:, -1:]
@@ -379,10 +431,27 @@ class Llama(nn.Module):
         save_weights(self, Path(folder))
 
     @classmethod
-    def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32) -> Llama:
+    def load(cls, folder: str | Path, device: str | torch.device = "cpu", dtype=torch.float32):
         folder = Path(folder)
-        cfg = LlamaConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+        cfg = cls.config_class.from_hf_dict(json.loads((folder / "config.json").read_text()))
         return load_weights(cls(cfg), folder, device, dtype)
+
+
+class Llama(DecoderOnly):
+    architecture = "llama"
+    config_class, block_class, norm_class = LlamaConfig, Block, RMSNorm
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__(cfg)
+        # computed once, not saved: checkpoints hold only the weights
+        cos, sin = rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def rope(self, positions, dtype):
+        """Every layer turns alike: the precomputed tables' rows at `positions`."""
+        return {None: tuple(over_heads(table[positions].to(dtype), positions)
+                            for table in (self.rope_cos, self.rope_sin))}
 
 
 def save_weights(model: nn.Module, folder: Path) -> None:

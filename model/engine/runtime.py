@@ -14,18 +14,21 @@ import torch
 from model.engine.cache import Cache, KVCache
 from model.engine.counting import cache_bytes_formula
 from model.engine.gemma3 import Gemma3
-from model.engine.llama import Llama
+from model.engine.llama import Llama, Probe
 from model.engine.tokenizer import TextTokenizer
 from model.errors import InputError
 from model.weights.catalog import settings
 
-# torch's thread count is one setting of the whole process: set per model or per call, one session's model
-# would change every other session's speed. So it is set here, once, from DECODE_LAB_CPU_THREADS, by default 1:
-# a server runs many sessions' steps at once, and when the cores are busy a second thread per operation mostly
-# waits for the first (measured on 2 busy cores, a 12-layer model: 128 ms per step with 1 thread, 2142 ms with 2).
-# One user on an idle machine may set it to the number of cores.
-CPU_THREADS = settings().cpu_threads or 1
-torch.set_num_threads(CPU_THREADS)
+
+def apply_cpu_threads() -> int:
+    """Set torch's thread count for the whole process from DECODE_LAB_CPU_THREADS, by default 1, and return it.
+    An entry point's decision (the app server's process set-up, the command line), made once, never on import:
+    the count is one setting of the whole process, so set per model or per call one session's model would change
+    every other session's speed. One thread by default because a server runs many sessions' steps at once, and
+    when the cores are busy a second thread per operation mostly waits for the first (docs/benchmarks.md)."""
+    threads = settings().cpu_threads or 1
+    torch.set_num_threads(threads)
+    return threads
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,11 @@ class LoadedModel:
         Returns the last position's logits (vocab,) and, if asked, attention weights (layers, heads, T, S)."""
         raise NotImplementedError
 
+    def every_logits(self, ids: list[int], cache) -> torch.Tensor:
+        """Feed ids after what `cache` holds; the logits at every fed position (T, vocab): a speculative verify
+        needs all of them, not only the last."""
+        raise NotImplementedError
+
 
 class NativeModel(LoadedModel):
     def __init__(self, name: str, module: Llama | Gemma3, tokenizer: TextTokenizer | None, device: torch.device,
@@ -147,15 +155,24 @@ class NativeModel(LoadedModel):
     @torch.inference_mode()
     def forward(self, ids, cache, output_attentions):
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
-        out = self.module(x, cache, output_attentions=output_attentions, last_logits_only=True)
+        n_past = cache.length if cache is not None else 0
+        positions = torch.arange(n_past, n_past + len(ids), device=self.device)  # (T,) after what the cache holds
+        out = self.module(x, cache, positions, probe=Probe(attentions=output_attentions), last_logits_only=True)
         attentions = torch.cat(out.attentions) if output_attentions else None  # (layers, heads, T, S)
         return out.logits[0, -1], attentions
+
+    @torch.inference_mode()
+    def every_logits(self, ids, cache):
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
+        n_past = cache.length if cache is not None else 0
+        positions = torch.arange(n_past, n_past + len(ids), device=self.device)
+        return self.module(x, cache, positions).logits[0]              # (T, vocab)
 
     @torch.inference_mode()
     def attention_inputs(self, ids: list[int], layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (n_heads, T, d_head), k and v (n_kv, T, d_head) of one layer, after RoPE, for the prompt ids."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        q, k, v = self.module(x, output_qkv_layer=layer).qkv
+        q, k, v = self.module(x, probe=Probe(qkv_layer=layer)).qkv
         return q[0], k[0], v[0]
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.errors import InputError
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -32,6 +34,14 @@ def check_settings(settings: SamplingSettings) -> None:
         raise ValueError("top_p")
     if settings.seed < 0:
         raise ValueError("seed")
+
+
+def check_settings_or_refuse(settings: SamplingSettings) -> None:
+    """check_settings, refused with the user's sentence (errors.InputError "bad_temperature", …)."""
+    try:
+        check_settings(settings)
+    except ValueError as bad:
+        raise InputError("bad_" + str(bad)) from None
 
 
 @dataclass

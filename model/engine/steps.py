@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from model.engine.cache import KVCache
-from model.engine.llama import ForwardOutput
+from model.engine.llama import ForwardOutput, Probe
 from model.engine.runtime import LoadedModel, NativeModel, synchronize
 from model.errors import InputError
 
@@ -144,8 +144,7 @@ def recompute(model: LoadedModel, ids: list[int]) -> np.ndarray:
 
 
 @torch.inference_mode()
-def side_step(model: NativeModel, cache: KVCache, trace: StepTrace, output_hidden_states: bool = False,
-              heads_off: dict[int, tuple[int, ...]] | None = None) -> ForwardOutput:
+def side_step(model: NativeModel, cache: KVCache, trace: StepTrace, probe: Probe) -> ForwardOutput:
     """The step `trace` run again beside the real one, on a copy of the cache as it was before the step: the
     logit lens (the residual stream after each layer) and switched-off heads see the step's own ids and positions,
     while the session's cache, tokens and trace stay exactly as they were. `cache` still holds the step's positions
@@ -154,8 +153,8 @@ def side_step(model: NativeModel, cache: KVCache, trace: StepTrace, output_hidde
         raise InputError("native_engine_only", name=model.info.name)
     before = cache.copy_first(trace.positions[0])
     ids = torch.tensor([trace.input_ids], dtype=torch.long, device=model.device)  # (1, T)
-    return model.module(ids, before, last_logits_only=True, output_hidden_states=output_hidden_states,
-                        heads_off=heads_off)
+    positions = torch.tensor(trace.positions, device=model.device)                # (T,)
+    return model.module(ids, before, positions, probe=probe, last_logits_only=True)
 
 
 def max_abs_logit_diff(trace: StepTrace, recomputed: np.ndarray) -> float:

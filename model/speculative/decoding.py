@@ -32,9 +32,10 @@ import numpy as np
 import torch
 
 from model.engine.generate import check_request
-from model.engine.runtime import LoadedModel, NativeModel, synchronize
+from model.engine.runtime import LoadedModel, synchronize
 from model.engine.sampling import SamplingSettings, draw_from, sample, uniform
 from model.engine.steps import rewind
+from model.engine.stopping import stop_reason
 from model.errors import InputError
 from model.speculative.drafts import Proposal, make_draft
 from model.speculative.rules import acceptance_probability, residual, shown_probs
@@ -165,19 +166,6 @@ def start(target: LoadedModel, draft_spec: str, prompt_ids: list[int], gamma: in
     return SpeculativeRun(target, draft, list(prompt_ids), gamma, settings, max_new_tokens, target.new_cache())
 
 
-@torch.inference_mode()
-def target_logits(model: LoadedModel, ids: list[int], cache) -> np.ndarray:
-    """(len(ids), vocab) logits at every fed position: the check needs all of them, not only the last."""
-    x = torch.tensor([ids], dtype=torch.long, device=model.device)  # (1, T)
-    if isinstance(model, NativeModel):
-        logits = model.module(x, cache).logits
-    else:
-        from model.engine.hf import cache_argument
-
-        logits = model.module(input_ids=x, use_cache=True, **{cache_argument(model.module): cache.dynamic}).logits
-    return logits[0].float().cpu().numpy()
-
-
 def _q(proposal: Proposal, i: int) -> float:
     return float(proposal.q[i][proposal.ids[i]]) if proposal.q is not None else 1.0
 
@@ -232,7 +220,8 @@ def next_round(run: SpeculativeRun) -> Round | None:
     draft_proposed = _length(run.draft)
     before = run.cache.length
     try:
-        logits = target_logits(target, ids[before:] + proposal.ids, run.cache)  # (pending + γ', vocab)
+        logits = target.every_logits(ids[before:] + proposal.ids, run.cache)  # (pending + γ', vocab)
+        logits = logits.float().cpu().numpy()
         synchronize(target.device)
     except torch.OutOfMemoryError:
         run.cache.crop(before)
@@ -263,14 +252,9 @@ def _length(draft) -> int | None:
 
 
 def _stop(run: SpeculativeRun) -> str | None:
-    """The stop reasons of plain decoding, checked in the same order (model/engine/generate.find_stop)."""
-    if run.new_ids[-1] == run.target.info.eos_id:
-        return "eos"
-    if run.cache.length >= run.target.info.context_length:
-        return "context_full"
-    if len(run.new_ids) >= run.max_new_tokens:
-        return "max_new_tokens"
-    return None
+    """The stop reasons of plain decoding (model/engine/stopping.py)."""
+    return stop_reason(run.new_ids[-1], run.target.info.eos_id, run.cache.length, run.target.info.context_length,
+                       len(run.new_ids), run.max_new_tokens)
 
 
 def run_to_end(run: SpeculativeRun) -> None:

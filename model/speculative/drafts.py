@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from model.engine.gemma3 import Gemma3
-from model.engine.llama import Llama
+from model.engine.llama import Llama, Probe
 from model.engine.loading import load_shared_native
 from model.engine.runtime import LoadedModel, NativeModel, warmed_up
 from model.engine.sampling import SamplingSettings, draw_from
@@ -45,7 +45,7 @@ class ModelDraft:
     @torch.inference_mode()
     def _last_logits(self, ids: list[int]) -> np.ndarray:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
-        out = self.module(x, self.cache, last_logits_only=True, n_layers=self.n_layers)
+        out = self.module(x, self.cache, probe=Probe(n_layers=self.n_layers), last_logits_only=True)
         return out.logits[0, -1].float().cpu().numpy()                # (vocab,)
 
     def propose(self, ids: list[int], gamma: int, settings: SamplingSettings, next_draw, eos_id) -> Proposal:

@@ -394,9 +394,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from model.engine.runtime import apply_cpu_threads
     from model.errors import InputError
 
     args = parser().parse_args(argv)
+    apply_cpu_threads()  # an entry point, as the app server: torch's threads from DECODE_LAB_CPU_THREADS
     if args.command == "count" and (args.N < 1 or args.T < 1):
         print("N and T must be at least 1.", file=sys.stderr)
         return 2

@@ -27,11 +27,11 @@ from model.engine.batch import (
     weight_bytes,
 )
 from model.engine.counting import step_bytes
-from model.engine.generate import check_settings_or_refuse, session_budget_bytes
+from model.engine.generate import session_budget_bytes
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import SamplingSettings
+from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.tools.bench import copy_bandwidth, filler_ids, matmul_peak, percentile, timed
 
