@@ -360,7 +360,7 @@ for method, tab in zip(ORDER, tabs):
             st.markdown(t("finetune.explain_" + method))
         model_and_seed(method)
         if method == "lora":
-            l1, l2, l3 = st.columns(3)
+            l1, l2, l3 = st.columns([1, 1, 1.4])
             l1.number_input(t("finetune.rank"), 1, 64, key="ft_lora_rank")
             l2.number_input(t("finetune.alpha"), 0.5, 256.0, key="ft_lora_alpha")
             l3.segmented_control(t("finetune.targets"), ["qv", "all"], key="ft_lora_targets", required=True,
