@@ -1,7 +1,8 @@
 """Fine-tune: post-training one optimizer step per click (cells 4D SFT, 4E LoRA, 4F RLHF, 4G DPO), each method a
 tab with its data, its loss, its numbers per step (chart and table) and the same prompts answered before and now."""
 
-import time
+import math
+from dataclasses import replace
 from functools import partial
 
 import streamlit as st
@@ -9,14 +10,15 @@ import torch
 
 from model.training.dpo import DPO
 from model.training.lora import LoRA
-from model.training.posttrain import DEFAULT_BATCH, MODELS, FinetuneSettings
+from model.training.posttrain import DEFAULT_BATCH, IDENTITY_FIELDS, MODELS, FinetuneSettings
 from model.training.posttrain_data import preference_pairs
-from model.training.rlhf import RLHF
+from model.training.rlhf import RLHF, RM_BATCH, questions_per_step
 from model.training.sft import FROZEN_IN_SFT, SFT
 from model.training.train import IGNORE, CheckpointStore, limits
 from ui import charts
-from ui.i18n import t
+from ui.i18n import number, t
 from ui.pages import FINETUNE_TABS
+from ui.runs import interrupted_run, run_steps
 from ui.session import guarded
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, csv_of, md_escape, table_html, token_strip
@@ -26,8 +28,12 @@ CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
 ORDER = tuple(FINETUNE_TABS)  # the map's order: 4D, 4E, 4F, 4G
 SERIES = {"sft": ("loss",), "lora": ("loss",), "dpo": ("loss", "margin", "accuracy"),
           "rlhf": ("reward", "kl", "loss")}
-LIVE_REDRAW_S = 0.5
 SHOWN_PAIRS = 6
+DEFAULTS = FinetuneSettings()
+GROUP = DEFAULTS.group_size  # RLHF's answers per question: no widget, the page keeps the default
+# the settings a user can change that need a new trainer (IDENTITY_FIELDS), each with its label
+NEW_RUN = {"model": "finetune.model", "seed": "finetune.seed", "rank": "finetune.rank", "alpha": "finetune.alpha",
+           "targets": "finetune.targets"}
 WIDGETS = {"ft_trainers": {}, "ft_running": None, "train_store": None, "session_checkpoints": {},
            "checkpoint_bases": {}, "ft_saved": None}
 for m in ORDER:
@@ -50,20 +56,24 @@ def settings_of(method: str) -> FinetuneSettings:
                             batch_size=int(s[f"ft_{method}_batch"]), **extra)
 
 
-def trainer_of(method: str, create: bool):
-    """This session's trainer of the method: made at its first step (or after Reset or a change of what the
-    starting weights and data come from); hyper-parameters apply from the next step on."""
-    trainers, settings = st.session_state.ft_trainers, settings_of(method)
-    trainer = trainers.get(method)
-    if trainer is not None and trainer.identity != settings.identity:
-        trainer = None
-    if trainer is None and create:
-        with st.spinner(t("finetune.preparing")):
-            trainer = guarded(lambda: CLASSES[method](settings, st.session_state.device))
-    elif trainer is not None and settings != trainer.settings and guarded(
-            lambda: trainer.update_settings(settings)) is None:
+def session_trainer(method: str):
+    """This session's trainer of the method (None before its first step or after Reset), with the widgets' β, batch
+    and length bonus from its next step on. A new model, seed, rank, alpha or target layers waits for Reset: until
+    then the run goes on as it was (new_run_waits says so)."""
+    trainer = st.session_state.ft_trainers.get(method)
+    if trainer is None:
         return None
-    trainers[method] = trainer
+    wanted = replace(settings_of(method), **{name: getattr(trainer.settings, name) for name in IDENTITY_FIELDS})
+    if wanted != trainer.settings:
+        guarded(lambda: trainer.update_settings(wanted))  # refused: one sentence, the trainer keeps its settings
+    return trainer
+
+
+def new_trainer(method: str):
+    """The method's trainer from the widgets' settings, made at its first step; None (and one sentence) if refused."""
+    with st.spinner(t("finetune.preparing")):
+        trainer = guarded(lambda: CLASSES[method](settings_of(method), st.session_state.device))
+    st.session_state.ft_trainers[method] = trainer
     return trainer
 
 
@@ -71,19 +81,23 @@ def reset(method: str) -> None:
     st.session_state.ft_trainers[method] = None
 
 
-def run_steps(method: str, trainer, n: int, action) -> None:
-    st.session_state.ft_running = (trainer, n)
-    st.button(t("finetune.cancel"), key=f"ft_{method}_cancel", icon=":material/stop:")  # a click stops the loop
-    bar = st.progress(0.0)
-    live, drawn = st.empty(), 0.0
-    for i in range(n):
-        if guarded(action) is None:
-            break
-        bar.progress((i + 1) / n, text=t("finetune.running", done=i + 1, n=n))
-        if time.perf_counter() - drawn > LIVE_REDRAW_S and trainer.history:
-            live.plotly_chart(history_chart(method, trainer), key=f"ft_{method}_live_{i}")
-            drawn = time.perf_counter()
-    st.session_state.ft_running = None
+def described(settings: FinetuneSettings, names: list[str]) -> str:
+    """'Seed = 2, Model = small': the named settings with their values, as the widgets show them."""
+    def value(name: str) -> str:
+        v = getattr(settings, name)
+        return (t("finetune.targets_" + v) if name == "targets" else number(v, "g") if name == "alpha"
+                else number(v) if name == "seed" else str(v))
+    return ", ".join(f"{t(NEW_RUN[name])} = {value(name)}" for name in names)
+
+
+def new_run_waits(method: str, trainer) -> None:
+    """The widgets name another model, seed, rank, alpha or target layers than the run's: say that the run goes on
+    until Reset, which starts the new one."""
+    wanted = settings_of(method)
+    changed = [name for name in NEW_RUN if getattr(wanted, name) != getattr(trainer.settings, name)]
+    if changed:
+        st.warning(t("finetune.new_run_waits", was=described(trainer.settings, changed),
+                     now=described(wanted, changed)), icon=":material/pending:")
 
 
 def history_chart(method: str, trainer):
@@ -92,38 +106,73 @@ def history_chart(method: str, trainer):
                         t("finetune.axis_step"), t("finetune.axis_value"))
 
 
-def controls(method: str):
-    """One step / N steps / Reset; returns the trainer (None before the first step)."""
+def reward_model_chart(trainer):
+    steps = [r["step"] for r in trainer.rm_history]
+    return charts.lines(steps, {t("finetune.col_loss"): [r["loss"] for r in trainer.rm_history],
+                                t("finetune.col_held_out"): [r["held_out_accuracy"] for r in trainer.rm_history]},
+                        t("finetune.axis_step"), t("finetune.axis_value"))
+
+
+def steps_left(trainer) -> int:
+    """Optimizer steps this run may still make (RLHF counts its reward model's too)."""
+    return BOUND.max_steps - (trainer.steps_used if trainer is not None else 0)
+
+
+def run_label(key: str, asked: int, left: int) -> str:
+    """"Run N steps" with the N the button will run: the steps asked, or fewer near the run's limit."""
+    return t(key, n=number(min(asked, left) if left > 0 else asked))
+
+
+def capped(asked: int, left: int) -> None:
+    if 0 < left < asked:
+        st.caption(t("finetune.run_capped", left=number(left), most=number(BOUND.max_steps), asked=number(asked)))
+
+
+def run_n(method: str, trainer, count, step, n: int, figure) -> None:
+    run_steps("ft_running", trainer, count, step, n, t("finetune.cancel"), f"ft_{method}_cancel",
+              lambda done: t("finetune.running", done=number(done), n=number(n)), figure, f"ft_{method}_live")
+
+
+def controls(method: str, trainer):
+    """One step / Run N / Reset of the method (on RLHF, of its policy); returns the trainer (None before the
+    first step)."""
+    left, asked = steps_left(trainer), int(st.session_state[f"ft_{method}_n"])
+    waiting = method == "rlhf" and (trainer is None or not trainer.rm_history)  # the reward model steps first
     b1, b2, b3, b4 = st.columns([1.2, 1, 1.3, 1], vertical_alignment="bottom")
     one = b1.button(t("finetune.one_step"), key=f"ft_{method}_one", type="primary", icon=":material/skip_next:",
-                    width="stretch", shortcut=NEXT_KEY)  # only the open tab is drawn: one button holds the key
+                    width="stretch", shortcut=NEXT_KEY,  # only the open tab is drawn: one button holds the key
+                    disabled=left < 1 or waiting)
     b2.number_input(t("finetune.n_steps"), 1, 500, key=f"ft_{method}_n")
-    n = int(st.session_state[f"ft_{method}_n"])
-    run = b3.button(t("finetune.run_n", n=n), key=f"ft_{method}_run", icon=":material/fast_forward:",
-                    width="stretch")
+    run = b3.button(run_label("finetune.run_n", asked, left), key=f"ft_{method}_run", icon=":material/fast_forward:",
+                    width="stretch", disabled=left < 1 or waiting)
     b4.button(t("finetune.reset"), key=f"ft_{method}_reset", icon=":material/restart_alt:", on_click=reset,
               args=(method,), width="stretch")
-    trainer = trainer_of(method, create=one or run)
-    if trainer is not None and (one or run):
-        if method == "rlhf" and not trainer.rm_history:
-            st.error(t("error.finetune_reward_first"))
-        elif one:
-            guarded(trainer.step)
-        else:
-            run_steps(method, trainer, min(n, BOUND.max_steps - trainer.steps_used), trainer.step)
-        if trainer.settings.model == "small" and trainer.history:  # a few ms: the "now" answers follow each click
-            trainer.after = guarded(trainer.answers)
+    if left < 1:
+        st.info(t("error.finetune_step_limit", steps=number(BOUND.max_steps)))
+    capped(asked, left)
+    if (one or run) and trainer is None:
+        trainer = new_trainer(method)
+    if trainer is not None and one:
+        guarded(trainer.step)
+    elif trainer is not None and run:
+        run_n(method, trainer, lambda: trainer.steps_done, trainer.step, min(asked, left),
+              partial(history_chart, method, trainer))
     return trainer
 
 
 def before_after(trainer) -> None:
-    if st.button(t("finetune.refresh_after"), key=f"ft_{trainer.method}_after", icon=":material/compare_arrows:"):
-        trainer.after = guarded(trainer.answers)
-    now = getattr(trainer, "after", None)
+    """The prompts answered by the starting model and by the model at the step the answers were made at: on small
+    after every step (a few ms), on the larger models when the button asks."""
+    made = getattr(trainer, "after", None)  # (the step the answers were made at, the answers)
+    asked = st.button(t("finetune.refresh_after"), key=f"ft_{trainer.method}_after", icon=":material/compare_arrows:")
+    moved_on = trainer.steps_done and (made is None or made[0] != trainer.steps_done)
+    if asked or (trainer.settings.model == "small" and moved_on):
+        made = trainer.after = (trainer.steps_done, guarded(trainer.answers))
+    step, now = made if made is not None else (None, None)
     rows = [[p, b or "∅", (a or "∅") if now else "…"]
             for (p, b), (_, a) in zip(trainer.before, now or trainer.before)]
-    st.html(table_html([t("finetune.prompt"), t("finetune.before"), t("finetune.after", step=trainer.steps_done)],
-                       rows))
+    heading = t("finetune.after", step=number(step)) if now else t("finetune.after_none")
+    st.html(table_html([t("finetune.prompt"), t("finetune.before"), heading], rows))
 
 
 def numbers(method: str, trainer) -> None:
@@ -166,9 +215,16 @@ def model_and_seed(method: str) -> None:
     c1, c2, c3 = st.columns([1.4, 1, 1])
     models = MODELS[method]
     c1.segmented_control(t("finetune.model"), list(models), key=f"ft_{method}_model", disabled=len(models) == 1,
-                         on_change=batch_of_model, args=(method,))
+                         required=True, on_change=batch_of_model, args=(method,))
     c2.number_input(t("finetune.seed"), 0, 2**31 - 1, key=f"ft_{method}_seed")
-    c3.number_input(t("finetune.batch"), 1, BOUND.max_batch, key=f"ft_{method}_batch")
+    if method == "rlhf":  # its policy's batch counts sampled answers, G to a question
+        c3.number_input(t("finetune.batch_rlhf"), GROUP, BOUND.max_batch // GROUP * GROUP, step=GROUP,
+                        key="ft_rlhf_batch")
+        questions = questions_per_step(settings_of("rlhf"))
+        st.caption(t("finetune.batch_rlhf_read", questions=number(questions), g=number(GROUP),
+                     answers=number(questions * GROUP), rm=number(RM_BATCH)))
+    else:
+        c3.number_input(t("finetune.batch"), 1, BOUND.max_batch, key=f"ft_{method}_batch")
     if method in ("sft", "lora") and st.session_state[f"ft_{method}_model"] in models:
         st.caption(t("finetune.data_" + st.session_state[f"ft_{method}_model"]))
 
@@ -182,15 +238,15 @@ def sft_view(method: str, trainer) -> None:
     st.markdown(t("finetune.sft_row"))
     token_strip([tok.token(i) for i in ids], ids, kinds)
     r = trainer.history[-1]
-    st.markdown(t("finetune.sft_counts", learned=r["learned_tokens"], ignored=r["ignored_tokens"],
-                  padding=r["padding"], ignore=IGNORE, loss=f"{r['loss']:.4f}"))
+    st.markdown(t("finetune.sft_counts", learned=number(r["learned_tokens"]), ignored=number(r["ignored_tokens"]),
+                  padding=number(r["padding"]), ignore=IGNORE, loss=number(r["loss"], ".4f")))
     if method == "sft" and trainer.settings.model in FROZEN_IN_SFT:
         trained, total = trainer.trainable_count(), trainer.total_count()
         rows, cols = trainer.module.model.embed_tokens.weight.shape
         # a float32 gradient and AdamW's two float32 moments per frozen parameter
-        st.markdown(t("finetune.sft_frozen", model=trainer.settings.model, rows=f"{rows:,}", cols=f"{cols:,}",
-                      frozen=f"{total - trained:,}", saved=f"{3 * 4 * (total - trained):,}", trained=f"{trained:,}",
-                      total=f"{total:,}", share=f"{trained / total:.1%}"))
+        st.markdown(t("finetune.sft_frozen", model=trainer.settings.model, rows=number(rows), cols=number(cols),
+                      frozen=number(total - trained), saved=number(3 * 4 * (total - trained)),
+                      trained=number(trained), total=number(total), share=number(trained / total, ".1%")))
 
 
 def lora_view(trainer) -> None:
@@ -199,14 +255,14 @@ def lora_view(trainer) -> None:
         return
     total, trainable = trainer.total_count(), trainer.trainable_count()
     m1, m2, m3, m4 = st.columns(4)
-    m1.metric(t("finetune.trainable"), f"{trainable:,}")
-    m2.metric(t("finetune.total"), f"{total:,}")
-    m3.metric(t("finetune.share"), f"{trainable / total:.3%}")
-    m4.metric(t("finetune.adapter_bytes"), f"{trainer.adapter_bytes():,} B",
-              help=t("finetune.full_bytes", full=f"{4 * trainer.base_count():,}"))
-    r = trainer.settings.rank
+    m1.metric(t("finetune.trainable"), number(trainable))
+    m2.metric(t("finetune.total"), number(total))
+    m3.metric(t("finetune.share"), number(trainable / total, ".3%"))
+    m4.metric(t("finetune.adapter_bytes"), f"{number(trainer.adapter_bytes())} B",
+              help=t("finetune.full_bytes", full=number(4 * trainer.base_count())))
+    r, layers = trainer.settings.rank, trainer.config.num_hidden_layers
     st.html(table_html([t("finetune.target"), "d_in", "d_out", t("finetune.formula"), t("finetune.params")],
-                       [[k, i, o, f"{r} × ({i} + {o}) × {trainer.config.num_hidden_layers}", f"{n:,}"]
+                       [[k, number(i), number(o), f"{r} × ({number(i)} + {number(o)}) × {layers}", number(n)]
                         for k, i, o, n in trainer.formula]))
     if st.button(t("finetune.merge"), key="ft_lora_merge", icon=":material/merge:"):
         ids = torch.tensor([trainer.prompt_ids(trainer.prompts[0])], device=trainer.device)
@@ -214,66 +270,82 @@ def lora_view(trainer) -> None:
             diff = float((trainer.module(ids).logits - trainer.merged()(ids).logits).abs().max())
         st.session_state.ft_lora_merge_diff = diff
     if "ft_lora_merge_diff" in st.session_state:
-        st.markdown(t("finetune.merged", diff=f"{st.session_state.ft_lora_merge_diff:.2e}"))
+        st.markdown(t("finetune.merged", diff=number(st.session_state.ft_lora_merge_diff, ".2e")))
 
 
 def dpo_view(trainer) -> None:
-    data = preference_pairs(int(st.session_state.ft_dpo_seed))[:SHOWN_PAIRS]
+    seed = trainer.settings.seed if trainer is not None else int(st.session_state.ft_dpo_seed)  # the run's pairs
     st.html(table_html([t("finetune.prompt"), t("finetune.chosen"), t("finetune.rejected")],
-                       [[p.prompt, p.chosen, p.rejected] for p in data]))
+                       [[p.prompt, p.chosen, p.rejected] for p in preference_pairs(seed)[:SHOWN_PAIRS]]))
     if trainer is not None and trainer.history:
         r = trainer.history[-1]
-        st.markdown(t("finetune.dpo_read", loss=f"{r['loss']:.4f}", margin=f"{r['margin']:.4f}",
-                      acc=f"{r['accuracy']:.0%}", ln2="0.6931"))
+        st.markdown(t("finetune.dpo_read", loss=number(r["loss"], ".4f"), margin=number(r["margin"], ".4f"),
+                      acc=number(r["accuracy"], ".0%"), ln2=number(math.log(2), ".4f")))
 
 
-def rlhf_reward_model(trainer) -> None:
+def rlhf_reward_model(trainer):
+    """(a): the reward model's One step / Run N, its chart and its held-out accuracy; returns the trainer, made at
+    the reward model's first step."""
     st.markdown(t("finetune.rm_explain"))
+    left, asked = steps_left(trainer), int(st.session_state.ft_rlhf_rm_n)
     c1, c2, c3 = st.columns([1.2, 1, 1.3], vertical_alignment="bottom")
-    one = c1.button(t("finetune.rm_one"), key="ft_rlhf_rm_one", icon=":material/skip_next:", width="stretch")
+    one = c1.button(t("finetune.rm_one"), key="ft_rlhf_rm_one", icon=":material/skip_next:", width="stretch",
+                    disabled=left < 1)
     c2.number_input(t("finetune.n_steps"), 1, 200, key="ft_rlhf_rm_n")
-    run = c3.button(t("finetune.rm_run", n=int(st.session_state.ft_rlhf_rm_n)), key="ft_rlhf_rm_run",
-                    icon=":material/fast_forward:", width="stretch")
-    if one or run:
-        trainer = trainer_of("rlhf", create=True)
-        if trainer is not None:
-            if one:
-                guarded(trainer.reward_step)
-            else:
-                run_steps("rlhf", trainer, int(st.session_state.ft_rlhf_rm_n), trainer.reward_step)
+    run = c3.button(run_label("finetune.rm_run", asked, left), key="ft_rlhf_rm_run", icon=":material/fast_forward:",
+                    width="stretch", disabled=left < 1)
+    capped(asked, left)
+    if (one or run) and trainer is None:
+        trainer = new_trainer("rlhf")
+    if trainer is not None and one:
+        guarded(trainer.reward_step)
+    elif trainer is not None and run:
+        run_n("rlhf", trainer, lambda: len(trainer.rm_history), trainer.reward_step, min(asked, left),
+              partial(reward_model_chart, trainer))
     if trainer is not None and trainer.rm_history:
         r = trainer.rm_history[-1]
-        steps = [x["step"] for x in trainer.rm_history]
-        st.plotly_chart(charts.lines(steps, {t("finetune.col_loss"): [x["loss"] for x in trainer.rm_history],
-                                             t("finetune.col_held_out"): [x["held_out_accuracy"]
-                                                                          for x in trainer.rm_history]},
-                                     t("finetune.axis_step"), t("finetune.axis_value")), key="ft_rlhf_rm_chart")
-        st.markdown(t("finetune.rm_read", steps=r["step"], loss=f"{r['loss']:.4f}",
-                      acc=f"{r['held_out_accuracy']:.0%}", n=len(trainer.held_out)))
+        st.plotly_chart(reward_model_chart(trainer), key="ft_rlhf_rm_chart")
+        st.markdown(t("finetune.rm_read", steps=number(r["step"]), loss=number(r["loss"], ".4f"),
+                      acc=number(r["held_out_accuracy"], ".0%"), n=number(len(trainer.held_out))))
     return trainer
 
 
 def rlhf_samples(trainer) -> None:
-    if trainer is None or not trainer.last_samples:
+    if not trainer.last_samples:
         return
     st.html(table_html([t("finetune.prompt"), t("finetune.sample"), t("finetune.col_reward"),
                         t("finetune.advantage")],
-                       [[s["prompt"], s["answer"] or "∅", f"{s['reward']:.3f}",
-                         f"{s['advantage']:+.3f}"] for s in trainer.last_samples[:8]]))
+                       [[s["prompt"], s["answer"] or "∅", number(s["reward"], ".3f"), number(s["advantage"], "+.3f")]
+                        for s in trainer.last_samples[:8]]))
     r = trainer.history[-1]
-    st.markdown(t("finetune.rlhf_read", reward=f"{r['reward']:.3f}", kl=f"{r['kl']:.4f}",
-                  length=f"{r['length']:.1f}"))
+    st.markdown(t("finetune.rlhf_read", reward=number(r["reward"], ".3f"), kl=number(r["kl"], ".4f"),
+                  length=number(r["length"], ".1f")))
+
+
+def status(method: str, trainer) -> None:
+    """The run's model, its steps against the limit (on RLHF the reward model's count too), lr and last step."""
+    said = dict(most=number(BOUND.max_steps), device=trainer.device, model=trainer.settings.model,
+                lr=number(trainer.settings.learning_rate, "g"),
+                ms=number(trainer.history[-1]["ms"], ".0f") if trainer.history else "–")
+    if method == "rlhf":
+        st.caption(t("finetune.status_rlhf", done=number(trainer.steps_done), rm=number(len(trainer.rm_history)),
+                     used=number(trainer.steps_used), **said))
+    else:
+        st.caption(t("finetune.status", done=number(trainer.steps_done), **said))
 
 
 keep_across_pages(WIDGETS | {"ft_tab": t("finetune.tab_" + ORDER[0])})  # the open tab, by its label
 if st.query_params.get("tab") in ORDER:  # a link to one method's cell (the map's, opened in a new tab)
     st.session_state.ft_tab = t("finetune.tab_" + st.query_params.pop("tab"))
 st.title(t("finetune.title"))
-st.caption(t("finetune.intro"))
-if st.session_state.ft_running is not None:  # a Run of N steps stopped by another click
-    ran_on, asked = st.session_state.ft_running
-    st.info(t("finetune.run_stopped", done=ran_on.steps_done, asked=asked))
-    st.session_state.ft_running = None
+st.caption(t("finetune.intro", warmup=DEFAULTS.warmup_sft_steps))
+stopped = interrupted_run("ft_running")
+if stopped is not None:
+    ran_on, done, asked = stopped
+    if ran_on is st.session_state.ft_trainers.get(ran_on.method):
+        st.info(t("finetune.run_stopped", done=number(done), asked=number(asked)))
+    else:  # Reset during the run: its steps went with the trainer it ran on
+        st.info(t("finetune.run_reset", asked=number(asked)))
 
 # Only the open tab runs (Streamlit's lazy tabs): a step on one method does not redraw the three others
 tabs = st.tabs([t("finetune.tab_" + m) for m in ORDER], key="ft_tab", on_change="rerun")
@@ -282,42 +354,48 @@ for method, tab in zip(ORDER, tabs):
         continue
     with tab:
         st.subheader(t("finetune.h_" + method), anchor=FINETUNE_TABS[method])
-        st.markdown(t("finetune.explain_" + method))
+        if method == "dpo":
+            st.markdown(t("finetune.explain_dpo", ln2=number(math.log(2), ".4f")))
+        else:
+            st.markdown(t("finetune.explain_" + method))
         model_and_seed(method)
         if method == "lora":
-            l1, l2, l3 = st.columns(3)
-            l1.number_input(t("finetune.rank"), 0, 64, key="ft_lora_rank")
+            l1, l2, l3 = st.columns([1, 1, 1.4])
+            l1.number_input(t("finetune.rank"), 1, 64, key="ft_lora_rank")
             l2.number_input(t("finetune.alpha"), 0.5, 256.0, key="ft_lora_alpha")
-            l3.segmented_control(t("finetune.targets"), ["qv", "all"], key="ft_lora_targets",
+            l3.segmented_control(t("finetune.targets"), ["qv", "all"], key="ft_lora_targets", required=True,
                                  format_func=lambda v: t("finetune.targets_" + v))
-        if method == "dpo":
-            st.slider(t("finetune.beta"), 0.0, 1.0, step=0.01, key="ft_dpo_beta")
-        held = None
-        if method == "rlhf":
+        if method == "dpo":  # DPO needs β > 0: at 0 every margin and every gradient is 0
+            st.slider(t("finetune.beta"), 0.01, 1.0, step=0.01, key="ft_dpo_beta")
+        if method == "rlhf":  # β = 0: no KL leash at all (TRL's GRPO default)
             r1, r2 = st.columns(2)
             r1.slider(t("finetune.beta"), 0.0, 1.0, step=0.01, key="ft_rlhf_beta")
             r2.slider(t("finetune.length_bonus"), 0.0, 1.0, step=0.05, key="ft_rlhf_bonus",
                       help=t("finetune.length_bonus_help"))
+        trainer = session_trainer(method)
+        if trainer is not None:
+            new_run_waits(method, trainer)
+        if method == "rlhf":
             st.markdown(t("finetune.h_reward_model"))
-            held = rlhf_reward_model(trainer_of("rlhf", create=False))
+            trainer = rlhf_reward_model(trainer)
             st.markdown(t("finetune.h_policy"))
-        trainer = controls(method)
-        if trainer is None:
-            trainer = held
+        trainer = controls(method, trainer)
         if method == "dpo":
             dpo_view(trainer)
-        if trainer is None:
+        if method == "rlhf" and (trainer is None or not trainer.rm_history):
+            st.info(t("finetune.press_reward_step", warmup=DEFAULTS.warmup_sft_steps))
+        elif trainer is None:
             st.info(t("finetune.press_step"))
+        if trainer is None:
             continue
-        st.caption(t("finetune.status", done=trainer.steps_done, most=BOUND.max_steps, device=trainer.device,
-                     model=trainer.settings.model, lr=f"{trainer.settings.learning_rate:g}",
-                     ms=f"{trainer.history[-1]['ms']:.0f}" if trainer.history else "–"))
+        status(method, trainer)
         if method in ("sft", "lora"):
             sft_view(method, trainer)
         if method == "lora":
             lora_view(trainer)
-        if method == "rlhf":
+        if method == "rlhf" and trainer.history:
             rlhf_samples(trainer)
+        if method == "rlhf":
             st.caption(t("finetune.rlhf_simplified"))
         numbers(method, trainer)
         before_after(trainer)

@@ -1,7 +1,6 @@
 """Train: one training step at a time on this session's own copy of micro or small, every stage in map order
 (1A corpus … 3E checkpoint), the checkpoint loaded back for inference, and the memory savers 4A and 4B."""
 
-import time
 from functools import partial
 
 import numpy as np
@@ -24,6 +23,7 @@ from model.training.train import (
 )
 from ui import charts
 from ui.i18n import labels, t
+from ui.runs import interrupted_run, run_steps
 from ui.session import guarded, shared_model
 from ui.state import default_prompt, keep_across_pages
 from ui.widgets import NEXT_KEY, choice, csv_of, md_escape, table_html, token_strip
@@ -40,7 +40,6 @@ WIDGETS = {"train_seed": DEFAULTS.seed, "train_batch": DEFAULTS.batch_size, "tra
 LR_CHOICES = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 SHOWN_ROWS = 16   # rows of the probability grid
 PREVIEW_LINES = 6
-LIVE_REDRAW_S = 0.5
 GREEDY = SamplingSettings(temperature=0.0)
 MAX_ANSWER = 20  # new tokens per side-by-side answer
 
@@ -128,49 +127,34 @@ with st.container(border=True):
 trainer = session_trainer(settings_from_widgets())
 if trainer is None:
     st.stop()
-if st.session_state.train_running is not None:  # a Run of N steps stopped by a click on another button
-    ran_on, first, asked = st.session_state.train_running
-    if ran_on is trainer:
-        st.info(t("train.run_stopped", done=trainer.steps_done - first, asked=asked))
-    else:  # Reset, or a new architecture, init or seed, during the run: its steps went with the old trainer
-        st.info(t("train.run_reset", asked=asked))
-    st.session_state.train_running = None
+stopped = interrupted_run("train_running")
+if stopped is not None:
+    ran_on, done, asked = stopped
+    # another trainer: Reset, or a new architecture, init or seed, during the run; its steps went with the old one
+    st.info(t("train.run_stopped", done=done, asked=asked) if ran_on is trainer else t("train.run_reset", asked=asked))
 
 left_steps = BOUND.max_steps - trainer.steps_done
 asked_steps = int(st.session_state.train_n)
-run_steps = min(asked_steps, left_steps)
+steps_to_run = min(asked_steps, left_steps)
 b1, b2, b3, b4, _ = st.columns([1.1, 1, 1.3, 1, 1.6], vertical_alignment="bottom")
 one = b1.button(t("train.one_step"), key="train_one", type="primary", icon=":material/skip_next:",
                 disabled=left_steps < 1, width="stretch", shortcut=NEXT_KEY)
 b2.number_input(t("train.n_steps"), 1, 500, key="train_n")
-run = b3.button(t("train.run_n", n=run_steps if left_steps else asked_steps), key="train_run",
+run = b3.button(t("train.run_n", n=steps_to_run if left_steps else asked_steps), key="train_run",
                 icon=":material/fast_forward:", disabled=left_steps < 1, width="stretch")
 b4.button(t("train.reset"), key="train_reset", icon=":material/restart_alt:", on_click=reset, width="stretch")
 if left_steps < 1:
     st.info(t("error.train_step_limit", steps=BOUND.max_steps))
-elif run_steps < asked_steps:
+elif steps_to_run < asked_steps:
     st.caption(t("train.run_capped", left=left_steps, most=BOUND.max_steps, asked=asked_steps))
 
 if one:
     guarded(trainer.step)
 if run:
-    n = run_steps
-    st.session_state.train_running = (trainer, trainer.steps_done, n)
-    st.button(t("train.cancel"), key="train_cancel", icon=":material/stop:")  # any click stops the loop below
-    bar = st.progress(0.0)
-    live = st.empty()
-    drawn, failed = 0.0, False
-    for i in range(n):
-        failed = guarded(trainer.step) is None
-        if failed:
-            break
-        bar.progress((i + 1) / n, text=t("train.running", done=i + 1, n=n, loss=f"{trainer.history[-1].loss:.3f}"))
-        if time.perf_counter() - drawn > LIVE_REDRAW_S or i == n - 1:
-            live.plotly_chart(loss_figure(trainer), key=f"train_live_{i}")
-            drawn = time.perf_counter()
-    st.session_state.train_running = None
-    if not failed:  # redraw every part for the last step; after a failure keep its message on screen
-        st.rerun()
+    run_steps("train_running", trainer, lambda: trainer.steps_done, trainer.step, steps_to_run, t("train.cancel"),
+              "train_cancel", lambda done: t("train.running", done=done, n=steps_to_run,
+                                             loss=f"{trainer.history[-1].loss:.3f}"),
+              partial(loss_figure, trainer), "train_live")
 
 last_ms = f"{trainer.history[-1].ms:.0f}" if trainer.history else "–"
 st.caption(t("train.status", done=trainer.steps_done, most=BOUND.max_steps, ms=last_ms, device=trainer.device,

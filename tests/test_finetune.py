@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from model.errors import InputError
+from model.texts import text
 from model.training.dpo import DPO, dpo_loss
 from model.training.lora import LoRA, lora_formula
 from model.training.posttrain import FinetuneSettings, completion_labels, completion_loss, completion_rows, tensors
@@ -187,11 +188,24 @@ def test_rlhf_reward_model_then_the_policy_with_a_kl_that_starts_at_zero():
     assert len(trainer.last_samples) == trainer.settings.batch_size
 
 
+def test_rlhf_takes_beta_0_a_policy_gradient_without_the_kl_leash():
+    """β = 0 is TRL's GRPO default (GRPOConfig.beta = 0.0): the KL is still measured, no longer pulled on. With
+    A normalised within each group, the loss −mean(A) is about 0 at every step."""
+    trainer = RLHF(settings("rlhf", beta=0.0))
+    trainer.reward_step()
+    records = [trainer.step() for _ in range(3)]
+    assert [r["beta"] for r in records] == [0.0] * 3 and records[0]["kl"] == 0 and records[-1]["kl"] > 0
+    assert all(abs(r["loss"]) < 1e-3 for r in records)
+    with pytest.raises(InputError) as bad:
+        settings("rlhf", beta=-0.01).check(Limits(2000, 3))
+    assert bad.value.code == "finetune_setting"
+
+
 # -- bad input and the limits -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, code", [({"method": "dpo", "model": "smollm2"}, "finetune_model"),
                                       ({"method": "sft", "model": "micro"}, "finetune_model"),
-                                      ({"method": "rlhf", "beta": -1.0}, "finetune_beta"),
+                                      ({"method": "rlhf", "beta": -1.0}, "finetune_setting"),
                                       ({"method": "sft", "batch_size": 0}, "finetune_setting")])
 def test_bad_settings_are_one_sentence(kw, code):
     with pytest.raises(InputError) as bad:
@@ -199,13 +213,24 @@ def test_bad_settings_are_one_sentence(kw, code):
     assert bad.value.code == code and bad.value.message("vi") and bad.value.message("en").endswith(".")
 
 
-def test_the_session_s_step_limit_holds():
+def test_the_session_s_step_limit_holds_and_names_the_fine_tune_page_s_reset():
+    """The Fine-tune page's button is "Đặt lại" (the Train page's is "Làm lại") and it has no learning-rate input:
+    its errors say what can be done there."""
     trainer = SFT(settings("sft", batch_size=2), bound=Limits(2, 3))
     trainer.step()
     trainer.step()
     with pytest.raises(InputError) as bad:
         trainer.step()
-    assert bad.value.code == "train_step_limit" and trainer.steps_done == 2
+    assert bad.value.code == "finetune_step_limit" and trainer.steps_done == 2
+    rlhf = RLHF(settings("rlhf"), bound=Limits(1, 3))
+    rlhf.reward_step()
+    with pytest.raises(InputError) as limit:
+        rlhf.reward_step()
+    assert limit.value.code == "finetune_step_limit"
+    for code in ("finetune_step_limit", "finetune_not_finite"):
+        said = text("error." + code, "vi")
+        assert text("finetune.reset", "vi") in said and text("train.reset", "vi") not in said
+        assert "lower the learning rate" not in text("error." + code, "en")  # the page has no such input
 
 
 def test_empty_data_is_refused():

@@ -135,7 +135,7 @@ def test_page_lora_on_gemma3_then_use_this_model_on_decode():
     click(at, "ft_lora_one")
     trainer = at.session_state["ft_trainers"]["lora"]
     assert trainer.settings.model == "gemma3" and trainer.steps_done == 1 and not at.error
-    assert any("q_proj" in h.proto.body and "4 × (640 + 1024) × 18" in h.proto.body for h in at.get("html"))
+    assert any("q_proj" in h.proto.body and "4 × (640 + 1,024) × 18" in h.proto.body for h in at.get("html"))
     click(at, "ft_lora_use")
     (name,) = at.session_state["session_checkpoints"]
     assert name == "ckpt1-gemma3-lora-seed0-step1" and at.session_state["checkpoint_bases"][name] == "gemma3"
@@ -158,8 +158,8 @@ def test_page_sft_on_gemma3_says_what_is_frozen_in_both_languages():
     assert text("finetune.data_gemma3", "vi") in [c.value for c in at.caption]
     click(at, "ft_sft_one")
     said = text("finetune.sft_frozen", "vi").format(
-        model="gemma3", rows="262,144", cols="640", frozen="167,772,160", saved="2,013,265,920",
-        trained="100,326,016", total="268,098,176", share="37.4%")
+        model="gemma3", rows="262.144", cols="640", frozen="167.772.160", saved="2.013.265.920",
+        trained="100.326.016", total="268.098.176", share="37,4%")  # Vietnamese marks (it once said 262,144)
     assert said in [m.value for m in at.markdown]
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from apptest import open_app
 from conftest import wait_idle
+from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 from streamlit.testing.v1 import AppTest
 
+from model.training.train import Trainer
 from ui.pages import page
 
 TIMEOUT = 120
@@ -195,13 +197,24 @@ def test_settings_and_the_run_survive_a_visit_to_another_page():
     assert trainer.steps_done == 3 and len(trainer.last.batch.sentence_ids) == 3 and trainer.last.clip == 0.3
 
 
-def test_reset_during_a_run_of_n_steps_says_the_run_is_gone():
-    at = click(open_train("en"), "train_one")
+def test_reset_during_a_run_of_n_steps_says_the_run_is_gone(monkeypatch):
+    at = open_train("en")
+    at.number_input(key="train_n").set_value(5).run()
+    step = Trainer.step
+
+    def step_then_click(self):
+        report = step(self)
+        if self.steps_done == 2:
+            raise StopException()  # the script run ends here, as a click during the Run ends it
+        return report
+
+    monkeypatch.setattr(Trainer, "step", step_then_click)
+    at.button(key="train_run").click().run()
     old = at.session_state["train_trainer"]
-    at.session_state["train_running"] = (old, 1, 300)  # what a Run of 300 steps leaves when a click stops it
-    click(at, "train_reset")
+    assert old.steps_done == 2
+    click(at, "train_reset")  # the click
     said = " ".join(i.value for i in at.info)
-    assert "The run of 300 steps stopped because you pressed Reset" in said and "Stopped after" not in said
+    assert "The run of 5 steps stopped because you pressed Reset" in said and "Stopped after" not in said
     assert at.session_state["train_trainer"] is not old and at.session_state["train_trainer"].steps_done == 0
 
 

@@ -7,6 +7,7 @@ import streamlit as st
 from model.texts import LANGUAGES, text
 
 DEFAULT_LANG = "vi"
+VIETNAMESE_MARKS = str.maketrans(",.", ".,")  # thousands and decimal marks swap
 
 
 def lang() -> str:
@@ -31,7 +32,8 @@ def labels(prefix: str, options) -> dict:
     return {o: t(prefix + str(o)) for o in options}
 
 
-def number(value: int) -> str:
-    """A whole number as the session's language writes it: 6,144 in English, 6.144 in Vietnamese."""
-    written = f"{value:,}"
-    return written.replace(",", ".") if lang() == "vi" else written
+def number(value: float, spec: str = ",") -> str:
+    """A number as the session's language writes it, `spec` a format spec with English marks: 6,144 and 0.6931 in
+    English, 6.144 and 0,6931 in Vietnamese (number(0.6931, ".4f"))."""
+    written = format(value, spec)
+    return written.translate(VIETNAMESE_MARKS) if lang() == "vi" else written

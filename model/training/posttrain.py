@@ -42,6 +42,8 @@ MAX_ANSWER = {"small": 16, "smollm2": 24, "gemma3": 16}  # new tokens of each be
 # 2-core CPU (measured: 4 pairs ≈ 1.5–2 s and 2.9 GB RSS in SFT)
 DEFAULT_BATCH = {"small": 16, "smollm2": 16, "gemma3": 4}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+# what the starting weights and the data come from: a change of any needs a new trainer
+IDENTITY_FIELDS = ("method", "model", "seed", "rank", "alpha", "targets", "warmup_sft_steps")
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class FinetuneSettings:
     rank: int = 4              # LoRA r
     alpha: float = 8.0         # LoRA alpha: the update is (alpha / r) · B A x
     targets: str = "qv"        # LoRA: "qv" = q_proj, v_proj | "all" = every linear layer of the blocks
-    beta: float = 0.1          # DPO's β | RLHF's weight of the KL penalty
+    beta: float = 0.1          # DPO's β (> 0) | RLHF's weight of the KL penalty (0 allowed: no leash, TRL's default)
     group_size: int = 8        # RLHF: answers sampled per prompt (G)
     reward_steps: int = 40     # RLHF (command line): reward-model steps before the policy's first step
     length_bonus: float = 0.0  # RLHF: reward += bonus × answer length, a reward that likes length (hacking demo)
@@ -69,7 +71,7 @@ class FinetuneSettings:
     @property
     def identity(self) -> tuple:
         """What the starting weights and the data come from: a change of any needs a new trainer."""
-        return self.method, self.model, self.seed, self.rank, self.alpha, self.targets, self.warmup_sft_steps
+        return tuple(getattr(self, name) for name in IDENTITY_FIELDS)
 
     @property
     def learning_rate(self) -> float:
@@ -84,14 +86,14 @@ class FinetuneSettings:
                              models=", ".join(MODELS[self.method]))
         if self.method == "lora" and not self.rank >= 1:
             raise InputError("finetune_rank", value=self.rank)
-        if self.method in ("dpo", "rlhf") and not self.beta > 0:
+        if self.method == "dpo" and not self.beta > 0:
             raise InputError("finetune_beta", value=self.beta)
         closed = {"seed": (self.seed, 0, MAX_SEED), "batch": (self.batch_size, 1, bound.max_batch),
                   "rank": (self.rank, 1, 256), "group": (self.group_size, 2, 32),
                   "reward_steps": (self.reward_steps, 0, 1000), "length_bonus": (self.length_bonus, 0, 10),
                   "warmup": (self.warmup_sft_steps, 0, 1000), "alpha": (self.alpha, 0.01, 1024),
                   "lr": (self.learning_rate, 1e-7, 1.0), "clip": (self.clip, 1e-3, 100.0),
-                  "beta": (self.beta, 1e-4, 100)}
+                  "beta": (self.beta, 0 if self.method == "rlhf" else 1e-4, 100)}
         for name, (value, low, high) in closed.items():
             if not low <= value <= high:
                 raise InputError("finetune_setting", setting_text="finetune." + name, low=low, high=high, value=value)
@@ -262,7 +264,7 @@ class PostTrainer:
         norm, _ = clip_gradients(params, self.settings.clip)
         if not math.isfinite(norm) or not math.isfinite(loss.item()):
             self.zero_grad()
-            raise InputError("train_not_finite", step=self.steps_done + 1, loss=loss.item(),
+            raise InputError("finetune_not_finite", step=self.steps_done + 1, loss=loss.item(),
                              lr=f"{self.settings.learning_rate:.2e}")
         self.optimizer.step(self.settings.learning_rate)
         return norm
@@ -274,7 +276,7 @@ class PostTrainer:
     def step(self) -> dict:
         index = self.steps_done
         if self.steps_used >= self.limits.max_steps:
-            raise InputError("train_step_limit", steps=self.limits.max_steps)
+            raise InputError("finetune_step_limit", steps=self.limits.max_steps)
         synchronize(self.device)
         t0 = time.perf_counter()
         self.zero_grad()
@@ -282,7 +284,7 @@ class PostTrainer:
             record = self._step(index)
         except torch.OutOfMemoryError:
             self.zero_grad()
-            raise InputError("train_out_of_memory", device=str(self.device)) from None
+            raise InputError("finetune_out_of_memory", device=str(self.device)) from None
         synchronize(self.device)
         record = {"step": index + 1, **record, "lr": self.settings.learning_rate,
                   "ms": round((time.perf_counter() - t0) * 1000, 3)}

@@ -60,6 +60,11 @@ def bradley_terry(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Ten
     return -F.logsigmoid(r_chosen - r_rejected)
 
 
+def questions_per_step(settings) -> int:
+    """The questions a policy step samples G answers to: its batch (sampled answers) in whole groups, at least one."""
+    return max(1, settings.batch_size // settings.group_size)
+
+
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(π ‖ ref) from samples of π: e^(ref−π) − (ref−π) − 1."""
     d = ref_logp - logp
@@ -121,7 +126,7 @@ class RLHF(PostTrainer):
         from model.errors import InputError
 
         if self.steps_used >= self.limits.max_steps:
-            raise InputError("train_step_limit", steps=self.limits.max_steps)
+            raise InputError("finetune_step_limit", steps=self.limits.max_steps)
         index = len(self.rm_history)
         picks = self.rng(10_000 + index).integers(0, len(self.train_pairs), RM_BATCH)
         for _, p in self.rm_params:
@@ -168,7 +173,7 @@ class RLHF(PostTrainer):
         if not self.rm_history:
             raise InputError("finetune_reward_first")
         s = self.settings
-        n_prompts = max(1, s.batch_size // s.group_size)
+        n_prompts = questions_per_step(s)
         picks = self.rng(index).integers(0, len(self.questions), n_prompts)
         generator = torch.Generator().manual_seed(int(self.rng(index).integers(0, 2**31)))
         seqs, groups = [], []
