@@ -84,7 +84,8 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
     st.toggle(t("decode.check_each_step"), key="check_each_step", help=t("decode.check_help"),
               on_change=redraw_only, args=(STEP_VIEW,))
     probe_controls(info, redraw=STEP_VIEW)
-    st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help"))  # the whole page: the guesses appear
+    st.toggle(t("predict.toggle"), key="predict_on",  # the whole page: the guesses appear
+              help=t("predict.help", next=t("decode.next")))
 if st.session_state.predict_on:
     guess_inputs(model, generation(model))
 
@@ -152,7 +153,8 @@ def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
         thinned = step_list([r for r in runs if r.view == view])
         key = "decode.attention_thinned_shown" if view == (layer, head) else "decode.attention_thinned_blank"
         notes.append(t(key, mb=mb, steps=thinned, layer=view[0], head=view[1]))
-    notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"])))
+    notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"]),
+                   back=t("decode.back")))
     return "".join(paragraph_html(note, "dl-caption") for note in notes)
 
 
@@ -161,7 +163,8 @@ def memory_budget_html(gen: generate.Generation) -> str:
     prefill = gen.steps[0].nbytes
     return paragraph_html(t("decode.memory_budget_stop", mb=f"{gen.budget_bytes / 2**20:g}",
                             prefill=f"{prefill / 2**20:.1f}", steps=f"{(gen.nbytes - prefill) / 2**20:.1f}",
-                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}"), "dl-caption")
+                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}", back=t("decode.back"),
+                            reset=t("decode.reset")), "dl-caption")
 
 
 def step_html(gen: generate.Generation, layer: int, head: int) -> str:

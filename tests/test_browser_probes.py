@@ -70,7 +70,8 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     decode_prefilled(page, app_server, lang)
     page.get_by_text(text("predict.toggle", lang), exact=True).first.click()
     wait_idle(page)
-    page.get_by_text(text("predict.waiting", lang)).first.wait_for(timeout=60_000)
+    page.get_by_text(text("predict.waiting", lang).format(next=text("decode.next", lang))).first.wait_for(
+        timeout=60_000)
     type_number(page, "guess_len", 0)
     type_number(page, "guess_bytes", 0)
     page.get_by_role("button", name=text("decode.next", lang)).first.click()
