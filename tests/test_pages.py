@@ -299,6 +299,31 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(ours["top"], theirs["top"])) <= 1e-6
 
 
+# -- cell 5A on the Prefill page: what memory holds (issue 36, M6) ----------------------------------------------
+
+@pytest.mark.parametrize(("packs", "lang", "said"), [
+    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears (the tied LM head too) 804,480 × 4 B packed again
+    (True, "vi", "3,2 MB; trọng số và bản sao này cộng lại: 6,4 MB"),
+    (True, "en", "3.2 MB; the weights and this copy together: 6.4 MB"),
+    (False, "vi", None),
+])
+def test_the_load_table_shows_the_packed_copy_only_when_the_shared_model_holds_one(packs, lang, said, monkeypatch):
+    import torch
+
+    from ui import session
+
+    def refuse(*args):
+        raise RuntimeError("mkldnn: unsupported")
+
+    monkeypatch.setattr(session, "_models", type(session._models)())  # small loaded afresh, packed or not
+    if not packs:
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    html = step_view_html(open_page("app_pages/prefill.py", model="small", lang=lang))
+    assert escape(text("load.memory_bytes", lang)) in html
+    assert (escape(text("load.packed_bytes", lang)) in html) is packs
+    assert said is None or f"<td>{escape(said)}</td>" in html
+
+
 # -- predict, then reveal (issue 26, item 1) ---------------------------------------------------------------------
 
 def predicting(model: str = "small", lang: str = "vi") -> AppTest:

@@ -7,6 +7,7 @@ import streamlit as st
 from model.texts import LANGUAGES, text
 
 DEFAULT_LANG = "vi"
+VI_MARKS = str.maketrans(",.", ".,")  # Vietnamese groups thousands with a dot and writes the decimal comma
 
 
 def lang() -> str:
@@ -31,7 +32,8 @@ def labels(prefix: str, options) -> dict:
     return {o: t(prefix + str(o)) for o in options}
 
 
-def number(value: int) -> str:
-    """A whole number as the session's language writes it: 6,144 in English, 6.144 in Vietnamese."""
-    written = f"{value:,}"
-    return written.replace(",", ".") if lang() == "vi" else written
+def number(value: float) -> str:
+    """A number as the session's language writes it: 6,144 and 6.5625 in English, 6.144 and 6,5625 in Vietnamese
+    (a float with the shortest digits that give it back, a whole one without its .0)."""
+    written = f"{value:,}" if value != int(value) else f"{int(value):,}"
+    return written.translate(VI_MARKS) if lang() == "vi" else written
