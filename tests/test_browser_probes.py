@@ -93,6 +93,22 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     assert not page.locator('[data-testid="stException"]').count()
 
 
+def test_a_guess_typed_then_next_is_the_guess_revealed(app_server, browser_page):
+    """Issue 41: −4 typed, then Next at once (no Enter): the reveal shows −4 as the guess and the box still does (a
+    box bounded at 0 kept showing −4 while 0, its last valid value, was recorded)."""
+    page = browser_page
+    decode_prefilled(page, app_server, "en")
+    page.get_by_text(text("predict.toggle", "en"), exact=True).first.click()
+    wait_idle(page)
+    box = page.locator(".st-key-guess_len input")
+    box.fill("-4")
+    page.get_by_role("button", name=text("decode.next", "en")).first.click()
+    wait_idle(page)
+    page.get_by_text(text("predict.score", "en").format(right=0, wrong=2)).first.wait_for(timeout=60_000)
+    assert guess_table_cells(page, "en")[0][1] == "-4" and box.input_value() == "-4"
+    assert not page.locator('[data-testid="stException"]').count()
+
+
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_predict_then_reveal_on_the_cache_page(app_server, browser_page, artifacts, lang):
     """The course's 13/5: 17 positions with the cache, 75 without; one right guess, one wrong."""

@@ -411,6 +411,32 @@ def test_a_guess_never_changes_the_run():
         assert [s.chosen_id for s in a.samples] == [s.chosen_id for s in b.samples]
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_guess_the_box_shows_is_the_guess_recorded_and_revealed(lang):
+    """Issue 41: a box bounded at 0 showed −4 typed while the Next recorded and revealed its last valid value (0);
+    any whole number typed is now the guess, and one far past the old upper bound too."""
+    at = predicting(lang=lang)
+    guess(at, -4, 2 * 10**15)
+    trace = at.session_state["generation"].steps[-1]
+    assert (at.number_input(key="guess_len").value, at.number_input(key="guess_bytes").value) == (-4, 2 * 10**15)
+    html = step_view_html(at)
+    assert reveal_row(lang, "row_len", -4, trace.cache_len, False) in html
+    assert reveal_row(lang, "row_bytes", 2 * 10**15, trace.cache_bytes, False) in html
+    assert at.session_state["predict_score"] == (0, 2)
+
+
+def test_the_cache_page_reveals_the_guess_its_box_shows():
+    at = open_page("app_pages/cache.py", lang="vi")
+    at.toggle(key="predict_on").set_value(True).run()
+    click(at, "preset_13/5")
+    at.number_input(key="cache_guess_with").set_value(-17)
+    at.number_input(key="cache_guess_without").set_value(3 * 10**6)
+    at.run()
+    click(at, "cache_reveal_button")
+    html = step_view_html(at)
+    assert "<td>-17</td><td>17</td>" in html and "<td>3.000.000</td><td>75</td>" in html
+
+
 def test_back_hides_the_reveal_of_the_step_undone():
     at = predicting()
     guess(at, 0, 0)
