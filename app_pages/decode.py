@@ -40,6 +40,7 @@ from ui.session import (
     sampling_controls,
     strip_tokens,
 )
+from ui.step_keys import clicks_marker, count_click, queue_step_keys
 from ui.widgets import (
     BACK_KEY,
     NEXT_KEY,
@@ -88,6 +89,7 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
               help=t("predict.help", next=t("decode.next")))
 if st.session_state.predict_on:
     guess_inputs(model, generation(model))
+queue_step_keys()  # → and ← press Next and Back in the order pressed
 
 
 if st.session_state.run_to_end_requested:
@@ -109,14 +111,14 @@ def step_view() -> None:
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
-                  on_click=on_next_with_guess, shortcut=NEXT_KEY)
-        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back,
-                  shortcut=BACK_KEY)
+                  on_click=count_click(on_next_with_guess), shortcut=NEXT_KEY)
+        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
+                  on_click=count_click(on_back), shortcut=BACK_KEY)
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
     callback_error_here()  # why Next, Back or a sampling change failed, under the buttons
-    st.html(step_html(gen, st.session_state.layer, st.session_state.head))
+    st.html(step_html(gen, st.session_state.layer, st.session_state.head) + clicks_marker())
     if st.session_state.check_each_step and len(gen.steps) - 1 not in gen.checks:
         wait_for_check(len(gen.steps) - 1)
 
