@@ -41,6 +41,7 @@ from ui.session import (
     sampling_controls,
     strip_tokens,
 )
+from ui.step_keys import clicks_marker, count_click, queue_step_keys
 from ui.widgets import (
     BACK_KEY,
     NEXT_KEY,
@@ -85,9 +86,11 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
     st.toggle(t("decode.check_each_step"), key="check_each_step", help=t("decode.check_help"),
               on_change=redraw_only, args=(STEP_VIEW,))
     probe_controls(info, redraw=STEP_VIEW)
-    st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help"))  # the whole page: the guesses appear
+    st.toggle(t("predict.toggle"), key="predict_on",  # the whole page: the guesses appear
+              help=t("predict.help", next=t("decode.next")))
 if st.session_state.predict_on:
     guess_inputs(model, generation(model))
+queue_step_keys()  # → and ← press Next and Back in the order pressed
 
 
 if st.session_state.run_to_end_requested:
@@ -109,14 +112,14 @@ def step_view() -> None:
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
         st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
-                  on_click=on_next_with_guess, shortcut=NEXT_KEY)
-        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2, on_click=on_back,
-                  shortcut=BACK_KEY)
+                  on_click=count_click(on_next_with_guess), shortcut=NEXT_KEY)
+        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
+                  on_click=count_click(on_back), shortcut=BACK_KEY)
         st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
         st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
     callback_error_here()  # why Next, Back or a sampling change failed, under the buttons
-    st.html(step_html(gen, st.session_state.layer, st.session_state.head))
+    st.html(step_html(gen, st.session_state.layer, st.session_state.head) + clicks_marker())
     if st.session_state.check_each_step and len(gen.steps) - 1 not in gen.checks:
         wait_for_check(len(gen.steps) - 1)
 
@@ -153,7 +156,8 @@ def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
         thinned = step_list([r for r in runs if r.view == view])
         key = "decode.attention_thinned_shown" if view == (layer, head) else "decode.attention_thinned_blank"
         notes.append(t(key, mb=mb, steps=thinned, layer=view[0], head=view[1]))
-    notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"])))
+    notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"]),
+                   back=t("decode.back")))
     return "".join(paragraph_html(note, "dl-caption") for note in notes)
 
 
@@ -162,7 +166,8 @@ def memory_budget_html(gen: generate.Generation) -> str:
     prefill = gen.steps[0].nbytes
     return paragraph_html(t("decode.memory_budget_stop", mb=f"{gen.budget_bytes / 2**20:g}",
                             prefill=f"{prefill / 2**20:.1f}", steps=f"{(gen.nbytes - prefill) / 2**20:.1f}",
-                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}"), "dl-caption")
+                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}", back=t("decode.back"),
+                            reset=t("decode.reset")), "dl-caption")
 
 
 def step_html(gen: generate.Generation, layer: int, head: int) -> str:

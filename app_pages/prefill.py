@@ -3,6 +3,7 @@
 import streamlit as st
 
 from model.engine.counting import cache_bytes_formula
+from model.engine.runtime import Quantization, Rounding
 from model.engine.tokenizer import joined_characters
 from ui import charts
 from ui.i18n import number, t
@@ -13,6 +14,21 @@ from ui.widgets import md_escape, probability_bars_html, shown, table_html, toke
 
 TOP_BARS = 10
 
+
+def megabytes(nbytes: int) -> str:
+    return number(round(nbytes / 1e6, 1))
+
+
+def quantization_text(q: Quantization) -> str:
+    """Each type the GGUF's matrices were rounded to, with its bits a weight and how many matrices have it."""
+    def typed(r: Rounding) -> str:
+        return t("load.quantization_type", type=r.type, bits=number(r.bits))
+
+    layers = ", ".join(t("load.quantization_count", n=number(r.matrices), type=typed(r)) for r in q.layers)
+    return t("load.quantization_value", name=q.name, matrices=number(sum(r.matrices for r in q.layers)),
+             layers=layers, embedding=typed(q.embedding))
+
+
 model = page_start("prefill")
 info, tok = model.info, model.tokenizer
 if model.facts is not None:  # cell 5A, "load weights": how this model got into memory
@@ -20,12 +36,15 @@ if model.facts is not None:  # cell 5A, "load weights": how this model got into 
     with st.expander(t("load.title")):
         st.html(table_html([t("load.fact"), t("load.value")], [
             [t("load.file"), facts.file], [t("load.source"), facts.source],
-            *([[t("load.quantization"), t("load.quantization_value", layers=facts.quantization[0],
-                                          embedding=facts.quantization[1])]] if facts.quantization else []),
-            [t("load.parameters"), f"{facts.parameters:,}"],
-            [t("load.file_bytes"), f"{facts.file_bytes / 1e6:,.1f} MB"],
-            [t("load.memory_bytes"), f"{facts.memory_bytes / 1e6:,.1f} MB"],
-            [t("load.dtype"), f"{facts.dtype} · {facts.device}"], [t("load.time"), f"{facts.load_s:.1f} s"]]))
+            *([[t("load.quantization"), quantization_text(facts.quantization)]] if facts.quantization else []),
+            [t("load.parameters"), number(facts.parameters)],
+            [t("load.file_bytes"), f"{megabytes(facts.file_bytes)} MB"],
+            [t("load.memory_bytes"), f"{megabytes(facts.memory_bytes)} MB"],
+            *([[t("load.packed_bytes"), t("load.packed_value", mb=megabytes(facts.packed_bytes),
+                                          total=megabytes(facts.memory_bytes + facts.packed_bytes))]]
+              if facts.packed_bytes is not None else []),
+            [t("load.dtype"), f"{facts.dtype} · {facts.device}"],
+            [t("load.time"), f"{number(round(facts.load_s, 1))} s"]]))
 prompt_form(model)
 gen = generation(model)
 if gen is None:

@@ -134,3 +134,25 @@ def test_arrow_keys_step_and_go_back_but_not_while_typing(app_server, browser_pa
     wait_idle(page)
     assert cache_positions(page, "en") == start + 1
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_arrow_keys_pressed_at_once_are_taken_in_order(app_server, browser_page):
+    """Issue 41: → then ← pressed before the page has redrawn step 1 (Back still disabled then) are both taken, in
+    the order pressed: back at step 0, as after the same two keys pressed slowly (Streamlit's shortcut dropped the
+    ←: step 1). Then six at once, with a ← at step 0 that has nothing to undo: + 1 + 1 − 1 − 1 − 0 + 1."""
+    page, words = browser_page, LABELS["en"]
+    page.goto(f"{app_server}/decode?lang=en")
+    click(page, words["prefill"])
+    page.get_by_text(re.compile(words["cache"])).first.wait_for(timeout=60_000)
+    start = cache_positions(page, "en")
+    page.locator("h1").first.click()
+    arrows = {"→": "ArrowRight", "←": "ArrowLeft"}
+    for keys, ends_at in (("→←", start), ("→→←←←→", start + 1)):
+        for key in keys:
+            page.keyboard.press(arrows[key])
+        page.wait_for_timeout(300 * len(keys))
+        wait_idle(page)
+        page.wait_for_timeout(500)
+        wait_idle(page)
+        assert cache_positions(page, "en") == ends_at, keys
+    assert page.locator("[data-testid='stException']").count() == 0

@@ -70,7 +70,8 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     decode_prefilled(page, app_server, lang)
     page.get_by_text(text("predict.toggle", lang), exact=True).first.click()
     wait_idle(page)
-    page.get_by_text(text("predict.waiting", lang)).first.wait_for(timeout=60_000)
+    page.get_by_text(text("predict.waiting", lang).format(next=text("decode.next", lang))).first.wait_for(
+        timeout=60_000)
     type_number(page, "guess_len", 0)
     type_number(page, "guess_bytes", 0)
     page.get_by_role("button", name=text("decode.next", lang)).first.click()
@@ -89,6 +90,22 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     assert [r[3] for r in rows[:2]] == [text("predict.right", lang)] * 2
     assert whole_number(rows[0][2]) == length + 1 and whole_number(rows[1][2]) == size + size // length
     page.screenshot(path=str(artifacts / f"decode-predict-{lang}.png"), full_page=True)
+    assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_a_guess_typed_then_next_is_the_guess_revealed(app_server, browser_page):
+    """Issue 41: −4 typed, then Next at once (no Enter): the reveal shows −4 as the guess and the box still does (a
+    box bounded at 0 kept showing −4 while 0, its last valid value, was recorded)."""
+    page = browser_page
+    decode_prefilled(page, app_server, "en")
+    page.get_by_text(text("predict.toggle", "en"), exact=True).first.click()
+    wait_idle(page)
+    box = page.locator(".st-key-guess_len input")
+    box.fill("-4")
+    page.get_by_role("button", name=text("decode.next", "en")).first.click()
+    wait_idle(page)
+    page.get_by_text(text("predict.score", "en").format(right=0, wrong=2)).first.wait_for(timeout=60_000)
+    assert guess_table_cells(page, "en")[0][1] == "-4" and box.input_value() == "-4"
     assert not page.locator('[data-testid="stException"]').count()
 
 

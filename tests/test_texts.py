@@ -134,6 +134,22 @@ def test_one_word_per_idea(key, lang, wrong):
     assert wrong not in strings()[key][lang]
 
 
+def test_vietnamese_texts_name_the_step_buttons_as_they_read_and_say_lop_and_head():
+    """Issue 36, P1–P3: the Vietnamese buttons read “Bước tiếp”, “Lùi lại”, “Đặt lại” (a text names them through
+    {next}, {back}, {reset}, filled from those keys); the layer and head selectors read “Lớp” and “Head”; the prompt
+    box says prompt."""
+    english = {strings()[key]["en"] for key in ("decode.next", "decode.back", "decode.reset")}
+    for key, entry in strings().items():
+        vi = entry["vi"]
+        for name in english:
+            assert not re.search(rf"\b{name}\b", vi), (key, name)
+        assert "tầng" not in vi and "lời nhắc" not in vi and not re.search(r"\b(mọi|các) đầu\b|, đầu \{", vi), key
+    for key in ("predict.help", "predict.before_next", "predict.waiting"):
+        assert "{next}" in strings()[key]["vi"], key
+    assert "{back}" in strings()["decode.attention_kept"]["vi"]
+    assert {"back", "reset"} <= placeholders(strings()["decode.memory_budget_stop"]["vi"])
+
+
 def test_vietnamese_wording_of_the_cells():
     assert "cơ số (base) 10.000" in cell("2A")["vi"]["example"]
     assert "không bao giờ nhìn trước" not in cell("2B")["vi"]["tagline"]

@@ -7,7 +7,7 @@ import streamlit as st
 from model.texts import LANGUAGES, text
 
 DEFAULT_LANG = "vi"
-VIETNAMESE_MARKS = str.maketrans(",.", ".,")  # thousands and decimal marks swap
+VIETNAMESE_MARKS = str.maketrans(",.", ".,")  # Vietnamese groups thousands with a dot and writes the decimal comma
 
 
 def lang() -> str:
@@ -32,8 +32,12 @@ def labels(prefix: str, options) -> dict:
     return {o: t(prefix + str(o)) for o in options}
 
 
-def number(value: float, spec: str = ",") -> str:
-    """A number as the session's language writes it, `spec` a format spec with English marks: 6,144 and 0.6931 in
-    English, 6.144 and 0,6931 in Vietnamese (number(0.6931, ".4f"))."""
-    written = format(value, spec)
+def number(value: float, spec: str | None = None) -> str:
+    """A number as the session's language writes it: 6,144 and 6.5625 in English, 6.144 and 6,5625 in Vietnamese.
+    spec: a format spec with English marks (number(0.6931, ".4f") is 0,6931 in Vietnamese); without one, a float
+    with the shortest digits that give it back, a whole one without its .0."""
+    if spec is not None:
+        written = format(value, spec)
+    else:
+        written = f"{value:,}" if value != int(value) else f"{int(value):,}"
     return written.translate(VIETNAMESE_MARKS) if lang() == "vi" else written

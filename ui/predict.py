@@ -53,16 +53,17 @@ def guess_inputs(model: LoadedModel, gen: generate.Generation) -> None:
         st.caption(t("predict.finished"))
         return
     tok = model.tokenizer
+    # no bounds on a guess: a box with bounds keeps showing a number it refused (−4) while the last one it took is
+    # recorded; without them the box always shows what a Next records (a negative guess is simply wrong)
     with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-        st.number_input(t("predict.guess_len"), min_value=0, max_value=10**6, step=1, key="guess_len", width=220)
-        st.number_input(t("predict.guess_bytes"), min_value=0, max_value=10**15, step=1, key="guess_bytes",
-                        width=220)
+        st.number_input(t("predict.guess_len"), step=1, key="guess_len", width=220)
+        st.number_input(t("predict.guess_bytes"), step=1, key="guess_bytes", width=220)
         candidates = next_candidates(model, gen)
         if st.session_state.guess_token not in candidates:
             st.session_state.guess_token = None
         labels = {i: shown(tok.token(i)) for i in candidates}
         st.segmented_control(t("predict.guess_token"), candidates, key="guess_token", format_func=labels.get)
-    st.caption(t("predict.before_next"))
+    st.caption(t("predict.before_next", next=t("decode.next")))
 
 
 def on_next_with_guess() -> None:
@@ -97,7 +98,8 @@ def reveal_html(model: LoadedModel, gen: generate.Generation) -> str:
     record = st.session_state.predict_reveal
     index = len(gen.steps) - 1
     if record is None or record["gen"] != id(gen) or record["step"] != index:
-        return heading_html(t("predict.title")) + paragraph_html(t("predict.waiting"), "dl-caption")
+        return heading_html(t("predict.title")) + paragraph_html(t("predict.waiting", next=t("decode.next")),
+                                                                 "dl-caption")
     info, tok = model.info, model.tokenizer
     trace, drawn = gen.steps[-1], gen.samples[-1]
     rows = [[t("predict.row_len"), number(record["len"]), number(trace.cache_len),
@@ -139,18 +141,17 @@ def cache_guess(n: int, new_tokens: int) -> None:
     """The Cache page's guesses for N and T, or, once revealed for them, the guess beside the formulas' numbers."""
     if not cache_revealed(n, new_tokens):
         with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-            st.number_input(t("cache.guess_with"), min_value=0, max_value=10**6, step=1, key="cache_guess_with",
-                            width=240)
-            st.number_input(t("cache.guess_without"), min_value=0, max_value=10**6, step=1,
-                            key="cache_guess_without", width=240)
+            st.number_input(t("cache.guess_with"), step=1, key="cache_guess_with", width=240)  # no bounds: as above
+            st.number_input(t("cache.guess_without"), step=1, key="cache_guess_without", width=240)
             st.button(t("cache.reveal"), key="cache_reveal_button", type="primary", icon=":material/visibility:",
                       on_click=on_cache_reveal, args=(n, new_tokens))
         st.caption(t("cache.guess_note", n=n, t=new_tokens))
         return
     record = st.session_state.cache_reveal
     with_cache, without_cache = positions_with_cache(n, new_tokens), positions_without_cache(n, new_tokens)
-    rows = [[t("cache.with"), record["with"], with_cache, verdict(record["with"] == with_cache)],
-            [t("cache.without"), record["without"], without_cache, verdict(record["without"] == without_cache)]]
+    rows = [[t("cache.with"), number(record["with"]), number(with_cache), verdict(record["with"] == with_cache)],
+            [t("cache.without"), number(record["without"]), number(without_cache),
+             verdict(record["without"] == without_cache)]]
     st.html(table_html([t("predict.col_what"), t("predict.col_guess"), t("predict.col_real"),
                         t("predict.col_verdict")], rows)
             + paragraph_html(t("cache.with_formula", n=n, t=new_tokens) + " = " + str(with_cache), "dl-caption")

@@ -19,7 +19,7 @@ DEFAULTS = {
     "prompt_mode": "text", "prompt_ids_text": "1, 3", "system_text": "", "callback_error": None,
     "temperature": 0.0, "top_k_on": False, "top_k": 10, "top_p": 1.0, "seed": 0, "max_new_tokens": 20,
     "stop_text": "", "layer": 0, "head": 0, "prompt_unknown": [], "prompt_of_run": "", "check_each_step": True,
-    "run_to_end_requested": False, "logit_lens": False, "heads_off": [],
+    "run_to_end_requested": False, "step_clicks": 0, "logit_lens": False, "heads_off": [],
     "tax_shown": False, "tax_twin": 0, "tax_vi": "", "tax_en": "",
     "count_n": 13, "count_t": 5, "bench_result": None,
     # predict, then reveal (ui/predict.py): the score is a tuple (right, wrong), replaced whole

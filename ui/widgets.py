@@ -52,6 +52,7 @@ CSS = """
 .dl-h{font-size:1.5rem;font-weight:600;line-height:1.2;margin:0.6rem 0 0.5rem 0;padding:0}
 .dl-p{margin:0 0 0.6rem 0;line-height:1.6}
 .dl-caption{font-size:14px;color:rgba(49,51,63,0.6);margin:0 0 0.5rem 0;line-height:1.5}
+.st-key-step_keys{display:none}
 .dl-grid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:0.5rem 2.5rem;margin-top:0.5rem}
 @media (max-width:1100px){.dl-grid{grid-template-columns:minmax(0,1fr)}}
 .dl-metric{font-size:14px;color:#31333f}

@@ -201,6 +201,11 @@ class PackedWeight:
                        torch.ops.mkldnn._reorder_linear_weight(weight[:, start:start + width].contiguous(), PACK_ROWS))
                       for start in range(0, d_in, width)]
 
+    @property
+    def nbytes(self) -> int:
+        """The packed parts' bytes: the weight's own size again, held beside it."""
+        return sum(part.numel() * part.element_size() for _, _, part in self.parts)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])                                        # (rows, in)
         y = None

@@ -18,8 +18,16 @@ from pathlib import Path
 import torch
 
 from model.engine.gemma3 import Gemma3, Gemma3Config
-from model.engine.llama import Llama, LlamaConfig, pack_linears
-from model.engine.runtime import LoadedModel, LoadFacts, NativeModel, pick_device, warmed_up
+from model.engine.llama import Linear, Llama, LlamaConfig, pack_linears
+from model.engine.runtime import (
+    LoadedModel,
+    LoadFacts,
+    NativeModel,
+    Quantization,
+    Rounding,
+    pick_device,
+    warmed_up,
+)
 from model.engine.tokenizer import load_tokenizer
 from model.errors import InputError
 from model.weights.catalog import (
@@ -33,6 +41,7 @@ from model.weights.catalog import (
     runs_native,
     settings,
 )
+from model.weights.fetch import SOURCES
 
 log = logging.getLogger(__name__)
 
@@ -192,9 +201,10 @@ def load_facts(model: LoadedModel, location: Location, seconds: float) -> LoadFa
     parameters = sum(p.numel() for p in model.module.parameters())
     return LoadFacts(
         file=", ".join(f.name for f in files), source=_source(fetched, folder, location.name),
-        quantization=None if fetched is None else (fetched["quantization"], fetched["embedding_quantization"]),
+        quantization=_quantization(fetched),
         parameters=parameters,
         file_bytes=sum(f.stat().st_size for f in files), memory_bytes=parameters * model.info.bytes_per_element,
+        packed_bytes=packed_bytes(model.module),
         dtype=model.info.dtype, device=model.info.device, load_s=seconds,
     )
 
@@ -203,6 +213,26 @@ def _fetched_source(folder: Path | None) -> dict | None:
     """A fetched model's source.json: what it was made from."""
     path = folder / SOURCE_FILE if folder is not None else None
     return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+
+
+def packed_bytes(module: torch.nn.Module) -> int | None:
+    """The bytes of the packed copies the shared model's linears hold beside their weights (pack_linears); None
+    when it multiplies without them (a GPU, bfloat16, a oneDNN that cannot pack, a transformers model)."""
+    packed = [m.packed for m in module.modules() if isinstance(m, Linear) and m.packed is not None]
+    return sum(p.nbytes for p in packed) if packed else None
+
+
+def _quantization(fetched: dict | None) -> Quantization | None:
+    """The rounding source.json recorded from the GGUF; for a folder converted before it did, the record fetch.py
+    keeps for the same file (its sha256 is pinned)."""
+    if fetched is None:
+        return None
+    types = fetched.get("tensor_types") or next(
+        (s.facts["tensor_types"] for s in SOURCES.values() if s.facts["gguf"] == fetched["gguf"]), None)
+    if types is None:
+        return None
+    return Quantization(fetched["quantization"], tuple(Rounding(**r) for r in types["layers"]),
+                        Rounding(**types["embedding"]))
 
 
 def _source(fetched: dict | None, folder: Path | None, name: str) -> str:

