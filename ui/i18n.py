@@ -35,3 +35,10 @@ def number(value: int) -> str:
     """A whole number as the session's language writes it: 6,144 in English, 6.144 in Vietnamese."""
     written = f"{value:,}"
     return written.replace(",", ".") if lang() == "vi" else written
+
+
+def decimal(value: float, places: int = 1) -> str:
+    """A number with `places` decimals as the session's language writes it: 1,234.5 in English, 1.234,5 in
+    Vietnamese."""
+    written = f"{value:,.{places}f}"
+    return written.translate(str.maketrans(",.", ".,")) if lang() == "vi" else written

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -201,7 +202,8 @@ class Gemma3(nn.Module):
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
                 n_layers: int | None = None, output_hidden_states: bool = False,
-                heads_off: dict[int, tuple[int, ...]] | None = None) -> ForwardOutput:
+                heads_off: dict[int, tuple[int, ...]] | None = None,
+                after_layer: Callable[[int], None] | None = None) -> ForwardOutput:
         """As Llama.forward: ids (B, T) continue the sequence held in `cache`, or start one when cache is None;
         the attention weights per layer are (B, n_heads, T, n_past + T), zero outside a sliding layer's window."""
         T = ids.shape[1]
@@ -222,6 +224,8 @@ class Gemma3(nn.Module):
                 qkv = layer_qkv
             if output_hidden_states:
                 hidden_states.append(x[:, -1:] if last_logits_only else x)
+            if after_layer is not None:
+                after_layer(i)
         if last_logits_only:
             x = x[:, -1:]
         logits = self.lm_head(self.model.norm(x))  # (B, T or 1, vocab)

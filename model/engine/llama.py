@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -225,6 +226,13 @@ def pack_linears(model: nn.Module) -> bool:
     return True
 
 
+def is_packed(model: nn.Module) -> bool:
+    """Whether every Linear of the model multiplies with its packed weight (pack_linears took; a copy, a converted
+    model and one on a GPU do not)."""
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    return bool(linears) and all(module.packed is not None for module in linears)
+
+
 def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
     """out (B, T, n_heads·d_head), the heads' outputs side by side, with the given heads' parts set to zero: what
     the layer's output projection would get if those heads said nothing. No heads: out itself, untouched."""
@@ -336,8 +344,8 @@ class Llama(nn.Module):
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, output_attentions: bool = False,
                 output_qkv_layer: int | None = None, last_logits_only: bool = False,
                 n_layers: int | None = None, activation_checkpointing: bool = False,
-                output_hidden_states: bool = False, heads_off: dict[int, tuple[int, ...]] | None = None
-                ) -> ForwardOutput:
+                output_hidden_states: bool = False, heads_off: dict[int, tuple[int, ...]] | None = None,
+                after_layer: Callable[[int], None] | None = None) -> ForwardOutput:
         """ids (B, T) continue the sequence held in `cache` (appended to it), or start one when cache is None.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which
         saves T − 1 rows of vocab-sized logits.
@@ -346,7 +354,9 @@ class Llama(nn.Module):
         activation_checkpointing (training, no cache): each block's inner activations are not kept for backward
         but recomputed there, block by block; the outputs are the same.
         output_hidden_states: also return the residual stream after each block (the logit lens reads it).
-        heads_off: layer -> query heads whose attention output is set to zero in that layer (switching heads off)."""
+        heads_off: layer -> query heads whose attention output is set to zero in that layer (switching heads off).
+        after_layer: called with each block's index once it has run: a caller may stop a long pass there by raising
+        (the Serving page's Stop); the cache then holds the new positions in some layers only, and is to be dropped."""
         T = ids.shape[1]
         n_past = cache.length if cache is not None else 0
         x = self.model.embed_tokens(ids)                         # (B, T, hidden)
@@ -367,6 +377,8 @@ class Llama(nn.Module):
                 qkv = layer_qkv
             if output_hidden_states:
                 hidden_states.append(x[:, -1:] if last_logits_only else x)
+            if after_layer is not None:
+                after_layer(i)
         if last_logits_only:
             x = x[:, -1:]
         hidden = self.model.norm(x)                              # (B, T or 1, hidden)

@@ -7,6 +7,7 @@ changed after loading; sessions own their caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -145,9 +146,11 @@ class NativeModel(LoadedModel):
         return self.module.new_cache()
 
     @torch.inference_mode()
-    def forward(self, ids, cache, output_attentions):
+    def forward(self, ids, cache, output_attentions, after_layer: Callable[[int], None] | None = None):
+        """after_layer: as the module's forward takes it (a caller that may stop the pass between layers)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
-        out = self.module(x, cache, output_attentions=output_attentions, last_logits_only=True)
+        out = self.module(x, cache, output_attentions=output_attentions, last_logits_only=True,
+                          after_layer=after_layer)
         attentions = torch.cat(out.attentions) if output_attentions else None  # (layers, heads, T, S)
         return out.logits[0, -1], attentions
 
