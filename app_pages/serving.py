@@ -14,7 +14,7 @@ from model.engine.sampling import SamplingSettings
 from model.tools import serve_bench
 from ui import svg
 from ui.i18n import decimal, number, t
-from ui.serving_run import run_steps
+from ui.serving_run import StopBar, run_steps
 from ui.session import (
     callback_error_here,
     guarded,
@@ -234,8 +234,11 @@ if longest is not None:
 st.subheader(t("serving.sweep"))
 contexts = [c for c in SWEEP_CONTEXTS if c < run_info.context_length] or [run_info.context_length // 2]
 if st.button(t("serving.measure_sweep"), key="serving_measure", icon=":material/timer:"):
-    with st.spinner(t("serving.measuring")):
-        measured = guarded(lambda: serve_bench.sweep(run_model, list(SWEEP_BATCHES), contexts))
+    sweep_bar = StopBar("serving_measure_stop", t("serving.measuring"))
+    measured = guarded(lambda: serve_bench.sweep(
+        run_model, list(SWEEP_BATCHES), contexts, report=lambda done, total, batch, context: sweep_bar.draw(
+            done / total, t("serving.sweep_progress", batch=batch, n=number(context), k=done + 1, total=total))))
+    sweep_bar.clear()
     if measured is not None:
         state.serving_sweep = (run_info.dtype, measured)
 if state.serving_sweep is not None:
@@ -258,13 +261,21 @@ else:
 # -- the profiler: the ops of one step ---------------------------------------------------------------------------
 st.subheader(t("serving.profile"))
 if st.button(t("serving.run_profile"), key="serving_profile_button", icon=":material/query_stats:"):
-    with st.spinner(t("serving.measuring")), tempfile.TemporaryDirectory() as folder:
+    profile_bar = StopBar("serving_profile_stop", t("serving.measuring"))
+    ticks = [0, 2 * run_info.n_layers + PROFILE_STEPS]  # done, and the prefill's and warm-up's layers + the steps
+
+    def tick() -> None:
+        ticks[0] += 1
+        profile_bar.draw(ticks[0] / ticks[1], t("serving.measuring"))
+
+    with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.json"
         context = min(PROFILE_CONTEXT, run_info.context_length // 2)
         ops = guarded(lambda: serve_bench.profile_steps(run_model, max(1, last.rows), context, PROFILE_STEPS,
-                                                        str(trace)))
+                                                        str(trace), tick))
         if ops is not None:
             state.serving_profile = (ops, trace.read_bytes(), max(1, last.rows))
+    profile_bar.clear()
 if state.serving_profile is not None:
     ops, trace_bytes, rows = state.serving_profile
     on_device = ops[0].clock == "device"

@@ -177,3 +177,15 @@ def test_the_roofs_of_int8_weights_are_their_kernels():
     int8 = serve_bench.with_matmul_peak(machine, "int8")
     assert (int8.copy_gb_s, int8.dtype) == (10.0, "int8") and int8.matmul_gflops > 0
     assert "int8 weight-only matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
+
+
+def test_the_sweep_and_the_profiler_report_between_their_passes(small):
+    """A caller may stop the sweep or the profiler there (the Serving page's Stop): the sweep reports before each
+    measurement, after each layer of its untimed prefill (small: 4) and after each timed step (a warm-up and 2);
+    the profiler after the prefill's and the warm-up's layers and after each profiled step."""
+    reports = []
+    serve_bench.sweep(small, [1, 2], [8], repeats=2, report=lambda *said: reports.append(said))
+    assert reports == [(0, 2, 1, 8)] * (1 + 4 + 3) + [(1, 2, 2, 8)] * (1 + 4 + 3)
+    ticks = []
+    serve_bench.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
+    assert len(ticks) == 4 + 4 + 3

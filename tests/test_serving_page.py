@@ -323,6 +323,32 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
     assert [s.joined for s in server.steps] == [s.joined for s in never_stopped.steps]
 
 
+def test_stop_reaches_the_sweep_between_two_passes(monkeypatch):
+    """The sweep runs in the page's script under a bar and Stop (a long one: int8 SmolLM2 prefills 256 positions
+    for each of its points): stopped during its second point, it keeps nothing, and measures again on the next
+    click."""
+    from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+
+    import ui.serving_run
+
+    monkeypatch.setattr(ui.serving_run, "RUN_REDRAW_S", 0.0)
+    drawn = []
+
+    def draw_then_stop(bar, done, said):
+        drawn.append(said)
+        if said.startswith("Measuring B = 2 ") and drawn.count(said) == 1:
+            raise StopException()
+
+    at = click(open_page("en"), "serving_start")
+    monkeypatch.setattr(ui.serving_run.StopBar, "draw", draw_then_stop)
+    at.button(key="serving_measure").click().run()
+    assert at.session_state["serving_sweep"] is None
+    assert drawn[0] == text("serving.sweep_progress", "en").format(batch=1, n="64", k=1, total=4)
+    click(at.run(), "serving_measure")
+    dtype, sweep = at.session_state["serving_sweep"]
+    assert (dtype, list(sweep), len(sweep[64])) == ("float32", [64], 4)
+
+
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_browser_serves_4_requests(app_server, browser_page, lang):

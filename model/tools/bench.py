@@ -41,8 +41,10 @@ class TokenTiming:
         return percentile(self.recompute_ms, 50) / percentile(self.cached_ms, 50)
 
 
-def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[float]:
-    """Milliseconds of each call after one dropped warm-up call."""
+def timed(device: torch.device, fn: Callable[[], object], repeats: int,
+          between: Callable[[], None] | None = None) -> list[float]:
+    """Milliseconds of each call after one dropped warm-up call; `between` runs after each call, untimed (a caller
+    that may stop there)."""
     times = []
     for i in range(repeats + 1):
         synchronize(device)
@@ -51,6 +53,8 @@ def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[
         synchronize(device)
         if i:
             times.append((time.perf_counter() - t0) * 1000)
+        if between is not None:
+            between()
     return times
 
 

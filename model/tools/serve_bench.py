@@ -9,7 +9,9 @@ python -m model profile --model M --steps N --trace FILE
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -110,10 +112,12 @@ def checked_batch(model: NativeModel, batch: int, context: int) -> None:
 
 
 @torch.inference_mode()
-def filled_slots(model: NativeModel, batch: int, context: int) -> SlotCache:
-    """`batch` slots each holding the same `context` prefilled positions of filler ids."""
+def filled_slots(model: NativeModel, batch: int, context: int, tick: Callable[[], None] | None = None) -> SlotCache:
+    """`batch` slots each holding the same `context` prefilled positions of filler ids; tick() runs after each layer
+    of the prefill (a caller that may stop there)."""
     solo = model.new_cache()
-    model.forward(filler_ids(model, context), solo, output_attentions=False)
+    model.forward(filler_ids(model, context), solo, output_attentions=False,
+                  after_layer=None if tick is None else lambda _: tick())
     cache = SlotCache(model.info.n_layers, batch, model.info.layer_windows)
     for slot in range(batch):
         cache.load(slot, solo)
@@ -126,13 +130,14 @@ def row_requests(batch: int, settings: SamplingSettings) -> list[Request]:
 
 
 def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
-                settings: SamplingSettings = GREEDY) -> Work:
+                settings: SamplingSettings = GREEDY, tick: Callable[[], None] | None = None) -> Work:
     """A decode step of `batch` rows over `context` cached positions each (each repeat rewinds the rows, so every
     repeat sees the same lengths), each row's token then drawn with `settings` (greedy: the argmax): its times, the
-    bytes it reads (every weight once + each row's cache) and FLOPs."""
+    bytes it reads (every weight once + each row's cache) and FLOPs. tick() runs between the untimed prefill's
+    layers and between the timed steps (a caller that may stop there)."""
     checked_batch(model, batch, context)
     check_settings_or_refuse(settings)
-    cache = filled_slots(model, batch, context)
+    cache = filled_slots(model, batch, context, tick)
     tokens = filler_ids(model, batch, seed=1)
     rows = row_requests(batch, settings)
 
@@ -141,7 +146,7 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
         [row.choose(row_logits) for row, row_logits in zip(rows, logits)]
         cache.lengths[:batch] = [context] * batch
 
-    ms = timed(model.device, one_step, repeats)
+    ms = timed(model.device, one_step, repeats, tick)
     cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
     return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
                 flops(model.module, [(1, context + 1)] * batch), batch)
@@ -297,17 +302,18 @@ class OpShare:
 
 
 def profile_steps(model: NativeModel, batch: int, context: int, steps: int,
-                  trace_file: str | None = None) -> list[OpShare]:
+                  trace_file: str | None = None, tick: Callable[[], None] | None = None) -> list[OpShare]:
     """torch.profiler over `steps` decode steps of `batch` rows at `context` positions (CPU, and CUDA when the model
     is there); each step is a record_function "decode step i" on the timeline. Returns the TOP_OPS ops by their own
-    time; trace_file gets the Chrome-trace JSON (Perfetto and chrome://tracing open it)."""
+    time; trace_file gets the Chrome-trace JSON (Perfetto and chrome://tracing open it). tick() runs between the
+    layers of the unprofiled prefill and warm-up, and between the profiled steps (a caller that may stop there)."""
     checked_batch(model, batch, context)
-    cache = filled_slots(model, batch, context)
+    cache = filled_slots(model, batch, context, tick)
     tokens = filler_ids(model, batch, seed=1)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if model.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    decode_rows(model.module, cache, tokens)  # warm-up, not profiled
+    decode_rows(model.module, cache, tokens, None if tick is None else lambda _: tick())  # warm-up, not profiled
     cache.lengths[:batch] = [context] * batch
     with torch.profiler.profile(activities=activities) as prof:
         for i in range(steps):
@@ -315,6 +321,8 @@ def profile_steps(model: NativeModel, batch: int, context: int, steps: int,
                 decode_rows(model.module, cache, tokens)
                 synchronize(model.device)
             cache.lengths[:batch] = [context] * batch
+            if tick is not None:
+                tick()
     if trace_file:
         prof.export_chrome_trace(trace_file)
     return op_shares(prof.key_averages(), steps, "device" if model.device.type == "cuda" else "cpu")
@@ -541,6 +549,16 @@ def point(label: str, flops: int, bytes_read: int, ms: float, rows: int | None =
                          rows)
 
 
-def sweep(model: NativeModel, batches: list[int], contexts: list[int], repeats: int = 5) -> dict[int, list[Work]]:
-    """Per context, a decode step's Work at each batch size: ITL and throughput against B and context length."""
-    return {c: [decode_work(model, b, c, repeats) for b in batches] for c in contexts}
+def sweep(model: NativeModel, batches: list[int], contexts: list[int], repeats: int = 5,
+          report: Callable[[int, int, int, int], None] | None = None) -> dict[int, list[Work]]:
+    """Per context, a decode step's Work at each batch size: ITL and throughput against B and context length.
+    report(done, total, batch, context) runs before each measurement and between its passes (decode_work's tick),
+    where a caller may stop the sweep by raising."""
+    settings = [(c, b) for c in contexts for b in batches]
+    works: dict[int, list[Work]] = {c: [] for c in contexts}
+    for done, (c, b) in enumerate(settings):
+        tick = None if report is None else functools.partial(report, done, len(settings), b, c)
+        if tick is not None:
+            tick()
+        works[c].append(decode_work(model, b, c, repeats, tick=tick))
+    return works
