@@ -2,6 +2,9 @@
 mid-run, on a random GQA Llama, small, SmolLM2, a random Gemma 3 whose window is shorter than the rows, and Gemma 3
 270M; each row's cache bytes are the formula of its own length."""
 
+import itertools
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -228,6 +231,72 @@ def test_sampled_rows_equal_their_solo_sampled_runs(name, request):
     # the sampled rows did not all follow the argmax: sampling really ran
     greedy = [solo_run(model, r.prompt_ids, len(r.new_ids))[1] for r in requests if not r.settings.greedy]
     assert greedy != [r.new_ids for r in requests if not r.settings.greedy]
+
+
+class Stopped(Exception):
+    """What a page's Stop raises inside a step's report (Streamlit's own is a BaseException)."""
+
+
+def stopping_at(n: int):
+    """A step's report that stops the step at its n-th call."""
+    calls = []
+
+    def report(progress):
+        calls.append(progress)
+        if len(calls) == n:
+            raise Stopped
+
+    return report
+
+
+@pytest.mark.parametrize("name", ["tiny_gqa", "tiny_gemma3"])
+def test_a_step_stopped_between_two_layers_goes_on_where_it_stopped(name, request):
+    """Every step of a run is stopped once at each of its reports in turn (after each layer of each prefill and of
+    the decode pass), and called again until it ends: the prefills done keep their slots, a decode pass cut short
+    runs again whole, and the run's steps and tokens are those of a run never stopped."""
+    model = request.getfixturevalue(name)
+    lengths, budgets = [4, 12, 2, 9, 6], [3, 7, 2, 5, 4]
+
+    def server() -> Server:
+        return Server(model, 2, [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts_of(model, lengths),
+                                                                             budgets))], BUDGET)
+
+    never = server()
+    while not never.finished:
+        never.step()
+    stopped, stops = server(), 0
+    while not stopped.finished:
+        for stop_at in itertools.count(1):
+            try:
+                stopped.step(stopping_at(stop_at))
+                break
+            except Stopped:
+                stops += 1
+    assert stops > 2 * len(never.steps)  # every step stopped at each of its layers' reports, several at least
+    assert [(s.joined, s.left, s.decode_lengths, s.prefill_lengths) for s in stopped.steps] == \
+        [(s.joined, s.left, s.decode_lengths, s.prefill_lengths) for s in never.steps]
+    assert [r.new_ids for r in stopped.requests.values()] == [r.new_ids for r in never.requests.values()]
+
+
+def test_a_steps_reports_say_where_it_is_and_their_time_is_not_counted(tiny_gqa):
+    """A step of two prefills then (the next step) a decode pass of 2 rows over 3 layers: a report after each layer;
+    a report that sleeps 30 ms is not in the step's times."""
+    server = Server(tiny_gqa, 2, [Request(0, [5, 6, 7], 3), Request(1, [8, 9], 3)], BUDGET)
+    reports = []
+
+    def slow_report(progress):
+        reports.append((progress.prefilled, progress.prefills, progress.rows, progress.layer, progress.done))
+        time.sleep(0.03)
+
+    first = server.step(slow_report)
+    third = 1 / 3
+    assert reports == [(0, 2, 0, 1, third / 2), (0, 2, 0, 2, 2 * third / 2), (0, 2, 0, 3, 0.5),
+                       (1, 2, 0, 1, 0.5 + third / 2), (1, 2, 0, 2, 0.5 + 2 * third / 2), (1, 2, 0, 3, 1.0)]
+    assert first.prefill_ms < 6 * 30 and sum(first.prefill_each_ms) == pytest.approx(first.prefill_ms)
+    reports.clear()
+    second = server.step(slow_report)
+    assert [r[:4] for r in reports] == [(0, 0, 2, 1), (0, 0, 2, 2), (0, 0, 2, 3)] and reports[-1][4] == 1.0
+    assert second.decode_ms < 3 * 30
 
 
 def test_bad_serving_input_is_one_sentence(tiny_gqa):

@@ -135,3 +135,57 @@ def test_low_bits_and_batching_need_the_native_llama(small):
     with pytest.raises(InputError) as batched:
         serve_bench.checked_batch(OnTransformers(), 2, 16)
     assert batched.value.code == "serving_needs_native"
+
+
+def test_on_a_gpu_the_ops_are_ranked_and_timed_by_their_time_on_the_device():
+    """op_shares: on a GPU the kernels and copies rank and time the table by their own time on the device (an op's
+    CPU time there is its launch), as torch's table adds them up, the CPU's events and the step marks left out; on
+    a CPU, every op by its own CPU time."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, device_type, cpu_us, device_us, count, annotation=False):
+        return SimpleNamespace(key=key, device_type=device_type, is_user_annotation=annotation,
+                               self_cpu_time_total=cpu_us, self_device_time_total=device_us, count=count)
+
+    events = [event("aten::mm", DeviceType.CPU, 900, 0, 6), event("cudaLaunchKernel", DeviceType.CPU, 600, 0, 9),
+              event("gemv_kernel", DeviceType.CUDA, 0, 3000, 6), event("copy_kernel", DeviceType.CUDA, 0, 1000, 3),
+              event("decode step 0", DeviceType.CUDA, 0, 4000, 1, annotation=True),
+              event("decode step 0", DeviceType.CPU, 1600, 0, 1, annotation=True)]
+    on_gpu = [(o.name, o.ms_per_step, o.share, o.calls_per_step, o.clock)
+              for o in serve_bench.op_shares(events, 3, "device")]
+    assert on_gpu == [("gemv_kernel", 1.0, 0.75, 2.0, "device"), ("copy_kernel", 1 / 3, 0.25, 1.0, "device")]
+    on_cpu = [(o.name, o.share, o.clock) for o in serve_bench.op_shares(events, 3, "cpu")]
+    assert on_cpu[:2] == [("aten::mm", 0.6, "cpu"), ("cudaLaunchKernel", 0.4, "cpu")]
+
+
+def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():
+    """Two timed passes of each kind give a straight line (never falling); the estimate's first step prefills the
+    queue's first `slots` prompts: seed 0 draws prompts of 8, 7, 6 and 4 from 3 to 9."""
+    costs = serve_bench.PassCosts(prefill_ms=(100.0, 400.0), decode_ms=(150.0, 120.0))
+    assert [costs.prefill(n) for n in (1, 4, 10)] == [100.0, 400.0, 1000.0]
+    assert costs.decode(32) == 150.0
+    estimate = serve_bench.estimate_steps(costs, 2, 4, (3, 9), (2, 5))
+    assert (estimate.prompts, estimate.positions, estimate.first_ms, estimate.rows, estimate.decode_ms) == \
+        (2, 15, 1500.0, 2, 150.0)
+    assert serve_bench.estimate_steps(costs, 8, 4, (3, 9), (2, 5)).positions == 8 + 7 + 6 + 4
+
+
+def test_the_roofs_of_int8_weights_are_their_kernels():
+    machine = serve_bench.Machine("cpu", 1, 10.0, 50.0)
+    int8 = serve_bench.with_matmul_peak(machine, "int8")
+    assert (int8.copy_gb_s, int8.dtype) == (10.0, "int8") and int8.matmul_gflops > 0
+    assert "int8 weight-only matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
+
+
+def test_the_sweep_and_the_profiler_report_between_their_passes(small):
+    """A caller may stop the sweep or the profiler there (the Serving page's Stop): the sweep reports before each
+    measurement, after each layer of its untimed prefill (small: 4) and after each timed step (a warm-up and 2);
+    the profiler after the prefill's and the warm-up's layers and after each profiled step."""
+    reports = []
+    serve_bench.sweep(small, [1, 2], [8], repeats=2, report=lambda *said: reports.append(said))
+    assert reports == [(0, 2, 1, 8)] * (1 + 4 + 3) + [(1, 2, 2, 8)] * (1 + 4 + 3)
+    ticks = []
+    serve_bench.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
+    assert len(ticks) == 4 + 4 + 3

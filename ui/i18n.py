@@ -41,3 +41,8 @@ def number(value: float, spec: str | None = None) -> str:
     else:
         written = f"{value:,}" if value != int(value) else f"{int(value):,}"
     return written.translate(VIETNAMESE_MARKS) if lang() == "vi" else written
+
+
+def decimal(value: float, places: int = 1) -> str:
+    """number() with `places` decimals: 1,234.5 in English, 1.234,5 in Vietnamese."""
+    return number(value, f",.{places}f")

@@ -384,6 +384,21 @@ def run_to_end(model: LoadedModel, gen: generate.Generation) -> None:
 
 
 @functools.cache
-def machine(device: str) -> serve_bench.Machine:
-    """This machine's copy bandwidth and matmul peak, measured once per process on the first Serving run."""
-    return serve_bench.measure_machine(torch.device(device))
+def machine(device: str, dtype: str = "float32") -> serve_bench.Machine:
+    """This machine's copy bandwidth and the matmul peak of `dtype`'s kernel, each measured once per process, the
+    first time a Serving run needs it (the bandwidth once for every dtype)."""
+    if dtype == "float32":
+        return serve_bench.measure_machine(torch.device(device))
+    return serve_bench.with_matmul_peak(machine(device), dtype)
+
+
+_pass_costs: dict[tuple[str, str, str], serve_bench.PassCosts] = {}
+
+
+def pass_costs(model: LoadedModel) -> serve_bench.PassCosts:
+    """serve_bench.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device and
+    dtype: not the model, which the shared models may drop)."""
+    key = (model.info.name, model.info.device, model.info.dtype)
+    if key not in _pass_costs:
+        _pass_costs[key] = serve_bench.pass_costs(model)
+    return _pass_costs[key]

@@ -386,13 +386,21 @@ LANE_COLOURS = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f"
                 "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
 
+LANE_IDS_MOST_SLOTS = 16  # up to this many slots a lane is tall enough to write a request's id where it joins
+
+
+def lane_ids_written(slots: int) -> bool:
+    """Whether lane_chart_svg writes each request's id at the cell where it joins (else only its cells' tooltips)."""
+    return slots <= LANE_IDS_MOST_SLOTS
+
+
 def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], left: list[list[int]],
                    step_title: str, slot_title: str, description: str) -> str:
     """Which request holds which slot at each step: holders[step][slot] is a request id or None (free); a cell is
     one token of its request (the step it came out of), a request's run of cells is labelled with its id where it
     joins, and a bar marks the step it leaves after."""
     steps, slots = len(holders), len(holders[0]) if holders else 0
-    left_px, top, cell_h = 58, 8, 20 if slots <= 16 else 12
+    left_px, top, cell_h = 58, 8, 20 if lane_ids_written(slots) else 12
     cell_w = max(2.0, min(22.0, 640 / max(1, steps)))
     width, height = round(left_px + steps * cell_w + 12), top + slots * cell_h + 42
     parts = []
@@ -407,7 +415,7 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
             x = left_px + step * cell_w
             parts.append(f'<rect x="{x:.1f}" y="{y + 1}" width="{max(1.0, cell_w - 1):.1f}" height="{cell_h - 2}" '
                          f'fill="{LANE_COLOURS[rid % len(LANE_COLOURS)]}"><title>{rid}</title></rect>')
-            if rid in joined[step] and cell_h >= 16:
+            if rid in joined[step] and lane_ids_written(slots):
                 parts.append(f'<text x="{x + 2:.1f}" y="{y + cell_h / 2:.1f}" dominant-baseline="middle" '
                              f'font-size="12">{rid}</text>')
     for step, ids in enumerate(left):

@@ -20,6 +20,7 @@ continuous batching). Here:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -167,15 +168,19 @@ class RowCache(LayerBytes):
 
 
 @torch.inference_mode()
-def decode_rows(module: DecoderOnly, cache: SlotCache, tokens: list[int]) -> torch.Tensor:
+def decode_rows(module: DecoderOnly, cache: SlotCache, tokens: list[int],
+                after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
     """One decode step for slots 0 .. rows − 1, tokens[r] the token row r feeds (rows = len(tokens)); returns the
-    logits (rows, vocab): the model's own forward, each row at its own position over the keys of its own slot."""
+    logits (rows, vocab): the model's own forward, each row at its own position over the keys of its own slot.
+    after_layer(i) runs once block i has: a caller may stop the pass there by raising, and the rows' lengths have not
+    moved on yet, so the same pass can run again whole (it writes the same positions)."""
     rows = len(tokens)
     device = module.lm_head.weight.device
     cache.make_room(rows)
     positions = torch.tensor(cache.lengths[:rows], device=device)[:, None]  # (rows, 1) each row's own position
     ids = torch.tensor(tokens, device=device)[:, None]                      # (rows, 1)
-    logits = module(ids, cache, positions=positions, keys=cache.row_keys(rows)).logits  # (rows, 1, vocab)
+    logits = module(ids, cache, positions=positions, keys=cache.row_keys(rows),
+                    after_layer=after_layer).logits  # (rows, 1, vocab)
     cache.advance(rows)
     return logits[:, 0].float()                                             # (rows, vocab)
 
@@ -223,6 +228,8 @@ class ServeStep:
     joined: list[int]             # requests prefilled into a slot this step
     left: list[int]               # requests that finished this step and freed their slot
     prefill_ms: float             # the joiners' prefills
+    prefill_lengths: list[int]    # per joiner (in `joined`'s order), the positions its prefill fed
+    prefill_each_ms: list[float]  # per joiner, its own prefill's time (each runs alone)
     decode_ms: float              # the batched decode pass
     draw_ms: float                # choosing every row's token from its logits (sampling's softmax and filters)
     decode_lengths: list[int]     # per decoding row, the keys its query attended over
@@ -292,6 +299,52 @@ def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int)
         raise InputError("serving_budget", slots=slots, mb=round(needed / 2**20), budget=round(budget_bytes / 2**20))
 
 
+@dataclass(frozen=True)
+class StepProgress:
+    """Where a step is, told after each layer of each of its passes (each joiner's prefill, then the decode pass)."""
+    step: int        # the step's index
+    prefilled: int   # prefills done so far in this step
+    prefills: int    # prefills the step runs in all
+    rows: int        # rows of its decode pass (0: none)
+    layer: int       # layers done of the pass under way: a prefill's while prefilled < prefills, else the decode's
+    layers: int
+
+    @property
+    def done(self) -> float:
+        """The share of the step's passes done, a layer at a time."""
+        passes = self.prefills + (1 if self.rows else 0)
+        return min(1.0, (self.prefilled + self.layer / self.layers) / passes)
+
+
+@dataclass
+class Joiner:
+    """A request prefilled into its slot in the step under way, its first token not drawn yet."""
+    request: Request
+    logits: torch.Tensor   # (vocab,) of its prompt's last position
+    ms: float              # its prefill's own time
+
+
+class Progress:
+    """A step's `report`, told where the step is (`prefilled` so far, then block i of the pass under way done);
+    `clock()` runs as time.perf_counter() but stands still while the report runs (it draws a page), so that no
+    step's time counts it."""
+
+    def __init__(self, report: Callable[[StepProgress], None] | None, step: int, prefilled: int, prefills: int,
+                 rows: int, layers: int):
+        self.report, self.step, self.prefilled, self.prefills = report, step, prefilled, prefills
+        self.rows, self.layers = rows, layers
+        self.paused = 0.0
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.paused
+
+    def after_layer(self, i: int) -> None:
+        if self.report is not None:
+            start = time.perf_counter()
+            self.report(StepProgress(self.step, self.prefilled, self.prefills, self.rows, i + 1, self.layers))
+            self.paused += time.perf_counter() - start
+
+
 class Server:
     """Iteration-level scheduling over `slots` slots of one SlotCache; `step()` runs one iteration."""
 
@@ -305,6 +358,7 @@ class Server:
         self.waiting = list(requests)
         self.requests = {r.id: r for r in requests}
         self.holders: list[Request | None] = [None] * slots
+        self.joining: list[Joiner] = []   # the step under way's prefills done so far (a stopped step keeps them)
         self.steps: list[ServeStep] = []
         self.clock_ms = 0.0
 
@@ -321,45 +375,55 @@ class Server:
                                           self.info.context_length, len(request.new_ids), request.max_new_tokens)
 
     @torch.inference_mode()
-    def step(self) -> ServeStep:
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> ServeStep:
         """Waiting requests take the free slots (each prefilled alone: its first token), then every request that was
-        already running decodes one token in one batched pass; the finished ones leave."""
+        already running decodes one token in one batched pass; the finished ones leave.
+        report(progress), when given, runs after each layer of each pass and may stop the step there by raising
+        (the Serving page's Stop): the prefills done keep their slots in `joining`, and the next call goes on from
+        them (a decode pass stopped midway runs again whole); nothing else has changed. Its time is not counted."""
         index, device = len(self.steps), self.model.device
-        joined, first_logits, prefill_rows = [], [], []
-        synchronize(device)
-        t0 = time.perf_counter()
+        joining = {j.request.id for j in self.joining}
+        decoding = [h is not None and h.id not in joining and h.stop_reason is None for h in self.holders]
+        rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
+        free = sum(h is None for h in self.holders)
+        prefills = len(self.joining) + min(free, len(self.waiting))
+        progress = Progress(report, index, len(self.joining), prefills, rows, self.info.n_layers)
         for slot, holder in enumerate(self.holders):
             if holder is None and self.waiting:
-                request = self.waiting.pop(0)
+                request = self.waiting[0]
+                synchronize(device)
+                t0 = progress.clock()
                 solo = self.model.new_cache()
-                logits, _ = self.model.forward(request.prompt_ids, solo, output_attentions=False)
+                logits, _ = self.model.forward(request.prompt_ids, solo, output_attentions=False,
+                                               after_layer=progress.after_layer)
                 self.cache.load(slot, solo)
+                synchronize(device)
+                self.joining.append(Joiner(request, logits, (progress.clock() - t0) * 1000))
+                self.waiting.pop(0)
                 request.slot, request.joined_step = slot, index
                 self.holders[slot] = request
-                joined.append(request)
-                first_logits.append(logits)
-                prefill_rows.append((len(request.prompt_ids), len(request.prompt_ids)))
-        synchronize(device)
-        prefill_ms = (time.perf_counter() - t0) * 1000
-        t0 = time.perf_counter()
-        first_tokens = [request.choose(logits) for request, logits in zip(joined, first_logits)]
-        draw_ms = (time.perf_counter() - t0) * 1000
-        self.clock_ms += prefill_ms + draw_ms
-        for request, token in zip(joined, first_tokens):
-            self._emit(request, token, index)
+                progress.prefilled += 1
 
-        joined_ids = {r.id for r in joined}
-        decoding = [h is not None and h.id not in joined_ids and h.stop_reason is None for h in self.holders]
-        rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
-        lengths, decode_ms = [], 0.0
         if rows:
             # an idle row (a free slot below the last busy one) feeds token 0 at its length 0: its output is dropped
             tokens = [h.new_ids[-1] if decoding[s] else 0 for s, h in enumerate(self.holders[:rows])]
             lengths = [self.cache.lengths[s] + 1 for s in range(rows) if decoding[s]]
-            t0 = time.perf_counter()
-            logits = decode_rows(self.model.module, self.cache, tokens)  # (rows, vocab)
+            t0 = progress.clock()
+            logits = decode_rows(self.model.module, self.cache, tokens, progress.after_layer)  # (rows, vocab)
             synchronize(device)
-            decode_ms = (time.perf_counter() - t0) * 1000
+            decode_ms = (progress.clock() - t0) * 1000
+        else:
+            lengths, decode_ms = [], 0.0
+        # from here on the step runs to its end: nothing below reports
+        joined, self.joining = self.joining, []
+        prefill_ms = sum(j.ms for j in joined)
+        t0 = time.perf_counter()
+        first_tokens = [j.request.choose(j.logits) for j in joined]
+        draw_ms = (time.perf_counter() - t0) * 1000
+        self.clock_ms += prefill_ms + draw_ms
+        for j, token in zip(joined, first_tokens):
+            self._emit(j.request, token, index)
+        if rows:
             t0 = time.perf_counter()
             chosen = {s: self.holders[s].choose(logits[s]) for s in range(rows) if decoding[s]}
             row_draw_ms = (time.perf_counter() - t0) * 1000
@@ -378,16 +442,18 @@ class Server:
                 left.append(holder.id)
                 self.holders[slot] = None
                 self.cache.free(slot)
+        prefill_lengths = [len(j.request.prompt_ids) for j in joined]
         step = ServeStep(
             index=index, rows=rows, slots=held,
-            joined=[r.id for r in joined], left=left, prefill_ms=prefill_ms, decode_ms=decode_ms,
+            joined=[j.request.id for j in joined], left=left, prefill_ms=prefill_ms,
+            prefill_lengths=prefill_lengths, prefill_each_ms=[j.ms for j in joined], decode_ms=decode_ms,
             draw_ms=draw_ms,
             decode_lengths=lengths,
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),
                                     [self.info.cache_bytes_formula(n) for n in lengths]) if rows else 0,
             decode_flops=flops(self.model.module, [(1, n) for n in lengths]),
-            prefill_tokens=sum(n for n, _ in prefill_rows),
-            prefill_bytes=sum(prefill_counts(self.model, n)[0] for n, _ in prefill_rows),
-            prefill_flops=sum(prefill_counts(self.model, n)[1] for n, _ in prefill_rows))
+            prefill_tokens=sum(prefill_lengths),
+            prefill_bytes=sum(prefill_counts(self.model, n)[0] for n in prefill_lengths),
+            prefill_flops=sum(prefill_counts(self.model, n)[1] for n in prefill_lengths))
         self.steps.append(step)
         return step

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -254,6 +255,13 @@ def pack_linears(model: nn.Module) -> bool:
     return True
 
 
+def is_packed(model: nn.Module) -> bool:
+    """Whether every Linear of the model multiplies with its packed weight (pack_linears took; a copy, a converted
+    model and one on a GPU do not)."""
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    return bool(linears) and all(module.packed is not None for module in linears)
+
+
 def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
     """out (B, T, n_heads·d_head), the heads' outputs side by side, with the given heads' parts set to zero: what
     the layer's output projection would get if those heads said nothing. No heads: out itself, untouched."""
@@ -381,7 +389,8 @@ class DecoderOnly(nn.Module):
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, positions: torch.Tensor | None = None,
                 keys: dict[int | None, RowKeys] | None = None, probe: Probe | None = None,
-                last_logits_only: bool = False, activation_checkpointing: bool = False) -> ForwardOutput:
+                last_logits_only: bool = False, activation_checkpointing: bool = False,
+                after_layer: Callable[[int], None] | None = None) -> ForwardOutput:
         """ids (B, T) at `positions`, appended to `cache` (None: no cache, nothing kept).
         One sequence: positions (T,), by default the T positions after what the cache holds; each layer kind's
         causal mask is built once (a sliding kind from the first key its cache layer still holds).
@@ -391,7 +400,9 @@ class DecoderOnly(nn.Module):
         rows of vocab-sized logits. activation_checkpointing (training, no cache): each block's inner activations
         are not kept for backward but recomputed there, block by block; the outputs are the same.
         probe: what to keep for the lessons (attention weights, one layer's q, k, v, the residual stream) and the
-        lessons' changes (heads switched off, only the first n blocks)."""
+        lessons' changes (heads switched off, only the first n blocks).
+        after_layer: called with each block's index once it has run: a caller may stop a long pass there by raising
+        (the Serving page's Stop); the cache then holds the new positions in some layers only, and is to be dropped."""
         probe = probe or Probe()
         T = ids.shape[1]
         if positions is None:
@@ -424,6 +435,8 @@ class DecoderOnly(nn.Module):
                 qkv = layer_qkv
             if probe.hidden_states:
                 hidden_states.append(x[:, -1:] if last_logits_only else x)
+            if after_layer is not None:
+                after_layer(i)
         if last_logits_only:
             x = x[:, -1:]
         hidden = self.model.norm(x)                              # (B, T or 1, hidden)

@@ -7,6 +7,7 @@ changed after loading; sessions own their caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -172,11 +173,13 @@ class NativeModel(LoadedModel):
         return self.module.new_cache()
 
     @torch.inference_mode()
-    def forward(self, ids, cache, output_attentions):
+    def forward(self, ids, cache, output_attentions, after_layer: Callable[[int], None] | None = None):
+        """after_layer: as the module's forward takes it (a caller that may stop the pass between layers)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
         n_past = cache.length if cache is not None else 0
         positions = torch.arange(n_past, n_past + len(ids), device=self.device)  # (T,) after what the cache holds
-        out = self.module(x, cache, positions, probe=Probe(attentions=output_attentions), last_logits_only=True)
+        out = self.module(x, cache, positions, probe=Probe(attentions=output_attentions),
+                          last_logits_only=True, after_layer=after_layer)
         attentions = torch.cat(out.attentions) if output_attentions else None  # (layers, heads, T, S)
         return out.logits[0, -1], attentions
 

@@ -41,8 +41,10 @@ class TokenTiming:
         return percentile(self.recompute_ms, 50) / percentile(self.cached_ms, 50)
 
 
-def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[float]:
-    """Milliseconds of each call after one dropped warm-up call."""
+def timed(device: torch.device, fn: Callable[[], object], repeats: int,
+          between: Callable[[], None] | None = None) -> list[float]:
+    """Milliseconds of each call after one dropped warm-up call; `between` runs after each call, untimed (a caller
+    that may stop there)."""
     times = []
     for i in range(repeats + 1):
         synchronize(device)
@@ -51,6 +53,8 @@ def timed(device: torch.device, fn: Callable[[], object], repeats: int) -> list[
         synchronize(device)
         if i:
             times.append((time.perf_counter() - t0) * 1000)
+        if between is not None:
+            between()
     return times
 
 
@@ -323,9 +327,22 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
     return 2 * src.numel() * 4 / (ms / 1000)
 
 
-def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5) -> float:
-    """Floating-point operations per second of a float32 (n × n) · (n × n) matmul, 2n³ operations, the median of
-    `repeats` after a warm-up, on torch's threads: the compute roof a step can reach at best."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+# the int8 weight-only kernel's rate hardly moves with its rows (2.25 to 2.43 GFLOP/s from 1 to 1,024 rows, one
+# thread of a 2-core AVX-512 CPU), so a few rows measure it: 1,024 would take a second a product
+INT8_PEAK_ROWS = 64
+
+
+def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+    """Floating-point operations per second of an (n × n) · (n × n) matmul in `dtype`, 2n³ operations, the median of
+    `repeats` after a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" is the weight-
+    only kernel the int8 weights run in (lowbit.Int8Linear): float32 rows times an int8 (n × n) weight, over
+    INT8_PEAK_ROWS rows."""
+    if dtype == "int8":
+        x = torch.randn(INT8_PEAK_ROWS, n, device=device)
+        w = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
+        scale = torch.rand(n, device=device)
+        ms = percentile(timed(device, lambda: torch._weight_int8pack_mm(x, w, scale), repeats), 50)
+        return 2 * INT8_PEAK_ROWS * n * n / (ms / 1000)
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
     ms = percentile(timed(device, lambda: a @ b, repeats), 50)
     return 2 * n**3 / (ms / 1000)
