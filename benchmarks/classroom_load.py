@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from conditions import ROOT, p50_p95, print_conditions, server_options
-from ws_client import StreamlitServer, open_decode_session, prompts_for
 
+from loadtest.ws_client import StreamlitServer, open_decode_session, prompts_for
 from model.engine import generate
 from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings

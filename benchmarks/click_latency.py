@@ -38,7 +38,8 @@ from pathlib import Path
 
 from conditions import ROOT, p50_p95, print_conditions, server_options
 from playwright.sync_api import Page, sync_playwright
-from ws_client import StreamlitServer
+
+from loadtest.ws_client import StreamlitServer
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]

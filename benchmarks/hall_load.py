@@ -19,7 +19,8 @@ import time
 from collections import Counter
 
 from conditions import ROOT, p50_p95, print_conditions
-from ws_client import (
+
+from loadtest.ws_client import (
     LectureHall,
     Session,
     choose_sampling,
@@ -29,7 +30,6 @@ from ws_client import (
     rss_mib,
     solo_trace_ids,
 )
-
 from model.engine.loading import load_model
 from model.texts import text
 from model.weights.catalog import list_models, settings

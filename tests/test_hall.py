@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import websockets
-from ws_client import (
+
+from loadtest.ws_client import (
     LectureHall,
     Session,
     choose_sampling,

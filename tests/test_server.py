@@ -1,4 +1,4 @@
-"""The classroom server as visitors reach it: Streamlit's websocket protocol (tests/ws_client.py) and real browsers.
+"""The classroom server as visitors reach it: Streamlit's websocket protocol (loadtest/ws_client.py), and browsers.
 
 A first burst on a fresh server, session isolation, the clear-cache message, three language switches, error
 details, and no request leaving the machine. The acceptance tests of issue 13 (items 1, 2, 3, 5, 8).
@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 import pytest
 from conftest import wait_for_charts, wait_idle
 from playwright.sync_api import expect
-from ws_client import Session, StreamlitServer, run_async
 
+from loadtest.ws_client import Session, StreamlitServer, run_async
 from model.engine import generate
 from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
