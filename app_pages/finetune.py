@@ -14,11 +14,11 @@ from model.training.posttrain import DEFAULT_BATCH, IDENTITY_FIELDS, MODELS, Fin
 from model.training.posttrain_data import preference_pairs
 from model.training.rlhf import RLHF, RM_BATCH, questions_per_step
 from model.training.sft import FROZEN_IN_SFT, SFT
-from model.training.train import IGNORE, CheckpointStore, limits
+from model.training.train import IGNORE, limits
 from ui import charts
 from ui.i18n import number, t
 from ui.pages import FINETUNE_TABS
-from ui.runs import interrupted_run, run_steps
+from ui.runs import interrupted_run, run_steps, save_checkpoint
 from ui.session import guarded
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, csv_of, md_escape, table_html, token_strip
@@ -193,13 +193,8 @@ def use_this_model(method: str, trainer) -> None:
         if st.session_state.ft_saved and st.session_state.ft_saved[0] == method:
             st.success(t("finetune.saved", name=md_escape(st.session_state.ft_saved[1])))
         return
-    if st.session_state.train_store is None:
-        st.session_state.train_store = CheckpointStore(BOUND.max_checkpoints)
-    store = st.session_state.train_store
-    saved = guarded(lambda: store.save(trainer, in_use=st.session_state.model_name))
+    saved = save_checkpoint(trainer)
     if saved is not None:
-        st.session_state.session_checkpoints = {name: str(path) for name, path in store.saved.items()}
-        st.session_state.checkpoint_bases = {name: store.bases[name] for name in store.saved}
         st.session_state.ft_saved = (method, saved[0])
         st.rerun()  # the sidebar, drawn before this page, lists it on the next run
 

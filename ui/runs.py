@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
+from model.training.train import CheckpointStore, limits
 from ui.session import guarded
 
 LIVE_REDRAW_S = 0.5
@@ -32,6 +33,19 @@ def run_steps(mark: str, trainer, count: Callable[[], int], step: Callable[[], o
             drawn = time.perf_counter()
     st.session_state[mark] = None
     st.rerun()
+
+
+def save_checkpoint(trainer):
+    """The trainer's model saved into this session's checkpoint store (Train's Save, Fine-tune's "Use this model"):
+    (its name, its files) and listed in the sidebar from the next run, or None with the sentence drawn."""
+    if st.session_state.train_store is None:
+        st.session_state.train_store = CheckpointStore(limits().max_checkpoints)
+    store = st.session_state.train_store
+    saved = guarded(lambda: store.save(trainer, in_use=st.session_state.model_name))
+    if saved is not None:
+        st.session_state.session_checkpoints = {name: str(path) for name, path in store.saved.items()}
+        st.session_state.checkpoint_bases = {name: store.bases[name] for name in store.saved}
+    return saved
 
 
 def interrupted_run(mark: str) -> tuple[object, int, int] | None:
