@@ -6,29 +6,24 @@ from dataclasses import replace
 from functools import partial
 
 import streamlit as st
-import torch
 
 from model.training.dpo import DPO
 from model.training.lora import LoRA
 from model.training.posttrain import DEFAULT_BATCH, IDENTITY_FIELDS, MODELS, FinetuneSettings
-from model.training.posttrain_data import preference_pairs
 from model.training.rlhf import RLHF, RM_BATCH, questions_per_step
-from model.training.sft import FROZEN_IN_SFT, SFT
-from model.training.train import IGNORE, limits
-from ui import charts
+from model.training.sft import SFT
+from model.training.train import limits
+from ui import finetune_views as views
 from ui.i18n import number, t
 from ui.pages import FINETUNE_TABS
 from ui.runs import interrupted_run, run_steps, save_checkpoint
 from ui.session import guarded
 from ui.state import keep_across_pages
-from ui.widgets import NEXT_KEY, csv_of, md_escape, table_html, token_strip
+from ui.widgets import NEXT_KEY, md_escape
 
 BOUND = limits()
 CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
 ORDER = tuple(FINETUNE_TABS)  # the map's order: 4D, 4E, 4F, 4G
-SERIES = {"sft": ("loss",), "lora": ("loss",), "dpo": ("loss", "margin", "accuracy"),
-          "rlhf": ("reward", "kl", "loss")}
-SHOWN_PAIRS = 6
 DEFAULTS = FinetuneSettings()
 GROUP = DEFAULTS.group_size  # RLHF's answers per question: no widget, the page keeps the default
 # the settings a user can change that need a new trainer (IDENTITY_FIELDS), each with its label
@@ -100,19 +95,6 @@ def new_run_waits(method: str, trainer) -> None:
                      now=described(wanted, changed)), icon=":material/pending:")
 
 
-def history_chart(method: str, trainer):
-    steps = [r["step"] for r in trainer.history]
-    return charts.lines(steps, {t("finetune.col_" + k): [r[k] for r in trainer.history] for k in SERIES[method]},
-                        t("finetune.axis_step"), t("finetune.axis_value"))
-
-
-def reward_model_chart(trainer):
-    steps = [r["step"] for r in trainer.rm_history]
-    return charts.lines(steps, {t("finetune.col_loss"): [r["loss"] for r in trainer.rm_history],
-                                t("finetune.col_held_out"): [r["held_out_accuracy"] for r in trainer.rm_history]},
-                        t("finetune.axis_step"), t("finetune.axis_value"))
-
-
 def steps_left(trainer) -> int:
     """Optimizer steps this run may still make (RLHF counts its reward model's too)."""
     return BOUND.max_steps - (trainer.steps_used if trainer is not None else 0)
@@ -156,35 +138,8 @@ def controls(method: str, trainer):
         guarded(trainer.step)
     elif trainer is not None and run:
         run_n(method, trainer, lambda: trainer.steps_done, trainer.step, min(asked, left),
-              partial(history_chart, method, trainer))
+              partial(views.history_chart, method, trainer))
     return trainer
-
-
-def before_after(trainer) -> None:
-    """The prompts answered by the starting model and by the model at the step the answers were made at: on small
-    after every step (a few ms), on the larger models when the button asks."""
-    made = getattr(trainer, "after", None)  # (the step the answers were made at, the answers)
-    asked = st.button(t("finetune.refresh_after"), key=f"ft_{trainer.method}_after", icon=":material/compare_arrows:")
-    moved_on = trainer.steps_done and (made is None or made[0] != trainer.steps_done)
-    if asked or (trainer.settings.model == "small" and moved_on):
-        made = trainer.after = (trainer.steps_done, guarded(trainer.answers))
-    step, now = made if made is not None else (None, None)
-    rows = [[p, b or "∅", (a or "∅") if now else "…"]
-            for (p, b), (_, a) in zip(trainer.before, now or trainer.before)]
-    heading = t("finetune.after", step=number(step)) if now else t("finetune.after_none")
-    st.html(table_html([t("finetune.prompt"), t("finetune.before"), heading], rows))
-
-
-def numbers(method: str, trainer) -> None:
-    if not trainer.history:
-        return
-    st.plotly_chart(history_chart(method, trainer), key=f"ft_{method}_chart")
-    keys = [k for k in trainer.history[-1] if k not in ("lr",)]
-    st.dataframe({t("finetune.col_" + k): [r[k] for r in trainer.history] for k in keys}, hide_index=True,
-                 height=220, key=f"ft_{method}_table")
-    st.download_button(t("train.download_curve"), key=f"ft_{method}_download", icon=":material/download:",
-                       on_click="ignore", file_name=f"decode-lab-{method}.csv", mime="text/csv",
-                       data=partial(csv_of, trainer.history))
 
 
 def use_this_model(method: str, trainer) -> None:
@@ -224,60 +179,6 @@ def model_and_seed(method: str) -> None:
         st.caption(t("finetune.data_" + st.session_state[f"ft_{method}_model"]))
 
 
-def sft_view(method: str, trainer) -> None:
-    if trainer is None or trainer.last is None:
-        return
-    rows, tok = trainer.last, trainer.tokenizer
-    ids, n_prompt = rows.ids[0], rows.n_prompt[0]
-    kinds = ["new" if j >= n_prompt else "" for j in range(len(ids))]
-    st.markdown(t("finetune.sft_row"))
-    token_strip([tok.token(i) for i in ids], ids, kinds)
-    r = trainer.history[-1]
-    st.markdown(t("finetune.sft_counts", learned=number(r["learned_tokens"]), ignored=number(r["ignored_tokens"]),
-                  padding=number(r["padding"]), ignore=IGNORE, loss=number(r["loss"], ".4f")))
-    if method == "sft" and trainer.settings.model in FROZEN_IN_SFT:
-        trained, total = trainer.trainable_count(), trainer.total_count()
-        rows, cols = trainer.module.model.embed_tokens.weight.shape
-        # a float32 gradient and AdamW's two float32 moments per frozen parameter
-        st.markdown(t("finetune.sft_frozen", model=trainer.settings.model, rows=number(rows), cols=number(cols),
-                      frozen=number(total - trained), saved=number(3 * 4 * (total - trained)),
-                      trained=number(trained), total=number(total), share=number(trained / total, ".1%")))
-
-
-def lora_view(trainer) -> None:
-    if trainer is None:
-        st.caption(t("finetune.lora_before_start"))
-        return
-    total, trainable = trainer.total_count(), trainer.trainable_count()
-    m1, m2, m3, m4 = st.columns(4)
-    m1.metric(t("finetune.trainable"), number(trainable))
-    m2.metric(t("finetune.total"), number(total))
-    m3.metric(t("finetune.share"), number(trainable / total, ".3%"))
-    m4.metric(t("finetune.adapter_bytes"), f"{number(trainer.adapter_bytes())} B",
-              help=t("finetune.full_bytes", full=number(4 * trainer.base_count())))
-    r, layers = trainer.settings.rank, trainer.config.num_hidden_layers
-    st.html(table_html([t("finetune.target"), "d_in", "d_out", t("finetune.formula"), t("finetune.params")],
-                       [[k, number(i), number(o), f"{r} × ({number(i)} + {number(o)}) × {layers}", number(n)]
-                        for k, i, o, n in trainer.formula]))
-    if st.button(t("finetune.merge"), key="ft_lora_merge", icon=":material/merge:"):
-        ids = torch.tensor([trainer.prompt_ids(trainer.prompts[0])], device=trainer.device)
-        with torch.no_grad():
-            diff = float((trainer.module(ids).logits - trainer.merged()(ids).logits).abs().max())
-        st.session_state.ft_lora_merge_diff = diff
-    if "ft_lora_merge_diff" in st.session_state:
-        st.markdown(t("finetune.merged", diff=number(st.session_state.ft_lora_merge_diff, ".2e")))
-
-
-def dpo_view(trainer) -> None:
-    seed = trainer.settings.seed if trainer is not None else int(st.session_state.ft_dpo_seed)  # the run's pairs
-    st.html(table_html([t("finetune.prompt"), t("finetune.chosen"), t("finetune.rejected")],
-                       [[p.prompt, p.chosen, p.rejected] for p in preference_pairs(seed)[:SHOWN_PAIRS]]))
-    if trainer is not None and trainer.history:
-        r = trainer.history[-1]
-        st.markdown(t("finetune.dpo_read", loss=number(r["loss"], ".4f"), margin=number(r["margin"], ".4f"),
-                      acc=number(r["accuracy"], ".0%"), ln2=number(math.log(2), ".4f")))
-
-
 def rlhf_reward_model(trainer):
     """(a): the reward model's One step / Run N, its chart and its held-out accuracy; returns the trainer, made at
     the reward model's first step."""
@@ -296,37 +197,13 @@ def rlhf_reward_model(trainer):
         guarded(trainer.reward_step)
     elif trainer is not None and run:
         run_n("rlhf", trainer, lambda: len(trainer.rm_history), trainer.reward_step, min(asked, left),
-              partial(reward_model_chart, trainer))
+              partial(views.reward_model_chart, trainer))
     if trainer is not None and trainer.rm_history:
         r = trainer.rm_history[-1]
-        st.plotly_chart(reward_model_chart(trainer), key="ft_rlhf_rm_chart")
+        st.plotly_chart(views.reward_model_chart(trainer), key="ft_rlhf_rm_chart")
         st.markdown(t("finetune.rm_read", steps=number(r["step"]), loss=number(r["loss"], ".4f"),
                       acc=number(r["held_out_accuracy"], ".0%"), n=number(len(trainer.held_out))))
     return trainer
-
-
-def rlhf_samples(trainer) -> None:
-    if not trainer.last_samples:
-        return
-    st.html(table_html([t("finetune.prompt"), t("finetune.sample"), t("finetune.col_reward"),
-                        t("finetune.advantage")],
-                       [[s["prompt"], s["answer"] or "∅", number(s["reward"], ".3f"), number(s["advantage"], "+.3f")]
-                        for s in trainer.last_samples[:8]]))
-    r = trainer.history[-1]
-    st.markdown(t("finetune.rlhf_read", reward=number(r["reward"], ".3f"), kl=number(r["kl"], ".4f"),
-                  length=number(r["length"], ".1f")))
-
-
-def status(method: str, trainer) -> None:
-    """The run's model, its steps against the limit (on RLHF the reward model's count too), lr and last step."""
-    said = dict(most=number(BOUND.max_steps), device=trainer.device, model=trainer.settings.model,
-                lr=number(trainer.settings.learning_rate, "g"),
-                ms=number(trainer.history[-1]["ms"], ".0f") if trainer.history else "–")
-    if method == "rlhf":
-        st.caption(t("finetune.status_rlhf", done=number(trainer.steps_done), rm=number(len(trainer.rm_history)),
-                     used=number(trainer.steps_used), **said))
-    else:
-        st.caption(t("finetune.status", done=number(trainer.steps_done), **said))
 
 
 keep_across_pages(WIDGETS | {"ft_tab": t("finetune.tab_" + ORDER[0])})  # the open tab, by its label
@@ -376,22 +253,22 @@ for method, tab in zip(ORDER, tabs):
             st.markdown(t("finetune.h_policy"))
         trainer = controls(method, trainer)
         if method == "dpo":
-            dpo_view(trainer)
+            views.dpo_view(trainer)
         if method == "rlhf" and (trainer is None or not trainer.rm_history):
             st.info(t("finetune.press_reward_step", warmup=DEFAULTS.warmup_sft_steps))
         elif trainer is None:
             st.info(t("finetune.press_step"))
         if trainer is None:
             continue
-        status(method, trainer)
+        views.status(method, trainer)
         if method in ("sft", "lora"):
-            sft_view(method, trainer)
+            views.sft_view(method, trainer)
         if method == "lora":
-            lora_view(trainer)
+            views.lora_view(trainer)
         if method == "rlhf" and trainer.history:
-            rlhf_samples(trainer)
+            views.rlhf_samples(trainer)
         if method == "rlhf":
             st.caption(t("finetune.rlhf_simplified"))
-        numbers(method, trainer)
-        before_after(trainer)
+        views.numbers(method, trainer)
+        views.before_after(trainer)
         use_this_model(method, trainer)

@@ -103,6 +103,12 @@ class LoRA(SFT):
     def answer_module(self) -> Llama | Gemma3:
         return self.module
 
+    @torch.no_grad()
+    def merge_difference(self) -> float:
+        """max |Δlogit| between the model with its adapters and the merged one, on the first prompt: rounding only."""
+        ids = torch.tensor([self.prompt_ids(self.prompts[0])], device=self.device)
+        return float((self.module(ids).logits - self.merged()(ids).logits).abs().max())
+
     def save_adapter(self, folder: str | Path, base_path: str) -> list[tuple[str, int]]:
         """PEFT's format: adapter_config.json, and adapter_model.safetensors with keys
         base_model.model.<module>.lora_A.weight / .lora_B.weight (the adapter's name "default" left out)."""
