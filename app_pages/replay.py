@@ -68,7 +68,7 @@ def on_upload() -> None:
     st.session_state.replay_uploaded, st.session_state.replay_uploaded_name = None, None
     if file is not None:
         st.session_state.replay_uploaded = guarded_in_callback(lambda: read_recording(file.getvalue()))
-        st.session_state.replay_uploaded_name = (file.name, file.size)
+        st.session_state.replay_uploaded_name = file.name
 
 
 def on_step(delta: int) -> None:
@@ -94,9 +94,7 @@ if source == "upload":
     if run is None:
         st.info(t("replay.upload_first"))
         st.stop()
-    name, size = st.session_state.replay_uploaded_name
-    st.caption(t("replay.replaying", name=md_escape(name), kb=number(max(1, round(size / 1024))),
-                 box=UPLOAD_BOX_MB))
+    st.caption(t("replay.replaying", name=md_escape(st.session_state.replay_uploaded_name), box=UPLOAD_BOX_MB))
 else:
     run = shipped_recording(source)
 

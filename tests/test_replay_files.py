@@ -94,7 +94,7 @@ class Page:
             cls.at.session_state["replay_source"] = "upload"
         at = cls.at
         at.session_state["replay_uploaded"] = run
-        at.session_state["replay_uploaded_name"] = ("run.json", len(json.dumps(run).encode()))
+        at.session_state["replay_uploaded_name"] = "run.json"
         at.session_state["replay_step"] = 0
         at.run()
         entries = run["steps"] if recording_kind(run) == DECODE else run["rounds"]
