@@ -16,6 +16,7 @@ from model.tools.replay import (
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,
     SHIPPED,
+    TRACE_V1,
     RecordedTokens,
     read_recording,
     recording_kind,
@@ -44,8 +45,12 @@ from ui.widgets import (
 
 TABLE_ROWS = 6  # as on Decode: the table shows the latest steps, the chart all of them
 SOURCES = [*SHIPPED, "upload"]
+# the browser's uploader refuses a larger file on its own, without a word to the page, which goes on replaying the
+# previous one; up to here the file reaches on_upload, which refuses one over MAX_RECORDING_BYTES with a sentence
+UPLOAD_BOX_MB = 8
 
-keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None, "replay_rerun": None})
+keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None,
+                   "replay_uploaded_name": None, "replay_rerun": None})
 st.title(t("replay.title"))
 st.caption(t("replay.intro"))
 
@@ -60,9 +65,10 @@ def on_upload() -> None:
     page); a bad file says why and leaves no run."""
     on_source_change()
     file = st.session_state.replay_file
-    st.session_state.replay_uploaded = None
+    st.session_state.replay_uploaded, st.session_state.replay_uploaded_name = None, None
     if file is not None:
         st.session_state.replay_uploaded = guarded_in_callback(lambda: read_recording(file.getvalue()))
+        st.session_state.replay_uploaded_name = file.name
 
 
 def on_step(delta: int) -> None:
@@ -80,7 +86,7 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
                     format_func=labels("replay.source_", SOURCES).get, on_change=on_source_change)
     if source == "upload":
         st.file_uploader(t("replay.upload"), type=["json"], key="replay_file", on_change=on_upload,
-                         max_upload_size=MAX_RECORDING_BYTES // 2**20,
+                         max_upload_size=UPLOAD_BOX_MB,
                          help=t("replay.upload_help", mb=MAX_RECORDING_BYTES // 2**20))
 callback_error_here()
 if source == "upload":
@@ -88,6 +94,7 @@ if source == "upload":
     if run is None:
         st.info(t("replay.upload_first"))
         st.stop()
+    st.caption(t("replay.replaying", name=md_escape(st.session_state.replay_uploaded_name), box=UPLOAD_BOX_MB))
 else:
     run = shipped_recording(source)
 
@@ -96,7 +103,7 @@ entries = run["steps"] if kind == DECODE else run["rounds"]  # what Next and Bac
 last = len(entries) - 1
 index = st.session_state.replay_step = min(max(int(st.session_state.replay_step), 0), last)
 recorded = {"model": md_escape(m["name"]), "device": md_escape(m["device"]), "dtype": md_escape(m["dtype"]),
-            "date": md_escape(run.get("recorded_at", "?")), "n": len(entries)}
+            "date": md_escape(run["recorded_at"]), "n": len(entries)}
 if kind == DECODE:
     st.html(box_html(t("replay.banner", **recorded), "note"))
 else:
@@ -123,9 +130,22 @@ def stop_html(run: dict, at_end: bool) -> str:
     return box_html(t("decode.stopped", reason=t("stop." + reason)), "note")
 
 
+def chosen_text(run: dict, step: dict) -> str:
+    """The chosen token and the settings it was drawn with: the step's own; a trace/1 file kept only the run's last
+    ones, which the sentence says, without calling the step greedy or sampled."""
+    if run["schema"] == TRACE_V1:
+        key, s = "replay.chosen_last_settings", run["settings"]
+    else:
+        s = step["settings"]
+        key = "replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen"
+    return t(key, token=md_escape(step["chosen_token"]), id=step["chosen_id"], p=f"{step['chosen_prob']:.3f}",
+             temperature=s["temperature"], top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
+             top_p=s["top_p"], seed=s["seed"], n=len(step["top"]), schema=run["schema"])
+
+
 def step_html(run: dict, index: int) -> str:
     """What the recording holds about one step, drawn as Decode draws it."""
-    step, m, s = run["steps"][index], run["model"], run["settings"]
+    step, m = run["steps"][index], run["model"]
     prompt = run["prompt"]
     tokens = prompt["tokens"] + [x["chosen_token"] for x in run["steps"][: index + 1]]
     ids = prompt["ids"] + [x["chosen_id"] for x in run["steps"][: index + 1]]
@@ -149,11 +169,7 @@ def step_html(run: dict, index: int) -> str:
                 + probability_bars_html([row["token"] for row in top], [row["prob"] for row in top],
                                         ["chosen" if row["id"] == step["chosen_id"] else "other" for row in top],
                                         names)
-                + paragraph_html(t("replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen",
-                                   token=md_escape(step["chosen_token"]), id=step["chosen_id"],
-                                   p=f"{step['chosen_prob']:.3f}", temperature=s["temperature"],
-                                   top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
-                                   top_p=s["top_p"], seed=s["seed"], n=len(top))))
+                + paragraph_html(chosen_text(run, step)))
 
     shown = run["steps"][: index + 1]
     per_position = 2 * m["n_layers"] * m["n_kv_heads"] * m["d_head"] * m["bytes_per_element"]

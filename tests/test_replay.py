@@ -14,13 +14,15 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from model.errors import InputError
 from model.texts import LANGUAGES, text
-from model.tools.cli import SCHEMA, main
+from model.tools.cli import main
 from model.tools.replay import (
     DECODE,
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,
+    SCHEMA,
     SHIPPED,
     SPECULATIVE,
+    TRACE_V1,
     Difference,
     read_recording,
     recording_kind,
@@ -28,6 +30,7 @@ from model.tools.replay import (
     shipped_recording,
 )
 from model.tools.speculate import SCHEMA as SPECULATE_SCHEMA
+from ui.widgets import md_escape
 
 MICRO = Path(__file__).resolve().parent.parent / "assets" / "recordings" / "micro.json"
 SPECULATIVE_RECORDING = MICRO.parent / "small-speculative.json"
@@ -42,9 +45,10 @@ def trace_json(capsys, *args: str) -> dict:
 def test_trace_json_carries_its_schema_and_the_settings_that_re_run_it(capsys):
     run = trace_json(capsys, "--model", "small", "--prompt", "con mèo", "--temperature", "0.8", "--top-k", "7",
                      "--top-p", "0.9", "--seed", "11", "--max-new-tokens", "3", "--stop", "sữa")
-    assert run["schema"] == SCHEMA == "decode-lab.trace/1"
-    assert run["settings"] == {"temperature": 0.8, "top_k": 7, "top_p": 0.9, "seed": 11, "max_new_tokens": 3,
-                               "stop": ["sữa"], "check": False}
+    assert run["schema"] == SCHEMA == "decode-lab.trace/2"
+    drawn_with = {"temperature": 0.8, "top_k": 7, "top_p": 0.9, "seed": 11}
+    assert run["settings"] == drawn_with | {"max_new_tokens": 3, "stop": ["sữa"], "check": False}
+    assert [s["settings"] for s in run["steps"]] == [drawn_with] * len(run["steps"])
     assert [s["answer"] for s in run["steps"]][-1] == run["output"]["text"]
     assert read_recording(json.dumps(run).encode()) == run
     again = rerun(_model("small"), run)
@@ -92,13 +96,17 @@ BAD_FILES = {
     "speculative before the schema": (_spec_with(_set(["schema"], KeyError)), "recording_no_schema",
                                       {"expected": SPECULATE_SCHEMA}),
     "another speculate version": (_spec_with(_set(["schema"], "decode-lab.speculate/2")), "recording_other_schema",
-                                  {"found": "decode-lab.speculate/2", "expected": SPECULATE_SCHEMA}),
+                                  {"found": "decode-lab.speculate/2", "expected": f"“{SPECULATE_SCHEMA}”"}),
     "another program": (_spec_with(_set(["schema"], "other-lab.run/1")), "recording_other_schema",
-                        {"found": "other-lab.run/1", "expected": f"{SCHEMA} / {SPECULATE_SCHEMA}"}),
+                        {"found": "other-lab.run/1", "expected": f"“{SCHEMA}”, “{TRACE_V1}”, “{SPECULATE_SCHEMA}”"}),
+    "a schema that is a list": (_with(_set(["schema"], ["decode-lab.trace/2"])), "recording_other_schema",
+                                {"found": "['decode-lab.trace/2']", "expected": f"“{SCHEMA}”, “{TRACE_V1}”, "
+                                                                                 f"“{SPECULATE_SCHEMA}”"}),
     "no draft": (_spec_with(_set(["draft"], KeyError)), "recording_missing", {"field": "draft"}),
     "no rounds": (_spec_with(_set(["rounds"], [])), "recording_wrong_type",
                   {"field": "rounds", "kind_text": "replay.kind_rounds"}),
-    "a verdict as text": (_spec_with(_set(["rounds", 1, "proposed", 0, "accepted"], "yes")), "recording_wrong_type",
+    "a verdict as text": (_spec_with(_set(["rounds", 1, "proposed", 0, "accepted"], "yes")),
+                          "recording_wrong_type_or_null",
                           {"field": "rounds[1].proposed[0].accepted", "kind_text": "replay.kind_bool"}),
     "a round without q": (_spec_with(_set(["rounds", 0, "proposed", 2, "q"], KeyError)), "recording_missing",
                           {"field": "rounds[0].proposed[2].q"}),
@@ -107,10 +115,11 @@ BAD_FILES = {
     "another next kind": (_spec_with(_set(["rounds", 0, "next_kind"], "guess")), "recording_wrong_type",
                           {"field": "rounds[0].next_kind", "kind_text": "replay.kind_next_kind"}),
     "a rejection that kept its token": (_spec_with(_set(["rounds", 1, "proposed", 0, "accepted"], False)),
-                                        "recording_inconsistent", {}),
+                                        "recording_disagrees",
+                                        {"field": "rounds[1].new_ids", "other": "rounds[1].proposed, next_id"}),
     "before the schema": (_with(_set(["schema"], KeyError)), "recording_no_schema", {"expected": SCHEMA}),
-    "another version": (_with(_set(["schema"], "decode-lab.trace/2")), "recording_other_schema",
-                        {"found": "decode-lab.trace/2", "expected": SCHEMA}),
+    "another version": (_with(_set(["schema"], "decode-lab.trace/3")), "recording_other_schema",
+                        {"found": "decode-lab.trace/3", "expected": f"“{SCHEMA}”, “{TRACE_V1}”"}),
     "no settings": (_with(_set(["settings"], KeyError)), "recording_missing", {"field": "settings"}),
     "no top": (_with(_set(["steps", 1, "top"], KeyError)), "recording_missing", {"field": "steps[1].top"}),
     "text for a number": (_with(_set(["steps", 0, "cache_len"], "2")), "recording_wrong_type",
@@ -129,7 +138,44 @@ BAD_FILES = {
                       {"field": "steps[1].phase", "kind_text": "replay.kind_phase"}),
     "unknown stop": (_with(_set(["output", "stop_reason"], "tired")), "recording_wrong_type",
                      {"field": "output.stop_reason", "kind_text": "replay.kind_stop"}),
-    "output not the steps": (_with(_set(["output", "ids"], [4, 5])), "recording_inconsistent", {}),
+    "output not the steps": (_with(_set(["output", "ids"], [4, 5])), "recording_disagrees",
+                             {"field": "output.ids", "other": "steps[*].chosen_id"}),
+    # issue 41, item 3: files the reader let through, on which the page crashed
+    "a date as a number": (_with(_set(["recorded_at"], 20261202)), "recording_wrong_type",
+                           {"field": "recorded_at", "kind_text": "replay.kind_text"}),
+    "no date": (_spec_with(_set(["recorded_at"], None)), "recording_wrong_type",
+                {"field": "recorded_at", "kind_text": "replay.kind_text"}),
+    "a check as text": (_with(_set(["steps", 1, "max_abs_logit_diff"], "0.0")), "recording_wrong_type",
+                        {"field": "steps[1].max_abs_logit_diff", "kind_text": "replay.kind_number"}),
+    "a check of null": (_with(_set(["steps", 0, "max_abs_logit_diff"], None)), "recording_wrong_type",
+                        {"field": "steps[0].max_abs_logit_diff", "kind_text": "replay.kind_number"}),
+    "prompt tokens as ids": (_with(_set(["prompt", "tokens"], [1, 3])), "recording_wrong_type",
+                             {"field": "prompt.tokens", "kind_text": "replay.kind_texts"}),
+    "cache bytes of 10^400": (_with(_set(["steps", 0, "cache_bytes"], 10**400)), "recording_wrong_type",
+                              {"field": "steps[0].cache_bytes", "kind_text": "replay.kind_int"}),
+    "a negative gamma": (_spec_with(_set(["gamma"], -3)), "recording_wrong_type",
+                         {"field": "gamma", "kind_text": "replay.kind_positive"}),
+    "speculative prompt tokens as ids": (_spec_with(_set(["prompt", "tokens"], [1, 5, 73])), "recording_wrong_type",
+                                         {"field": "prompt.tokens", "kind_text": "replay.kind_texts"}),
+    "a next token of null beside its id": (_spec_with(_set(["rounds", 0, "next_token"], None)), "recording_disagrees",
+                                           {"field": "rounds[0].next_token", "other": "rounds[0].next_id"}),
+    # issue 41, Replay: what "Re-run for real" answered with "Something unexpected went wrong… Try again"
+    "a prompt id outside the vocabulary": (_with(_set(["prompt", "ids", 1], 8)), "recording_token_id",
+                                           {"field": "prompt.ids[1]", "model": "micro"}),
+    "a stop that is not text": (_with(_set(["settings", "stop"], [4])), "recording_wrong_type",
+                                {"field": "settings.stop", "kind_text": "replay.kind_texts"}),
+    # more of the same kind, found by tests/test_replay_files.py
+    "a 5,000-digit number": (_with(_set(["steps", 0, "cache_len"], "HUGE")).replace(b'"HUGE"', b"9" * 5000),
+                             "recording_wrong_type", {"field": "steps[0].cache_len", "kind_text": "replay.kind_int"}),
+    "nested 100,000 deep": (b"[" * 100_000 + b"]" * 100_000, "recording_too_deep", {}),
+    "a lone surrogate": (_spec_with(_set(["model", "dtype"], "\ud800")), "recording_wrong_type",
+                         {"field": "model.dtype", "kind_text": "replay.kind_text"}),
+    "a step at another place": (_with(_set(["steps", 1, "index"], 0)), "recording_index",
+                                {"field": "steps[1].index", "index": 1}),
+    "a temperature below 0": (_with(_set(["steps", 1, "settings", "temperature"], -0.5)), "recording_wrong_type",
+                              {"field": "steps[1].settings.temperature", "kind_text": "replay.kind_number"}),
+    "a step without its settings": (_with(_set(["steps", 1, "settings"], KeyError)), "recording_missing",
+                                    {"field": "steps[1].settings"}),
     "too large": (b" " * (MAX_RECORDING_BYTES + 1), "recording_too_large",
                   {"kb": (MAX_RECORDING_BYTES + 1) // 1024, "most": MAX_RECORDING_BYTES // 1024}),
 }
@@ -244,6 +290,44 @@ def test_a_re_run_names_the_first_step_that_differs_and_how():
     assert rerun(small, longer).difference.what == "length"
 
 
+def test_rerun_on_the_command_line_says_match_or_the_first_difference(tmp_path, capsys):
+    assert main(["rerun", str(MICRO), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == text("replay.rerun_match", "en").format(
+        model="micro", device="cpu", dtype="float32", n=2, tol=PROB_TOLERANCE, gap="0.0e+00") + "\n"
+    nudged = tmp_path / "nudged.json"
+    nudged.write_bytes(_with(_set(["steps", 1, "top", 1, "prob"], 0.5)))
+    assert main(["rerun", str(nudged), "--device", "cpu"]) == 1
+    assert capsys.readouterr().out.startswith("DIFFERENT at step 1: a probability is more than 0.0001 apart.")
+    assert main(["rerun", str(SPECULATIVE_RECORDING), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("MATCH: re-running small with small-draft here (cpu, float32)")
+
+
+def test_rerun_on_the_command_line_refuses_what_it_cannot_run_in_one_sentence(tmp_path, capsys, monkeypatch):
+    import model.weights.catalog
+
+    large = tmp_path / "large.json"
+    with large.open("wb") as f:
+        f.truncate(MAX_RECORDING_BYTES + 1)
+    files = {"missing": tmp_path / "none.json", "folder": tmp_path, "large": large, "not json": tmp_path / "x.json",
+             "unknown model": tmp_path / "nobody.json", "absent model": tmp_path / "gemma3.json"}
+    files["not json"].write_text("not json")
+    files["unknown model"].write_bytes(_with(_set(["model", "name"], "nobody")))
+    files["absent model"].write_bytes((MICRO.parent / "gemma3.json").read_bytes())
+    monkeypatch.setattr(model.weights.catalog, "list_models", lambda models_dir=None: ["micro", "small"])
+    said = {}
+    for case, path in files.items():
+        assert main(["rerun", str(path), "--device", "cpu"]) == 2, case
+        out, err = capsys.readouterr()
+        assert not out and err.count("\n") == 1, (case, err)
+        said[case] = err.strip()
+    assert said["missing"] == f"Cannot read the recording {files['missing']}: No such file or directory."
+    assert said["folder"] == f"Cannot read the recording {tmp_path}: Is a directory."
+    assert said["large"] == text("error.recording_too_large", "en").format(kb=2048, most=2048)
+    assert said["not json"] == text("error.recording_not_json", "en")
+    assert said["unknown model"] == text("error.recording_model_unknown", "en").format(model="nobody")
+    assert said["absent model"] == text("error.recording_model_absent", "en").format(model="gemma3")
+
+
 # -- the page ------------------------------------------------------------------------------------------------------
 
 def step_parts(html: str) -> tuple[str, list[str], list[str]]:
@@ -252,6 +336,11 @@ def step_parts(html: str) -> tuple[str, list[str], list[str]]:
     values = re.findall(r'<div class="val">([^<]*)</div>', html)[:5]
     last_row = re.findall(r"<tr>(.*?)</tr>", html.split("<tbody>")[1])[-1]
     return strip, values, re.findall(r"<td>([^<]*)</td>", last_row)[:4]
+
+
+def uploaded(run: dict) -> dict:
+    """The session state of a file chosen in the uploader and read: the run and the file's name."""
+    return {"replay_uploaded": run, "replay_uploaded_name": "run.json"}
 
 
 def page_html(at) -> str:
@@ -274,7 +363,7 @@ def test_a_replay_shows_the_live_run_s_tokens_probabilities_and_cache_figures():
     recording = read_recording(run_as_trace_json(load_model("small", "cpu"), gen, at.session_state["prompt_of_run"],
                                                  []).encode())
     replay = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload",
-                      replay_uploaded=recording)
+                      **uploaded(recording))
     assert len(live) == len(recording["steps"]) >= 3
     for index, (strip, probs, row) in enumerate(live):
         if index:
@@ -284,6 +373,102 @@ def test_a_replay_shows_the_live_run_s_tokens_probabilities_and_cache_figures():
     assert replay.button(key="replay_next").disabled
     click(replay, "replay_back")
     assert step_parts(page_html(replay)) == live[-2]
+
+
+def _sentence(html: str, key: str, lang: str, **details) -> bool:
+    """Whether the step's HTML holds the text key's sentence with these details, as the page writes markdown."""
+    from ui.widgets import markdown_html
+
+    return markdown_html(text(key, lang).format(**details)) in html
+
+
+def test_a_run_whose_settings_changed_mid_run_replays_each_step_with_its_own():
+    """W6 (issue 36): a Decode run sampled at T = 1.5, switched to greedy on its last step. The recording keeps
+    each step's settings: step 0 (not the most probable token: 'ngủ' beside 'uống') is said to be drawn at 1.5,
+    not "greedy, the highest logit always wins", and the re-run draws each step with its own settings."""
+    from model.engine.loading import load_model
+    from ui.session import run_as_trace_json
+
+    small = load_model("small", "cpu")
+    at = open_app("app_pages/decode.py", lang="en", model_name="small", device="cpu", prompt_mode="text",
+                  temperature=1.5, seed=0, prompt_text="con mèo")
+    click(at, "run_prefill")
+    click(at, "next")
+    click(at, "next")
+    at.slider(key="temperature").set_value(0.0).run()
+    gen = at.session_state["generation"]
+    recording = read_recording(run_as_trace_json(small, gen, at.session_state["prompt_of_run"], []).encode())
+    assert [s["settings"]["temperature"] for s in recording["steps"]] == [1.5, 1.5, 0.0]
+    first = recording["steps"][0]
+    assert (first["chosen_token"], first["top"][0]["token"]) == ("ngủ", "uống")
+    replay = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload", **uploaded(recording))
+    html = page_html(replay)
+    assert _sentence(html, "replay.chosen", "en", token="ngủ", id=first["chosen_id"],
+                     p=f"{first['chosen_prob']:.3f}", temperature=1.5, top_k="off", top_p=1.0, seed=0, n=5)
+    assert "greedy" not in html
+    click(replay, "replay_next")
+    click(replay, "replay_next")
+    last = recording["steps"][2]
+    assert _sentence(page_html(replay), "replay.chosen_greedy", "en", token=md_escape(last["chosen_token"]),
+                     id=last["chosen_id"], p=f"{last['chosen_prob']:.3f}", n=5)
+    assert rerun(small, recording).matches
+    assert rerun(small, _as_trace_v1(recording)).difference.step == 0  # the last settings for every step: greedy
+
+
+def _as_trace_v1(run: dict) -> dict:
+    """The recording as a trace/1 file wrote it: only the run's last settings."""
+    old = copy.deepcopy(run)
+    old["schema"] = TRACE_V1
+    for step in old["steps"]:
+        del step["settings"]
+    return old
+
+
+@pytest.mark.parametrize("lang", LANGUAGES)
+def test_an_older_recording_says_it_keeps_only_the_run_s_last_settings(lang):
+    """A trace/1 file still opens and re-runs; each step's sentence names the run's last settings as such and does
+    not call the step greedy or sampled."""
+    old = _as_trace_v1(shipped_recording("micro"))
+    assert read_recording(json.dumps(old).encode()) == old
+    at = open_app("app_pages/replay.py", lang=lang, device="cpu", replay_source="upload", **uploaded(old))
+    step = old["steps"][0]
+    assert _sentence(page_html(at), "replay.chosen_last_settings", lang, token="cá", id=4,
+                     p=f"{step['chosen_prob']:.3f}", temperature=0.0, top_k=text("replay.top_k_off", lang),
+                     top_p=1.0, seed=0, n=5, schema=md_escape(TRACE_V1))
+    greedy_clause = text("replay.chosen_greedy", lang).split("): ")[1].split(".")[0]  # "greedy, since …"
+    assert greedy_clause not in page_html(at)
+    assert rerun(_model("micro"), old).matches
+
+
+def test_the_step_counter_names_the_first_and_the_last_step():
+    """M8 (issue 36): steps count from 0, the prefill's as on Decode, so small's 4 steps end at "step 3 (steps
+    0–3)"; "step 3 of 3" read as three steps."""
+    n = len(shipped_recording("small")["steps"])
+    at = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="small")
+    for _ in range(n - 1):
+        click(at, "replay_next")
+    assert f"**Recording · step {n - 1} (steps 0–{n - 1})**" in [m.value for m in at.markdown]
+
+
+def test_an_uploaded_recording_is_named_above_its_replay():
+    """The replay names the file it shows: a file the browser's box refuses (over its limit) never reaches the
+    page, which goes on with the file named here."""
+    recording = shipped_recording("micro")
+    at = open_app("app_pages/replay.py", lang="vi", device="cpu", replay_source="upload", **uploaded(recording))
+    assert text("replay.replaying", "vi").format(name="run\\.json", box=8) in [
+        c.value for c in at.caption]
+
+
+def test_re_running_a_prompt_id_outside_the_model_s_vocabulary_says_which():
+    """A speculative recording keeps no vocabulary size, so its prompt ids are checked against the model before the
+    re-run: the sentence names the id's field (it was "Something unexpected went wrong… Try again")."""
+    outside = shipped_recording("small-speculative")
+    outside["prompt"]["ids"][1] = 10**6
+    at = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload",
+                  **uploaded(read_recording(json.dumps(outside).encode())))
+    click(at, "replay_rerun_button")
+    assert at.error[0].value == text("error.recording_token_id", "en").format(field=md_escape("prompt.ids[1]"),
+                                                                               model="small")
 
 
 @pytest.mark.parametrize("lang", LANGUAGES)
@@ -362,9 +547,28 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
     # gemma3's 12 steps; it once took over the default 30 s with another job running beside the suite
     page.get_by_text(step.format(step=0, last=11)).wait_for(timeout=120_000)
     assert page.get_by_text(mark).count() == 1
+    named = page.locator("[data-testid='stCaptionContainer']", has_text="gemma3.json")
+    assert named.count() == 1
     wait_idle(page)
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(artifacts / f"replay-upload-1440x900-{lang}.png"))
+    # over the recording's 2 MB: the page says so and replays nothing (it went on replaying gemma3.json, while only
+    # the box's own chip said the file was refused)
+    page.locator("input[type=file]").set_input_files(files=[{
+        "name": "big.json", "mimeType": "application/json", "buffer": b" " * (3 * 2**20)}])
+    page.get_by_text(text("error.recording_too_large", lang).format(kb=3072, most=2048)).wait_for(timeout=60_000)
+    wait_idle(page)
+    assert page.get_by_text(mark).count() == 0 and named.count() == 0
+    # over the box's own limit the file never reaches the page: the replay stays on the file it names
+    page.locator("input[type=file]").set_input_files(str(MICRO.parent / "gemma3.json"))
+    page.get_by_text(step.format(step=0, last=11)).wait_for(timeout=120_000)
+    wait_idle(page)
+    page.locator("input[type=file]").set_input_files(files=[{
+        "name": "huge.json", "mimeType": "application/json", "buffer": b" " * (9 * 2**20)}])
+    page.get_by_text("huge.json").first.wait_for()
+    wait_idle(page)
+    assert page.get_by_text(mark).count() == 1 and named.count() == 1
+    assert page.locator("[data-testid='stException']").count() == 0
 
 
 # -- speculative runs on the page ----------------------------------------------------------------------------------
@@ -446,7 +650,7 @@ def test_a_replayed_round_is_drawn_as_the_speculative_page_drew_it():
         click(live, "spec_next")
     recording = read_recording(json.dumps(report(live.session_state["spec_run"], None, [])).encode())
     replay = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload",
-                      replay_uploaded=recording)
+                      **uploaded(recording))
     assert len(views) == len(recording["rounds"]) >= 2
     for index, (view, tables, metrics) in enumerate(views):
         if index:
@@ -490,7 +694,7 @@ def test_a_tampered_speculative_recording_re_runs_to_the_round_that_differs(monk
     tampered = shipped_recording("small-speculative")
     tampered["rounds"][0]["proposed"][0]["id"] = 7
     at = open_app("app_pages/replay.py", lang="vi", device="cpu", replay_source="upload",
-                  replay_uploaded=read_recording(json.dumps(tampered).encode()))
+                  **uploaded(read_recording(json.dumps(tampered).encode())))
     click(at, "replay_rerun_button")
     assert at.error[0].value.startswith(text("replay.rerun_differs_round", "vi").split("{")[0] + "1")
     assert text("replay.what_proposal", "vi") in at.error[0].value

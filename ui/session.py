@@ -23,7 +23,7 @@ from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.errors import InputError
 from model.tools import serve_bench
-from model.tools.cli import trace_report
+from model.tools.replay import trace_report
 from ui.i18n import labels, lang, number, t
 from ui.widgets import choice, md_escape, token_strip
 

@@ -127,6 +127,7 @@ class Draw:
     top_ids: np.ndarray       # (SHOWN_CANDIDATES,) int32, most probable first (ties by id)
     top_probs: np.ndarray     # (SHOWN_CANDIDATES,) float32, before the filters
     top_status: tuple[str, ...]  # per top id: chosen, kept, cut_p, cut_k, or other (greedy: no filter ran)
+    settings: SamplingSettings  # what it was drawn with: a run's settings can change between its steps
 
     @property
     def nbytes(self) -> int:
@@ -154,17 +155,17 @@ def most_probable(probs: np.ndarray, k: int) -> np.ndarray:
     return candidates[np.argsort(-probs[candidates], kind="stable")][:k]
 
 
-def summarize(result: SampleResult, shown: int = SHOWN_CANDIDATES) -> Draw:
+def summarize(result: SampleResult, settings: SamplingSettings, shown: int = SHOWN_CANDIDATES) -> Draw:
     top = most_probable(result.probs, shown)
     return Draw(
         chosen_id=result.chosen_id, greedy=result.greedy, chosen_prob=float(result.probs[result.chosen_id]),
         chosen_final_prob=float(result.final_probs[result.chosen_id]),
         n_kept_top_k=int(result.kept_by_top_k.size), n_kept_top_p=int(result.kept_by_top_p.size),
         top_ids=top.astype(np.int32), top_probs=result.probs[top].astype(np.float32),
-        top_status=tuple(status_of(result, int(i)) for i in top),
+        top_status=tuple(status_of(result, int(i)) for i in top), settings=settings,
     )
 
 
 def draw(logits: np.ndarray, settings: SamplingSettings, step: int = 0) -> Draw:
     """sample() reduced to what the views show."""
-    return summarize(sample(logits, settings, step))
+    return summarize(sample(logits, settings, step), settings)

@@ -1,70 +1,14 @@
-"""python -m model trace | tokens | count | build | train | finetune | speculate | bench | serve-bench | profile |
-fetch: the engine from the command line."""
+"""python -m model trace | tokens | count | build | train | finetune | speculate | rerun | bench | serve-bench |
+profile | fetch: the engine from the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from datetime import UTC, datetime
 
 from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
-
-TOP_N = 5
-SCHEMA = "decode-lab.trace/1"  # model/tools/replay.py reads this version back; a change of the fields gets a new one
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    from model.tools.bench import percentile
-
-    return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
-
-
-def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
-    """gen.checks holds each step's max |Δlogit| when the run was checked step by step (--check)."""
-    info, tok = model.info, model.tokenizer
-    steps = []
-    for index, (trace, drawn) in enumerate(zip(gen.steps, gen.samples)):
-        row = {
-            "index": index, "phase": trace.phase, "input_ids": trace.input_ids, "positions": trace.positions,
-            "cache_len": trace.cache_len, "cache_bytes": trace.cache_bytes,
-            "cache_bytes_formula": trace.cache_bytes_formula,
-            "attention_shape": [info.n_layers, info.n_heads, len(trace.input_ids), trace.cache_len],
-            "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
-            "chosen_bytes": tok.token_bytes(drawn.chosen_id).hex(" "), "chosen_prob": round(drawn.chosen_prob, 6),
-            "top": [{"id": int(i), "token": tok.token(int(i)), "bytes": tok.token_bytes(int(i)).hex(" "),
-                     "prob": round(float(p), 6)}
-                    for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
-            "ms": round(trace.ms, 3), "answer": tok.decode(gen.new_ids[: index + 1]),
-        }
-        if index in gen.checks:
-            row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
-        steps.append(row)
-    s = gen.settings
-    return {
-        "schema": SCHEMA,
-        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": {"name": info.name, "engine": info.backend, "architecture": info.architecture,
-                  "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
-                  "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
-                  "dtype": info.dtype, "bytes_per_element": info.bytes_per_element, "vocab_size": info.vocab_size,
-                  "device": info.device},
-        # what re-runs it exactly with the prompt's ids (model/tools/replay.py); the latest sampling settings: a
-        # change of them on the Decode page re-draws the current step only
-        "settings": {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "seed": s.seed,
-                     "max_new_tokens": gen.max_new_tokens, "stop": list(gen.stop_strings),
-                     "check": len(gen.checks) == len(gen.steps)},
-        # token: the readable form (a byte piece as <E1><BB>); bytes: what each token holds, in hex
-        "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
-                   "bytes": [tok.token_bytes(i).hex(" ") for i in gen.prompt_ids], "unknown": unknown},
-        "steps": steps,
-        "output": {"ids": gen.new_ids, "text": tok.decode(gen.new_ids), "stop_reason": gen.stop_reason},
-        "counts": {"prompt_len": len(gen.prompt_ids), "new_tokens": len(gen.new_ids),
-                   "positions_with_cache": gen.positions_with_cache,
-                   "positions_without_cache": gen.positions_without_cache},
-        "timing": {"ttft_ms": round(gen.steps[0].ms, 3), "itl_ms": percentiles([s.ms for s in gen.steps[1:]])},
-    }
 
 
 def token_row(tok, token_id: int, prob: float) -> dict:
@@ -129,6 +73,7 @@ def cmd_trace(args) -> int:
     from model.engine.loading import load_model
     from model.engine.sampling import SamplingSettings
     from model.engine.tokenizer import encode_chat
+    from model.tools.replay import trace_report
 
     model = load_model(args.model, args.device, args.allow_download, operator=True)
     if args.prompt_ids is not None:
@@ -227,6 +172,12 @@ def cmd_finetune(args) -> int:
 
 def cmd_speculate(args) -> int:
     from model.tools.speculate import run_cli
+
+    return run_cli(args)
+
+
+def cmd_rerun(args) -> int:
+    from model.tools.replay import run_cli
 
     return run_cli(args)
 
@@ -354,6 +305,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--compare", action="store_true", help="also time plain decoding of the same prompt")
     sp.add_argument("--json", action="store_true", help="one JSON object instead of one line per round")
     sp.set_defaults(run=cmd_speculate)
+
+    rr = sub.add_parser("rerun", help="run a recording (trace --json, speculate --json) again and compare")
+    rr.add_argument("file", help="the recording: a JSON file the Replay page opens")
+    rr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    rr.set_defaults(run=cmd_rerun)
 
     bench = sub.add_parser("bench", help="native engine vs transformers, cached vs recomputed")
     bench.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])

@@ -1,7 +1,7 @@
 """Recorded runs: a `trace --json` or `speculate --json` file read back and checked, and re-run for real.
 
-A recording is the JSON of the command line (model/tools/cli.py trace_report, model/tools/speculate.py report) with
-its schema name and its settings. Reading one loads no model: the Replay page opens a SmolLM2 run on a machine that
+A recording is the JSON of the command line (trace_report below, model/tools/speculate.py report) with its schema
+name and its settings. Reading one loads no model: the Replay page opens a SmolLM2 run on a machine that
 never loaded SmolLM2.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from model.errors import InputError
-from model.tools.cli import SCHEMA, trace_report
 from model.tools.speculate import SCHEMA as SPECULATE_SCHEMA
 from model.tools.speculate import report
 
@@ -22,88 +22,224 @@ RECORDINGS = Path(__file__).resolve().parent.parent.parent / "assets" / "recordi
 # assets/recordings/<name>.json, in the order the page offers them
 SHIPPED = ("micro", "small", "smollm2", "gemma3", "small-speculative")
 DECODE, SPECULATIVE = "decode", "speculative"
-KINDS = {SCHEMA: DECODE, SPECULATE_SCHEMA: SPECULATIVE}  # the schemas this version reads, and the run each holds
 # the trace rounds probabilities to 6 decimals (5e-7), and float32 rounds the same sums differently from one
 # kernel, weight layout or CPU to another: the shipped recordings' probabilities moved by up to 2e-6 when the CPU
 # loader's weight layout changed, a step's logits by up to 3e-5. Tokens and
 # cache figures are compared exactly; a probability more than 1e-4 away says the model or the engine changed.
 PROB_TOLERANCE = 1e-4
 
-INT, NUMBER, TEXT, LIST, TABLE, BOOL, HEX = "int", "number", "text", "list", "table", "bool", "hex"
+# -- the trace JSON: written by `trace --json` and the Decode page's "Download the run" -------------------------
+
+TOP_N = 5
+# the version read_recording reads back; a change of the fields gets a new one. /2: each step carries the sampling
+# settings it was drawn with (/1 kept only the run's last ones)
+SCHEMA = "decode-lab.trace/2"
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    from model.tools.bench import percentile
+
+    return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
+
+
+def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
+    """The run as `trace --json` prints it and the Decode page downloads it: a recording read_recording reads.
+    gen.checks holds each step's max |Δlogit| when the run was checked step by step (--check)."""
+    info, tok = model.info, model.tokenizer
+    steps = []
+    for index, (trace, drawn) in enumerate(zip(gen.steps, gen.samples)):
+        row = {
+            "index": index, "phase": trace.phase, "input_ids": trace.input_ids, "positions": trace.positions,
+            "cache_len": trace.cache_len, "cache_bytes": trace.cache_bytes,
+            "cache_bytes_formula": trace.cache_bytes_formula,
+            "attention_shape": [info.n_layers, info.n_heads, len(trace.input_ids), trace.cache_len],
+            "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
+            "chosen_bytes": tok.token_bytes(drawn.chosen_id).hex(" "), "chosen_prob": round(drawn.chosen_prob, 6),
+            "settings": asdict(drawn.settings),
+            "top": [{"id": int(i), "token": tok.token(int(i)), "bytes": tok.token_bytes(int(i)).hex(" "),
+                     "prob": round(float(p), 6)}
+                    for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
+            "ms": round(trace.ms, 3), "answer": tok.decode(gen.new_ids[: index + 1]),
+        }
+        if index in gen.checks:
+            row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
+        steps.append(row)
+    s = gen.settings
+    return {
+        "schema": SCHEMA,
+        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": {"name": info.name, "engine": info.backend, "architecture": info.architecture,
+                  "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
+                  "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
+                  "dtype": info.dtype, "bytes_per_element": info.bytes_per_element, "vocab_size": info.vocab_size,
+                  "device": info.device},
+        # what re-runs it with the prompt's ids (rerun), each step with its own sampling settings;
+        # these are the latest: a change of them on the Decode page re-draws the current step and goes on with them
+        "settings": asdict(s) | {"max_new_tokens": gen.max_new_tokens, "stop": list(gen.stop_strings),
+                                 "check": len(gen.checks) == len(gen.steps)},
+        # token: the readable form (a byte piece as <E1><BB>); bytes: what each token holds, in hex
+        "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
+                   "bytes": [tok.token_bytes(i).hex(" ") for i in gen.prompt_ids], "unknown": unknown},
+        "steps": steps,
+        "output": {"ids": gen.new_ids, "text": tok.decode(gen.new_ids), "stop_reason": gen.stop_reason},
+        "counts": {"prompt_len": len(gen.prompt_ids), "new_tokens": len(gen.new_ids),
+                   "positions_with_cache": gen.positions_with_cache,
+                   "positions_without_cache": gen.positions_without_cache},
+        "timing": {"ttft_ms": round(gen.steps[0].ms, 3), "itl_ms": percentiles([s.ms for s in gen.steps[1:]])},
+    }
+
+
+
+# -- reading a recording back ---------------------------------------------------------------------------------
+
+TRACE_V1 = "decode-lab.trace/1"  # before each step carried its sampling settings: still read, and said so
+# the schemas this version reads, and the run each holds
+KINDS = {SCHEMA: DECODE, TRACE_V1: DECODE, SPECULATE_SCHEMA: SPECULATIVE}
+# every number the page reads is checked against a range it can draw: a float64, as a chart's scale or a browser's
+# JSON holds it, is exact for whole numbers up to here (a cache_bytes of 10^400 overflowed the chart's ticks)
+MOST = 2**53 - 1
+LONGEST_INT = 30  # digits: a longer number in the file reads as infinity, which every field refuses by its name
+
+# the kinds of field, each said in the user's language by replay.kind_<kind>
+INT, POSITIVE, NUMBER, PROBABILITY, TOP_P = "int", "positive", "number", "probability", "top_p"
+TEXT, HEX, TABLE, LIST, BOOL = "text", "hex", "table", "list", "bool"
+INTS, NONEMPTY_INTS, TEXTS, HEXES = "ints", "nonempty_ints", "texts", "hexes"
 # the fields the Replay page reads, each with its kind; None after a kind: the field may be null
-MODEL_FIELDS = {"name": TEXT, "n_layers": INT, "n_heads": INT, "n_kv_heads": INT, "d_head": INT, "dtype": TEXT,
-                "device": TEXT, "bytes_per_element": INT, "vocab_size": INT, "sliding_window": (INT, None),
-                "sliding_layers": LIST}
-PROMPT_FIELDS = {"text": TEXT, "ids": LIST, "tokens": LIST, "bytes": LIST}
-SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": (INT, None), "top_p": NUMBER, "seed": INT}
-SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": INT, "stop": LIST}
-STEP_FIELDS = {"index": INT, "phase": TEXT, "input_ids": LIST, "positions": LIST, "cache_len": INT,
-               "cache_bytes": INT, "cache_bytes_formula": INT, "chosen_id": INT, "chosen_token": TEXT,
-               "chosen_bytes": HEX, "chosen_prob": NUMBER, "top": LIST, "ms": NUMBER, "answer": TEXT}
-TOP_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "prob": NUMBER}
+MODEL_FIELDS = {"name": TEXT, "n_layers": POSITIVE, "n_heads": POSITIVE, "n_kv_heads": POSITIVE,
+                "d_head": POSITIVE, "dtype": TEXT, "device": TEXT, "bytes_per_element": POSITIVE,
+                "vocab_size": POSITIVE, "sliding_window": (POSITIVE, None), "sliding_layers": INTS}
+PROMPT_FIELDS = {"text": TEXT, "ids": INTS, "tokens": TEXTS, "bytes": HEXES}
+SAMPLING_FIELDS = {"temperature": NUMBER, "top_k": (POSITIVE, None), "top_p": TOP_P, "seed": INT}
+SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": POSITIVE, "stop": TEXTS}
+STEP_FIELDS = {"index": INT, "phase": TEXT, "input_ids": NONEMPTY_INTS, "positions": NONEMPTY_INTS,
+               "cache_len": INT, "cache_bytes": INT, "cache_bytes_formula": INT, "chosen_id": INT,
+               "chosen_token": TEXT, "chosen_bytes": HEX, "chosen_prob": PROBABILITY, "top": LIST, "ms": NUMBER,
+               "answer": TEXT}
+STEP_SETTINGS = {SCHEMA: SAMPLING_FIELDS, TRACE_V1: None}  # a step's own settings, by schema
+CHECK_FIELD = "max_abs_logit_diff"  # a step's, when the run was checked (--check): a NUMBER
+TOP_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "prob": PROBABILITY}
 PHASES = ("prefill", "decode")
 STOP_REASONS = (None, "eos", "max_new_tokens", "stop_string", "context_full", "cancelled", "memory_budget")
-OUTPUT_FIELDS = {"ids": LIST, "text": TEXT, "stop_reason": (TEXT, None)}
+OUTPUT_FIELDS = {"ids": INTS, "text": TEXT, "stop_reason": (TEXT, None)}
 # speculate --json: the run's model, settings and prompt, then one entry a round
-SPEC_FIELDS = {"draft": TEXT, "gamma": INT}
-SPEC_MODEL_FIELDS = {"name": TEXT, "n_layers": INT, "dtype": TEXT, "device": TEXT}
-SPEC_SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": INT}
-SPEC_PROMPT_FIELDS = {"ids": LIST, "tokens": LIST, "bytes": LIST, "unknown": LIST}
+SPEC_FIELDS = {"recorded_at": TEXT, "draft": TEXT, "gamma": POSITIVE}
+SPEC_MODEL_FIELDS = {"name": TEXT, "n_layers": POSITIVE, "dtype": TEXT, "device": TEXT}
+SPEC_SETTINGS_FIELDS = SAMPLING_FIELDS | {"max_new_tokens": POSITIVE}
+SPEC_PROMPT_FIELDS = {"ids": INTS, "tokens": TEXTS, "bytes": HEXES, "unknown": LIST}
 ROUND_FIELDS = {"index": INT, "gamma": INT, "settings": TABLE, "proposed": LIST, "next_id": (INT, None),
-                "next_token": (TEXT, None), "next_bytes": (HEX, None), "next_kind": TEXT, "new_ids": LIST,
+                "next_token": (TEXT, None), "next_bytes": (HEX, None), "next_kind": TEXT, "new_ids": INTS,
                 "residual": LIST, "target_cache_len_before": INT, "target_cache_len_checked": INT,
                 "target_cache_len": INT, "draft_cache_len_before": (INT, None), "draft_cache_len_proposed": (INT, None),
                 "draft_cache_len": (INT, None), "draft_passes": INT, "draft_ms": NUMBER, "target_ms": NUMBER,
                 "ms": NUMBER, "answer": TEXT}
-PROPOSED_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "q": NUMBER, "p": NUMBER, "r": (NUMBER, None),
-                   "accepted": (BOOL, None)}
-RESIDUAL_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "p": NUMBER, "q": NUMBER, "residual": NUMBER}
+PROPOSED_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "q": PROBABILITY, "p": PROBABILITY,
+                   "r": (PROBABILITY, None), "accepted": (BOOL, None)}
+RESIDUAL_FIELDS = {"id": INT, "token": TEXT, "bytes": HEX, "p": PROBABILITY, "q": PROBABILITY,
+                   "residual": PROBABILITY}
 NEXT_KINDS = ("bonus", "resampled", "corrected", "target", "eos")  # model/speculative/decoding.py Round.next_kind
+# which of a round's fields are null together: the target's own token (none after an accepted end of sequence),
+# the draft's cache lengths (none for prompt lookup)
+NULL_TOGETHER = (("next_id", "next_token", "next_bytes"),
+                 ("draft_cache_len_before", "draft_cache_len_proposed", "draft_cache_len"))
 
 
 _HEX_BYTES = {f"{b:02x}" for b in range(256)}
 
 
+def _whole(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MOST
+
+
+def _real(value, low: float, high: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+
+
+def _text(value) -> bool:
+    """A str the page can send: JSON's \\ud800 escapes read as lone surrogates, which UTF-8 cannot write."""
+    return isinstance(value, str) and not any("\ud800" <= c <= "\udfff" for c in value)
+
+
+def _hex(value) -> bool:  # a token's bytes, as "e1 bb 9b"
+    return isinstance(value, str) and all(len(b) == 2 and b in _HEX_BYTES for b in value.split())
+
+
+TESTS = {
+    INT: lambda v: _whole(v, 0), POSITIVE: lambda v: _whole(v, 1), NUMBER: lambda v: _real(v, 0, MOST),
+    PROBABILITY: lambda v: _real(v, 0, 1), TOP_P: lambda v: _real(v, 0, 1) and v > 0, TEXT: _text, HEX: _hex,
+    INTS: lambda v: isinstance(v, list) and all(_whole(x, 0) for x in v),
+    NONEMPTY_INTS: lambda v: isinstance(v, list) and bool(v) and all(_whole(x, 0) for x in v),
+    TEXTS: lambda v: isinstance(v, list) and all(_text(x) for x in v),
+    HEXES: lambda v: isinstance(v, list) and all(_hex(x) for x in v),
+    TABLE: lambda v: isinstance(v, dict), LIST: lambda v: isinstance(v, list), BOOL: lambda v: isinstance(v, bool),
+}
+
+
 def _is(value, kind) -> bool:
     if isinstance(kind, tuple):
         return any(_is(value, k) for k in kind)
-    if kind is None:
-        return value is None
-    if kind == INT:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == HEX:  # a token's bytes, as "e1 bb 9b"
-        return isinstance(value, str) and all(len(b) == 2 and b in _HEX_BYTES for b in value.split())
-    if kind == NUMBER:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return isinstance(value, {TEXT: str, LIST: list, TABLE: dict, BOOL: bool}[kind])
+    return value is None if kind is None else TESTS[kind](value)
+
+
+def _wrong(field: str, kind) -> InputError:
+    if isinstance(kind, tuple):
+        return InputError("recording_wrong_type_or_null", field=field, kind_text="replay.kind_" + kind[0])
+    return InputError("recording_wrong_type", field=field, kind_text="replay.kind_" + kind)
 
 
 def _check_fields(table, fields: dict, where: str) -> None:
     if not isinstance(table, dict):
-        raise InputError("recording_wrong_type", field=where, kind_text="replay.kind_" + TABLE)
+        raise _wrong(where, TABLE)
     for name, kind in fields.items():
         field = f"{where}.{name}" if where else name
         if name not in table:
             raise InputError("recording_missing", field=field)
         if not _is(table[name], kind):
-            first = kind[0] if isinstance(kind, tuple) else kind
-            raise InputError("recording_wrong_type", field=field, kind_text="replay.kind_" + first)
+            raise _wrong(field, kind)
 
 
-def _check_ints(values: list, where: str) -> None:
-    if not all(_is(v, INT) for v in values):
-        raise InputError("recording_wrong_type", field=where, kind_text="replay.kind_ints")
+def _check_rows(rows: list, fields: dict, where: str) -> None:
+    for index, row in enumerate(rows):
+        _check_fields(row, fields, f"{where}[{index}]")
+
+
+def check_ids(ids: dict[str, int], vocab_size: int, model: str) -> None:
+    """Every id (by the field that holds it) inside the model's vocabulary; InputError names the first outside."""
+    for field, token_id in ids.items():
+        if token_id >= vocab_size:
+            raise InputError("recording_token_id", field=field, model=model)
+
+
+def _listed(ids: list[int], field: str) -> dict[str, int]:
+    return {f"{field}[{index}]": token_id for index, token_id in enumerate(ids)}
+
+
+def _disagrees(field: str, other: str) -> InputError:
+    return InputError("recording_disagrees", field=field, other=other)
+
+
+def _big_int(digits: str) -> int | float:
+    """json.loads' reading of a whole number; one too long to be any field's reads as infinity (Python refuses to
+    read one of more than 4,300 digits with a ValueError)."""
+    return int(digits) if len(digits.lstrip("-")) <= LONGEST_INT else math.inf
+
+
+def _safe(value) -> str:
+    """A value of the file quoted in a sentence: UTF-8 writes '?' for a lone surrogate instead of failing."""
+    return str(value)[:60].encode("utf-8", "replace").decode("utf-8")
 
 
 def read_recording(data: bytes) -> dict:
-    """The run a file holds, checked field by field; InputError says in one sentence what the file is instead.
+    """The run a file holds, checked field by field, type and range, so that nothing the page or a re-run does
+    with it can fail; InputError says in one sentence which field is wrong, or what the file is instead.
     recording_kind says which run it is: a Decode run's steps or a speculative run's rounds."""
     if len(data) > MAX_RECORDING_BYTES:
         raise InputError("recording_too_large", kb=len(data) // 1024, most=MAX_RECORDING_BYTES // 1024)
     try:
-        run = json.loads(data.decode("utf-8"))
+        run = json.loads(data.decode("utf-8"), parse_int=_big_int)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise InputError("recording_not_json") from None
+    except RecursionError:
+        raise InputError("recording_too_deep") from None
     if not isinstance(run, dict):
         raise InputError("recording_not_a_run")
     if "schema" not in run:
@@ -111,10 +247,11 @@ def read_recording(data: bytes) -> dict:
             if {"model", entries, "output"} <= run.keys():
                 raise InputError("recording_no_schema", expected=schema)
         raise InputError("recording_not_a_run")
-    if run["schema"] not in KINDS:
-        found = str(run["schema"])[:60]
-        family = [s for s in KINDS if s.split("/")[0] == found.split("/")[0]]  # the version this one reads
-        raise InputError("recording_other_schema", found=found, expected=" / ".join(family or KINDS))
+    if not isinstance(run["schema"], str) or run["schema"] not in KINDS:
+        found = _safe(run["schema"])
+        family = [s for s in KINDS if s.split("/")[0] == found.split("/")[0]]  # the versions this one reads
+        raise InputError("recording_other_schema", found=found,
+                         expected=", ".join(f"“{s}”" for s in family or KINDS))
     if recording_kind(run) == SPECULATIVE:
         _check_rounds(run)
     else:
@@ -135,37 +272,49 @@ def _check_parts(run: dict, parts) -> None:
 
 
 def _check_entries(run: dict, entries: str) -> list:
+    """The steps or rounds, each at its place; the prompt's lists as long as its ids; a stop reason this reads."""
     if entries not in run:
         raise InputError("recording_missing", field=entries)
     if not isinstance(run[entries], list) or not run[entries]:
         raise InputError("recording_wrong_type", field=entries, kind_text="replay.kind_" + entries)
-    _check_ints(run["prompt"]["ids"], "prompt.ids")
-    if not all(_is(b, HEX) for b in run["prompt"]["bytes"]):
-        raise InputError("recording_wrong_type", field="prompt.bytes", kind_text="replay.kind_hexes")
-    _check_ints(run["output"]["ids"], "output.ids")
+    for index, entry in enumerate(run[entries]):
+        if isinstance(entry, dict) and entry.get("index", index) != index:
+            raise InputError("recording_index", field=f"{entries}[{index}].index", index=index)
     if run["output"]["stop_reason"] not in STOP_REASONS:
         raise InputError("recording_wrong_type", field="output.stop_reason", kind_text="replay.kind_stop")
-    if not len(run["prompt"]["tokens"]) == len(run["prompt"]["bytes"]) == len(run["prompt"]["ids"]):
-        raise InputError("recording_inconsistent")
+    for listed in ("tokens", "bytes"):
+        if len(run["prompt"][listed]) != len(run["prompt"]["ids"]):
+            raise _disagrees(f"prompt.{listed}", "prompt.ids")
     return run[entries]
 
 
 def _check_steps(run: dict) -> None:
+    _check_fields(run, {"recorded_at": TEXT}, "")
     _check_parts(run, (("model", MODEL_FIELDS), ("prompt", PROMPT_FIELDS), ("settings", SETTINGS_FIELDS),
                        ("output", OUTPUT_FIELDS)))
+    m = run["model"]
+    if len(set(m["sliding_layers"])) != len(m["sliding_layers"]) or any(
+            layer >= m["n_layers"] for layer in m["sliding_layers"]):
+        raise _disagrees("model.sliding_layers", "model.n_layers")
+    vocab = m["vocab_size"], m["name"]
+    check_ids(_listed(run["prompt"]["ids"], "prompt.ids"), *vocab)
+    own_settings = STEP_SETTINGS[run["schema"]]
     for index, step in enumerate(_check_entries(run, "steps")):
         where = f"steps[{index}]"
-        _check_fields(step, STEP_FIELDS, where)
-        _check_ints(step["input_ids"], where + ".input_ids")
-        _check_ints(step["positions"], where + ".positions")
+        _check_fields(step, STEP_FIELDS | ({"settings": TABLE} if own_settings else {}), where)
+        if own_settings:
+            _check_fields(step["settings"], own_settings, where + ".settings")
+        if CHECK_FIELD in step and not _is(step[CHECK_FIELD], NUMBER):
+            raise _wrong(f"{where}.{CHECK_FIELD}", NUMBER)
         if step["phase"] not in PHASES:
             raise InputError("recording_wrong_type", field=where + ".phase", kind_text="replay.kind_phase")
-        if not step["input_ids"] or len(step["positions"]) != len(step["input_ids"]):
-            raise InputError("recording_inconsistent")
-        for rank, row in enumerate(step["top"]):
-            _check_fields(row, TOP_FIELDS, f"{where}.top[{rank}]")
+        if len(step["positions"]) != len(step["input_ids"]):
+            raise _disagrees(where + ".positions", where + ".input_ids")
+        _check_rows(step["top"], TOP_FIELDS, where + ".top")
+        check_ids(_listed(step["input_ids"], where + ".input_ids") | {where + ".chosen_id": step["chosen_id"]}
+                  | {f"{where}.top[{rank}].id": row["id"] for rank, row in enumerate(step["top"])}, *vocab)
     if [s["chosen_id"] for s in run["steps"]] != run["output"]["ids"]:
-        raise InputError("recording_inconsistent")
+        raise _disagrees("output.ids", "steps[*].chosen_id")
 
 
 def _check_rounds(run: dict) -> None:
@@ -177,19 +326,25 @@ def _check_rounds(run: dict) -> None:
         where = f"rounds[{index}]"
         _check_fields(r, ROUND_FIELDS, where)
         _check_fields(r["settings"], SAMPLING_FIELDS, where + ".settings")
-        _check_ints(r["new_ids"], where + ".new_ids")
         if r["next_kind"] not in NEXT_KINDS:
             raise InputError("recording_wrong_type", field=where + ".next_kind", kind_text="replay.kind_next_kind")
-        for rank, row in enumerate(r["proposed"]):
-            _check_fields(row, PROPOSED_FIELDS, f"{where}.proposed[{rank}]")
-        for rank, row in enumerate(r["residual"]):
-            _check_fields(row, RESIDUAL_FIELDS, f"{where}.residual[{rank}]")
+        _check_rows(r["proposed"], PROPOSED_FIELDS, where + ".proposed")
+        _check_rows(r["residual"], RESIDUAL_FIELDS, where + ".residual")
+        for together in NULL_TOGETHER:
+            if len({r[name] is None for name in together}) > 1:
+                raise _disagrees(f"{where}.{together[1]}", f"{where}.{together[0]}")
+        if (r["next_id"] is None) != (r["next_kind"] == "eos"):
+            raise _disagrees(where + ".next_kind", where + ".next_id")
+        if r["gamma"] > run["gamma"]:
+            raise _disagrees(where + ".gamma", "gamma")
+        if len(r["proposed"]) > r["gamma"]:
+            raise _disagrees(where + ".proposed", where + ".gamma")
         kept = [c["id"] for c in r["proposed"] if c["accepted"]] + ([] if r["next_id"] is None else [r["next_id"]])
         if kept != r["new_ids"]:
-            raise InputError("recording_inconsistent")
+            raise _disagrees(where + ".new_ids", where + ".proposed, next_id")
         produced += r["new_ids"]
     if produced != run["output"]["ids"]:
-        raise InputError("recording_inconsistent")
+        raise _disagrees("output.ids", "rounds[*].new_ids")
 
 
 def shipped_recording(name: str) -> dict:
@@ -243,18 +398,22 @@ class Rerun:
 
 
 def rerun(model, run: dict) -> Rerun:
-    """Run the recorded prompt ids with the recorded settings and compare each step with the recording: the chosen
-    token, every recorded probability (within PROB_TOLERANCE), the cache's length and bytes. A speculative
-    recording is compared round by round (rerun_rounds)."""
+    """Run the recorded prompt ids again, each step with the sampling settings it was drawn with (step_settings),
+    and compare each step with the recording: the chosen token, every recorded probability (within
+    PROB_TOLERANCE), the cache's length and bytes, then where the run stopped. A speculative recording is compared
+    round by round (rerun_rounds). InputError: a prompt id outside the model's vocabulary, or a request the model
+    cannot run (a prompt too long for its context...)."""
+    check_ids(_listed(run["prompt"]["ids"], "prompt.ids"), model.info.vocab_size, model.info.name)
     if recording_kind(run) == SPECULATIVE:
         return rerun_rounds(model, run)
-    from model.engine.generate import run_to_end, start
-    from model.engine.sampling import SamplingSettings
+    from model.engine.generate import start, step
 
-    s = run["settings"]
-    gen = start(model, run["prompt"]["ids"], SamplingSettings(s["temperature"], s["top_k"], s["top_p"], s["seed"]),
-                s["max_new_tokens"], tuple(s["stop"]))
-    run_to_end(model, gen)
+    drawn_with, s = step_settings(run), run["settings"]
+    gen = start(model, run["prompt"]["ids"], drawn_with[0], s["max_new_tokens"], tuple(s["stop"]))
+    for settings in drawn_with[1:]:
+        gen.settings = settings  # the Decode page applies a change of the controls from the step on view
+        if step(model, gen) is None:
+            break
     now = trace_report(model, gen, run["prompt"]["text"], [])["steps"]
     worst, difference = 0.0, None
     for ours, theirs in zip(run["steps"], now):
@@ -280,9 +439,26 @@ def rerun(model, run: dict) -> Rerun:
             difference = Difference(i, "prob", f"{recorded[k]:.6f}", f"{again[k]:.6f}")
             break
     compared = len(run["steps"]) if difference is None else difference.step + 1
-    if difference is None and len(now) != len(run["steps"]):
-        difference = Difference(min(len(now), len(run["steps"])), "length", str(len(run["steps"])), str(len(now)))
+    if difference is None:
+        difference = _length_difference(len(run["steps"]), run["output"]["stop_reason"], len(now), gen.stop_reason)
     return Rerun(compared, worst, difference, model.info.device, model.info.dtype)
+
+
+def _length_difference(recorded: int, stopped: str | None, now: int, stopped_now: str | None) -> Difference | None:
+    """Fewer steps (rounds) again, or a run that stopped where the recording went on. A recording saved mid-run
+    (stop None) or whose run was interrupted (cancelled, the Decode page's Stop) goes on from there."""
+    stopped = None if stopped == "cancelled" else stopped
+    if (now, stopped_now) == (recorded, stopped):
+        return None
+    return Difference(min(now, recorded), "length", f"{recorded} ({stopped})", f"{now} ({stopped_now})")
+
+
+def step_settings(run: dict) -> list:
+    """Each step's SamplingSettings: its own (trace/2); a trace/1 file kept only the run's last ones, so those for
+    every step (a step drawn before a change of the controls on the Decode page then re-runs differently)."""
+    if STEP_SETTINGS[run["schema"]] is None:
+        return [_sampling(run["settings"])] * len(run["steps"])
+    return [_sampling(step["settings"]) for step in run["steps"]]
 
 
 def _sampling(settings: dict):
@@ -373,9 +549,40 @@ def rerun_rounds(model, run: dict) -> Rerun:
                                     f"{_round_probs(theirs)[k]:.6f}")
             break
     compared = len(recorded) if difference is None else difference.step + 1
-    stopped = run["output"]["stop_reason"]
-    if difference is None and (len(now), live.stop_reason) != (len(recorded), stopped):
-        # fewer rounds, or a run that stopped where the recording went on (a recording saved mid-run does not)
-        difference = Difference(min(len(now), len(recorded)), "length", f"{len(recorded)} ({stopped})",
-                                f"{len(now)} ({live.stop_reason})")
+    if difference is None:
+        difference = _length_difference(len(recorded), run["output"]["stop_reason"], len(now), live.stop_reason)
     return Rerun(compared, worst, difference, model.info.device, model.info.dtype)
+
+
+def run_cli(args) -> int:
+    """python -m model rerun FILE: the recording read and checked as the Replay page reads it, run again on this
+    machine, and the verdict printed; exit status 0 when it matches, 1 when it differs (2: a file or model that
+    cannot be re-run, said in one sentence)."""
+    from model.engine.loading import load_model
+    from model.texts import text
+    from model.weights.catalog import FETCHED, list_models, settings
+
+    path = Path(args.file)
+    try:
+        size = path.stat().st_size
+        if size > MAX_RECORDING_BYTES:
+            raise InputError("recording_too_large", kb=size // 1024, most=MAX_RECORDING_BYTES // 1024)
+        run = read_recording(path.read_bytes())
+    except OSError as failed:
+        raise InputError("recording_unreadable", path=args.file,
+                         reason=failed.strerror or type(failed).__name__) from None
+    name = run["model"]["name"]
+    if name not in list_models(settings().models_dir):
+        raise InputError("recording_model_absent" if name in FETCHED else "recording_model_unknown", model=_safe(name))
+    done = rerun(load_model(name, args.device), run)
+    found = {"model": name, "device": done.device, "dtype": done.dtype, "tol": PROB_TOLERANCE}
+    decode = recording_kind(run) == DECODE
+    if done.matches:
+        print(text("replay.rerun_match" if decode else "replay.rerun_match_rounds", "en").format(
+            n=done.steps, gap=f"{done.max_prob_diff:.1e}", draft=run.get("draft"), **found))
+        return 0
+    d = done.difference
+    what = text("replay.what_" + d.what, "en").format(tol=PROB_TOLERANCE)
+    print(text("replay.rerun_differs" if decode else "replay.rerun_differs_round", "en").format(
+        step=d.step, round=d.step + 1, what=what, recorded=d.recorded, now=d.now, **found))
+    return 1

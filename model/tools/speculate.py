@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 from model.engine.generate import DEFAULT_NEW_TOKENS, context_room, encode_prompt, parse_prompt_ids
@@ -15,11 +16,6 @@ from model.speculative.rules import expected_tokens_per_pass
 SCHEMA = "decode-lab.speculate/1"  # a change of the fields gets a new version
 
 # -- the command line: python -m model speculate ---------------------------------------------------------------
-
-def _settings(settings: SamplingSettings) -> dict:
-    return {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p,
-            "seed": settings.seed}
-
 
 def report(run: SpeculativeRun, speed: SpeedComparison | None, unknown: list[str]) -> dict:
     """The run as one JSON-ready object. q and p are after the sampling filters (greedy: the plain softmax).
@@ -34,7 +30,7 @@ def report(run: SpeculativeRun, speed: SpeedComparison | None, unknown: list[str
     for r in run.rounds:
         produced += r.new_ids
         rounds.append({
-            "index": r.index, "gamma": r.gamma, "settings": _settings(r.settings),
+            "index": r.index, "gamma": r.gamma, "settings": asdict(r.settings),
             "proposed": [piece(c.id) | {"q": round(c.q, 6), "p": round(c.p, 6),
                                         "r": None if c.r is None else round(c.r, 6), "accepted": c.accepted}
                          for c in r.checks],
@@ -63,7 +59,7 @@ def report(run: SpeculativeRun, speed: SpeedComparison | None, unknown: list[str
                   "device": target.info.device},
         "draft": run.draft.name, "gamma": run.gamma,
         # the latest sampling settings; each round records the ones it ran with
-        "settings": _settings(run.settings) | {"max_new_tokens": run.max_new_tokens},
+        "settings": asdict(run.settings) | {"max_new_tokens": run.max_new_tokens},
         "prompt": {"ids": run.prompt_ids, "tokens": [tok.token(i) for i in run.prompt_ids],
                    "bytes": [tok.token_bytes(i).hex(" ") for i in run.prompt_ids], "unknown": unknown},
         "output": {"ids": run.new_ids, "text": tok.decode(run.new_ids), "stop_reason": run.stop_reason},
