@@ -51,5 +51,5 @@ warn_before_leaving(st.session_state.generation is not None)
 pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path=p.url, default=p.url == DEFAULT_PAGE)
          for p in PAGES]
 st.navigation(pages).run()
-# the page ran to its end: a whole-page run a fragment asked for is done (ui.session.rerun_whole_page)
+# the page ran to its end: a whole-page run a fragment asked for is done (ui.reruns.rerun_whole_page)
 st.session_state.whole_page_due = False

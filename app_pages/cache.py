@@ -6,9 +6,12 @@ from model.engine.batch import weight_bytes
 from model.engine.counting import cumulative_positions, positions_with_cache, positions_without_cache, step_bytes
 from model.tools.bench import contexts_for, percentile, time_per_token
 from ui import charts
+from ui.controls import cache_by_layer_kind
+from ui.errors import guarded
 from ui.i18n import number, t
+from ui.models import current_model
 from ui.predict import cache_guess, cache_revealed
-from ui.session import cache_by_layer_kind, current_model, generation, guarded
+from ui.run import generation
 
 PRESETS = {"13/5": (13, 5), "2/4": (2, 4)}
 SERVING_ROWS = 8  # requests of the run's length decoded together, the Serving page's example batch
@@ -59,7 +62,7 @@ else:
     r3.metric(t("cache.with"), gen.positions_with_cache)
     r4.metric(t("cache.without"), gen.positions_without_cache)
     st.caption(t("cache.your_run_note", cache=gen.cache.length, fed=sum(len(s.input_ids) for s in gen.steps)))
-    by_kind = cache_by_layer_kind(model.info, gen.cache.length, gen.cache.nbytes())
+    by_kind = cache_by_layer_kind(model.info.cache_shape, gen.cache.length, gen.cache.nbytes())
     if by_kind:
         st.markdown(by_kind)
     if model.info.backend == "native":

@@ -18,27 +18,23 @@ from model.engine.generate import CHECK_TOLERANCE
 from model.engine.sampling import most_probable
 from model.engine.tokenizer import joined_characters
 from ui import svg
+from ui.controls import cache_by_layer_kind, layer_head_selectors, prompt_form, sampling_controls
+from ui.errors import callback_error_here
 from ui.i18n import number, t
+from ui.models import page_start
 from ui.pages import page
 from ui.predict import guess_inputs, on_next_with_guess, reveal_html
 from ui.probes import probe_controls, probes_html
 from ui.process import CHECKS
-from ui.session import (
-    cache_by_layer_kind,
-    callback_error_here,
+from ui.reruns import redraw_only, rerun_whole_page
+from ui.run import (
     generation,
-    layer_head_selectors,
     mark_cancelled_run,
     on_back,
-    page_start,
-    prompt_form,
-    redraw_only,
     request_run_to_end,
-    rerun_whole_page,
     reset,
     run_as_trace_json,
     run_to_end,
-    sampling_controls,
     strip_tokens,
 )
 from ui.step_keys import clicks_marker, count_click, queue_step_keys
@@ -227,7 +223,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
                       t("decode.reserved")],
                      [[i, s.cache_len, number(s.cache_bytes), number(s.cache_bytes_formula),
                        number(s.cache_bytes_reserved)] for i, s in latest])
-        + paragraph_html(cache_by_layer_kind(info, trace.cache_len, trace.cache_bytes) or t(
+        + paragraph_html(cache_by_layer_kind(info.cache_shape, trace.cache_len, trace.cache_bytes) or t(
             "decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head,
             b=info.bytes_per_element, per_position=number(per_position), positions=number(trace.cache_len),
             total=number(trace.cache_bytes_formula)), "dl-caption"))

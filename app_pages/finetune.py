@@ -14,10 +14,10 @@ from model.training.rlhf import RLHF, RM_BATCH, questions_per_step
 from model.training.sft import SFT
 from model.training.train import limits
 from ui import finetune_views as views
+from ui.errors import guarded
 from ui.i18n import number, t
 from ui.pages import FINETUNE_TABS
 from ui.runs import interrupted_run, run_steps, save_checkpoint
-from ui.session import guarded
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, md_escape
 

@@ -19,8 +19,11 @@ from model.engine.flash import (
     walk_head,
 )
 from ui import svg
+from ui.controls import layer_head_selectors, prompt_form
+from ui.errors import guarded
 from ui.i18n import t
-from ui.session import generation, guarded, layer_head_selectors, page_start, prompt_form
+from ui.models import page_start
+from ui.run import generation
 from ui.widgets import BACK_KEY, NEXT_KEY, box_html, legend_html, paragraph_html, table_html
 
 PRECISIONS = {"float16": 2, "float32": 4}

@@ -6,9 +6,11 @@ from model.engine.counting import cache_bytes_formula
 from model.engine.runtime import Quantization, Rounding
 from model.engine.tokenizer import joined_characters
 from ui import charts
+from ui.controls import cache_by_layer_kind, layer_head_selectors, prompt_form
 from ui.i18n import number, t
+from ui.models import page_start
 from ui.probes import probe_controls, probes_html
-from ui.session import cache_by_layer_kind, generation, layer_head_selectors, page_start, prompt_form
+from ui.run import generation
 from ui.token_tax import token_tax_section
 from ui.widgets import md_escape, probability_bars_html, shown, table_html, token_strip
 
@@ -89,7 +91,7 @@ st.html(table_html(
     [[i, " × ".join(map(str, shape)), number(held), number(formula), number(reserved)]
      for i, (shape, held, formula, reserved) in enumerate(zip(trace.layer_shapes, trace.layer_bytes, layer_formulas,
                                                                trace.layer_bytes_reserved))]))
-st.markdown(cache_by_layer_kind(info, trace.cache_len, trace.cache_bytes) or t(
+st.markdown(cache_by_layer_kind(info.cache_shape, trace.cache_len, trace.cache_bytes) or t(
     "prefill.cache_total", layers=info.n_layers, kv=info.n_kv_heads, n=trace.cache_len, d=info.d_head,
     b=info.bytes_per_element, formula=number(trace.cache_bytes_formula), measured=number(trace.cache_bytes)))
 st.caption(t("prefill.cache_reserved_total", reserved=number(trace.cache_bytes_reserved)))

@@ -5,10 +5,9 @@ Nothing here calls the model loader until "Re-run for real" is pressed: a class 
 machine that has not loaded SmolLM2 (tests/test_replay.py replaces the loader with one that fails).
 """
 
-from types import SimpleNamespace
-
 import streamlit as st
 
+from model.engine.counting import CacheShape
 from model.engine.generate import CHECK_TOLERANCE
 from model.engine.tokenizer import joined_characters
 from model.tools.replay import (
@@ -26,8 +25,10 @@ from model.tools.replay import (
 )
 from model.weights.catalog import FETCHED, list_models, settings
 from ui import svg
+from ui.controls import cache_by_layer_kind
+from ui.errors import attempt, callback_error_here, guarded_in_callback
 from ui.i18n import labels, number, t
-from ui.session import attempt, cache_by_layer_kind, callback_error_here, guarded_in_callback, shared_model
+from ui.models import shared_model
 from ui.speculative_round import draw_counts, draw_round, draw_sequence
 from ui.state import keep_across_pages
 from ui.widgets import (
@@ -172,9 +173,9 @@ def step_html(run: dict, index: int) -> str:
                 + paragraph_html(chosen_text(run, step)))
 
     shown = run["steps"][: index + 1]
-    per_position = 2 * m["n_layers"] * m["n_kv_heads"] * m["d_head"] * m["bytes_per_element"]
-    info = SimpleNamespace(window=m["sliding_window"], sliding_layers=m["sliding_layers"], n_layers=m["n_layers"],
-                           n_kv_heads=m["n_kv_heads"], d_head=m["d_head"], bytes_per_element=m["bytes_per_element"])
+    shape = CacheShape(m["n_layers"], m["n_kv_heads"], m["d_head"], m["bytes_per_element"],
+                       len(m["sliding_layers"]), m["sliding_window"])
+    per_position = shape.bytes(1)
     cache = (
         heading_html(t("decode.cache"))
         + svg.line_chart_svg(list(range(len(shown))),
@@ -185,7 +186,7 @@ def step_html(run: dict, index: int) -> str:
         + table_html([t("decode.step_axis"), t("decode.cache_len"), t("decode.measured"), t("decode.formula")],
                      [[x["index"], x["cache_len"], number(x["cache_bytes"]), number(x["cache_bytes_formula"])]
                       for x in shown[-TABLE_ROWS:]])
-        + paragraph_html(cache_by_layer_kind(info, step["cache_len"], step["cache_bytes"]) or t(
+        + paragraph_html(cache_by_layer_kind(shape, step["cache_len"], step["cache_bytes"]) or t(
             "decode.formula_text", layers=m["n_layers"], kv=m["n_kv_heads"], d=m["d_head"],
             b=m["bytes_per_element"], per_position=number(per_position), positions=number(step["cache_len"]),
             total=number(step["cache_bytes_formula"])), "dl-caption"))

@@ -13,17 +13,10 @@ from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
 from model.tools import serve_bench
 from ui import svg
+from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
-from ui.serving_run import StopBar, run_steps
-from ui.session import (
-    callback_error_here,
-    guarded,
-    guarded_in_callback,
-    machine,
-    page_start,
-    pass_costs,
-    shared_model_in,
-)
+from ui.models import page_start, shared_model_in
+from ui.serving_run import StopBar, machine, pass_costs, run_steps
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, table_html
 

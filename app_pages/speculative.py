@@ -9,18 +9,11 @@ import streamlit as st
 
 from model.speculative import decoding, drafts, rules
 from model.tools import speculate
+from ui.controls import sampling_controls
+from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import labels, t
-from ui.session import (
-    LiveStrip,
-    callback_error_here,
-    encoded_prompt,
-    guarded,
-    guarded_in_callback,
-    page_start,
-    prompt_modes,
-    sampling_controls,
-    sampling_settings,
-)
+from ui.models import page_start
+from ui.run import LiveStrip, encoded_prompt, prompt_modes, sampling_settings
 from ui.speculative_round import draw_counts, draw_round, draw_sequence, run_strip
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, choice, md_escape

@@ -9,9 +9,9 @@ import torch
 
 from model.training.train import Trainer, TrainSettings, limits
 from ui import train_cells as cells
+from ui.errors import guarded
 from ui.i18n import labels, t
 from ui.runs import interrupted_run, run_steps
-from ui.session import guarded
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, choice
 

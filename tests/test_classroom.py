@@ -27,7 +27,7 @@ from model.engine.steps import max_abs_logit_diff, recompute
 from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
 from model.texts import text
-from ui.session import model_key, shared_model
+from ui.models import model_key, shared_model
 
 GREEDY = SamplingSettings()
 

@@ -276,7 +276,7 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
     import json
 
     from model.tools.cli import main
-    from ui.session import run_as_trace_json
+    from ui.run import run_as_trace_json
 
     at = click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill")
     click(at, "run_to_end")
@@ -312,7 +312,7 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
 def test_the_load_table_shows_the_packed_copy_only_when_the_shared_model_holds_one(packs, lang, said, monkeypatch):
     import torch
 
-    from ui import session
+    from ui import models as session
 
     def refuse(*args):
         raise RuntimeError("mkldnn: unsupported")

@@ -349,7 +349,7 @@ def page_html(at) -> str:
 
 def test_a_replay_shows_the_live_run_s_tokens_probabilities_and_cache_figures():
     from model.engine.loading import load_model
-    from ui.session import run_as_trace_json
+    from ui.run import run_as_trace_json
 
     at = open_app("app_pages/decode.py", lang="en", model_name="small", device="cpu", prompt_mode="text",
                   temperature=0.9, seed=4, prompt_text="con mèo")
@@ -387,7 +387,7 @@ def test_a_run_whose_settings_changed_mid_run_replays_each_step_with_its_own():
     each step's settings: step 0 (not the most probable token: 'ngủ' beside 'uống') is said to be drawn at 1.5,
     not "greedy, the highest logit always wins", and the re-run draws each step with its own settings."""
     from model.engine.loading import load_model
-    from ui.session import run_as_trace_json
+    from ui.run import run_as_trace_json
 
     small = load_model("small", "cpu")
     at = open_app("app_pages/decode.py", lang="en", model_name="small", device="cpu", prompt_mode="text",
@@ -474,7 +474,7 @@ def test_re_running_a_prompt_id_outside_the_model_s_vocabulary_says_which():
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_a_smollm2_replay_opens_with_no_model_loaded(monkeypatch, lang):
     import model.engine.loading
-    import ui.session
+    import ui.models
 
     calls = []
 
@@ -482,8 +482,8 @@ def test_a_smollm2_replay_opens_with_no_model_loaded(monkeypatch, lang):
         calls.append(args)
         raise AssertionError("the model loader was called")
 
-    for where, name in ((model.engine.loading, "load_model"), (ui.session, "load_model"),
-                        (ui.session, "shared_model")):
+    for where, name in ((model.engine.loading, "load_model"), (ui.models, "load_model"),
+                        (ui.models, "shared_model")):
         monkeypatch.setattr(where, name, refuse)
     at = open_app("app_pages/replay.py", lang=lang, device="cpu", replay_source="smollm2")
     banner = text("replay.banner", lang).split("**")[1]
@@ -575,7 +575,7 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
 
 def _refuse_the_loader(monkeypatch) -> list:
     import model.engine.loading
-    import ui.session
+    import ui.models
 
     calls = []
 
@@ -583,8 +583,8 @@ def _refuse_the_loader(monkeypatch) -> list:
         calls.append(args)
         raise AssertionError("the model loader was called")
 
-    for where, name in ((model.engine.loading, "load_model"), (ui.session, "load_model"),
-                        (ui.session, "shared_model")):
+    for where, name in ((model.engine.loading, "load_model"), (ui.models, "load_model"),
+                        (ui.models, "shared_model")):
         monkeypatch.setattr(where, name, refuse)
     return calls
 

@@ -30,8 +30,8 @@ RIDGE_ABOVE_PREFILL, RIDGE_BELOW_PREFILL = (26.0, 130.0), (26.0, 26.0)
 
 
 def pin_roofs(monkeypatch, roofs_by_dtype: dict[str, tuple[float, float]]) -> list[str]:
-    """ui.session.machine answers these roofs for each dtype; returns the dtypes the page asked for."""
-    import ui.session
+    """ui.serving_run.machine answers these roofs for each dtype; returns the dtypes the page asked for."""
+    import ui.serving_run
     from model.tools import serve_bench
 
     asked = []
@@ -40,7 +40,7 @@ def pin_roofs(monkeypatch, roofs_by_dtype: dict[str, tuple[float, float]]) -> li
         asked.append(dtype)
         return serve_bench.Machine(device, 1, *roofs_by_dtype[dtype], dtype)
 
-    monkeypatch.setattr(ui.session, "machine", machine)
+    monkeypatch.setattr(ui.serving_run, "machine", machine)
     return asked
 
 
@@ -273,16 +273,16 @@ def test_a_slow_queue_is_announced_before_start(monkeypatch):
     """With passes timed at 100 ms a prompt position and 150 ms a decode row (plus 150), the first step of a queue
     whose first two prompts are 8 and 7 positions (seed 0's draw from 3 to 9) should take 1.5 s: the page says so
     before Start; with fast passes it says nothing."""
-    import ui.session
+    import ui.serving_run
     from model.tools.serve_bench import PassCosts
 
     settings = dict(serving_slots=2, serving_requests=4, serving_prompt_lengths=(3, 9))
-    monkeypatch.setattr(ui.session, "pass_costs", lambda model: PassCosts((100.0, 400.0), (150.0, 600.0)))
+    monkeypatch.setattr(ui.serving_run, "pass_costs", lambda model: PassCosts((100.0, 400.0), (150.0, 600.0)))
     at = open_page("en", serving_dtype="int8", **settings)
     said = text("serving.slow_steps", "en").format(dtype="int8", first="1.5", prompts=2, positions="15", rows=2,
                                                     decode="0.3", probe=4)
     assert [w.value for w in at.warning] == [said]
-    monkeypatch.setattr(ui.session, "pass_costs", lambda model: PassCosts((1.0, 2.0), (1.0, 2.0)))
+    monkeypatch.setattr(ui.serving_run, "pass_costs", lambda model: PassCosts((1.0, 2.0), (1.0, 2.0)))
     assert not open_page("en", serving_dtype="int8", **settings).warning
 
 

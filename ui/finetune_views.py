@@ -11,8 +11,8 @@ from model.training.posttrain_data import preference_pairs
 from model.training.sft import FROZEN_IN_SFT
 from model.training.train import IGNORE, limits
 from ui import charts
+from ui.errors import guarded
 from ui.i18n import number, t
-from ui.session import guarded
 from ui.widgets import csv_of, table_html, token_strip
 
 BOUND = limits()

@@ -13,8 +13,10 @@ import streamlit as st
 from model.engine import generate
 from model.engine.counting import cache_bytes_formula, positions_with_cache, positions_without_cache
 from model.engine.runtime import LoadedModel
+from ui.controls import cache_by_layer_kind
+from ui.errors import guarded
 from ui.i18n import number, t
-from ui.session import cache_by_layer_kind, guarded, on_next
+from ui.run import on_next
 from ui.widgets import heading_html, md_escape, paragraph_html, shown, table_html
 
 CANDIDATES = 5
@@ -111,7 +113,7 @@ def reveal_html(model: LoadedModel, gen: generate.Generation) -> str:
                      verdict(record["token"] == drawn.chosen_id)])
     per_position = cache_bytes_formula(info.n_layers, info.n_kv_heads, 1, info.d_head, info.bytes_per_element)
     length = t("predict.len_formula", prompt=len(gen.prompt_ids), steps=index, n=trace.cache_len)
-    size = cache_by_layer_kind(info, trace.cache_len, trace.cache_bytes) or t(
+    size = cache_by_layer_kind(info.cache_shape, trace.cache_len, trace.cache_bytes) or t(
         "decode.formula_text", layers=info.n_layers, kv=info.n_kv_heads, d=info.d_head, b=info.bytes_per_element,
         per_position=number(per_position), positions=number(trace.cache_len), total=number(trace.cache_bytes_formula))
     token = t("predict.token_note", token=md_escape(shown(tok.token(drawn.chosen_id))), id=drawn.chosen_id)

@@ -10,8 +10,9 @@ from model.engine.ablation import ablate, parse_heads
 from model.engine.generate import Generation
 from model.engine.lens import LENS_TOP, logit_lens
 from model.engine.runtime import LoadedModel, ModelInfo
+from ui.errors import attempt
 from ui.i18n import t
-from ui.session import attempt, redraw_only
+from ui.reruns import redraw_only
 from ui.widgets import box_html, heading_html, md_escape, paragraph_html, shown, table_html
 
 

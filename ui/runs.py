@@ -9,7 +9,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from model.training.train import CheckpointStore, limits
-from ui.session import guarded
+from ui.errors import guarded
 
 LIVE_REDRAW_S = 0.5
 

@@ -6,13 +6,18 @@ button's callback could not be stopped and would show nothing until it ended."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import streamlit as st
+import torch
 
 from model.engine.batch import Server, StepProgress
+from model.engine.runtime import LoadedModel
+from model.tools import serve_bench
+from ui.errors import attempt
 from ui.i18n import t
-from ui.session import RUN_REDRAW_S, attempt
+from ui.run import RUN_REDRAW_S
 
 
 class StopBar:
@@ -68,3 +73,24 @@ def run_steps(server: Server, to_end: bool) -> str | None:
             break
     bar.stop_bar.clear()
     return error
+
+
+@functools.cache
+def machine(device: str, dtype: str = "float32") -> serve_bench.Machine:
+    """This machine's copy bandwidth and the matmul peak of `dtype`'s kernel, each measured once per process, the
+    first time a Serving run needs it (the bandwidth once for every dtype)."""
+    if dtype == "float32":
+        return serve_bench.measure_machine(torch.device(device))
+    return serve_bench.with_matmul_peak(machine(device), dtype)
+
+
+_pass_costs: dict[tuple[str, str, str], serve_bench.PassCosts] = {}
+
+
+def pass_costs(model: LoadedModel) -> serve_bench.PassCosts:
+    """serve_bench.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device and
+    dtype: not the model, which the shared models may drop)."""
+    key = (model.info.name, model.info.device, model.info.dtype)
+    if key not in _pass_costs:
+        _pass_costs[key] = serve_bench.pass_costs(model)
+    return _pass_costs[key]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import streamlit as st
 
 from model.engine.token_tax import TWINS, tax_models, token_tax
+from ui.errors import attempt
 from ui.i18n import number, t
-from ui.session import attempt
 from ui.widgets import choice, md_escape, paragraph_html, table_html, token_strip_html
 
 TYPED = len(TWINS)  # the choice after the built-in twins: sentences typed by the student

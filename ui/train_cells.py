@@ -14,9 +14,10 @@ from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import WordTokenizer
 from model.training.train import IGNORE, StepReport, Trainer, limits, lr_curve, measure_memory
 from ui import charts
+from ui.errors import guarded
 from ui.i18n import t
+from ui.models import shared_model
 from ui.runs import save_checkpoint
-from ui.session import guarded, shared_model
 from ui.state import default_prompt
 from ui.widgets import csv_of, md_escape, table_html, token_strip
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def positions_with_cache(prompt_len: int, new_tokens: int) -> int:
     """The prompt once, then every new token but the last fed back once: N + (T − 1)."""
@@ -26,6 +28,34 @@ def cache_bytes_formula(n_layers: int, n_kv_heads: int, positions: int, d_head: 
     over a sliding window and hold at most `window` positions (Gemma 3 270M: 3 × n + 15 × min(n, 512) positions)."""
     held = (n_layers - sliding_layers) * positions + sliding_layers * min(positions, window or positions)
     return 2 * n_kv_heads * held * d_head * bytes_per_element
+
+
+@dataclass(frozen=True)
+class CacheShape:
+    """What a model's KV cache bytes depend on: a loaded model's (ModelInfo.cache_shape) or a recording's."""
+    n_layers: int
+    n_kv_heads: int
+    d_head: int
+    bytes_per_element: int
+    sliding_layers: int = 0        # of the n_layers, those that keep only a window (Gemma 3 270M: 15 of 18)
+    window: int | None = None
+
+    def bytes(self, positions: int) -> int:
+        """cache_bytes_formula: what the cache holds after `positions` positions."""
+        return cache_bytes_formula(self.n_layers, self.n_kv_heads, positions, self.d_head, self.bytes_per_element,
+                                   self.sliding_layers, self.window)
+
+    def held(self, positions: int) -> int:
+        """The positions a sliding layer holds after `positions`: its window at most."""
+        return min(positions, self.window or positions)
+
+    def bytes_by_kind(self, positions: int) -> tuple[int, int]:
+        """(the full layers' bytes, the sliding layers' bytes) after `positions` positions."""
+        full = cache_bytes_formula(self.n_layers - self.sliding_layers, self.n_kv_heads, positions, self.d_head,
+                                   self.bytes_per_element)
+        sliding = cache_bytes_formula(self.sliding_layers, self.n_kv_heads, self.held(positions), self.d_head,
+                                      self.bytes_per_element)
+        return full, sliding
 
 
 # -- one step's work, the roofline's two axes ------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from model.engine.cache import Cache, KVCache
-from model.engine.counting import cache_bytes_formula
+from model.engine.counting import CacheShape
 from model.engine.gemma3 import Gemma3
 from model.engine.llama import Llama, Probe
 from model.engine.tokenizer import TextTokenizer
@@ -65,11 +65,15 @@ class ModelInfo:
         window = self.layer_windows[layer] if self.layer_windows else None
         return positions if window is None else min(positions, window)
 
+    @property
+    def cache_shape(self) -> CacheShape:
+        return CacheShape(self.n_layers, self.n_kv_heads, self.d_head, self.bytes_per_element,
+                          len(self.sliding_layers), self.window)
+
     def cache_bytes_formula(self, positions: int) -> int:
         """What the cache holds after `positions` positions: 2 × n_kv × d_head × bytes × (full layers × positions
         + sliding layers × min(positions, window))."""
-        return cache_bytes_formula(self.n_layers, self.n_kv_heads, positions, self.d_head, self.bytes_per_element,
-                                   len(self.sliding_layers), self.window)
+        return self.cache_shape.bytes(positions)
 
     def kv_head(self, head: int) -> int:
         """The KV head that query head `head` reads: under GQA n_heads / n_kv_heads query heads share one."""

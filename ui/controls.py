@@ -1,0 +1,83 @@
+"""The controls several pages share: the prompt form, the layer and head selectors, the sampling controls; and the
+sentence on where a cache's bytes go by layer kind."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from model.engine import generate
+from model.engine.counting import CacheShape
+from model.engine.runtime import LoadedModel
+from ui.errors import callback_error_here
+from ui.i18n import labels, number, t
+from ui.reruns import redraw_only
+from ui.run import on_sampling_change, prefill, prompt_modes
+from ui.widgets import choice
+
+
+def prompt_form(model: LoadedModel) -> None:
+    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill."""
+    modes = prompt_modes(model)
+    if model.info.language == "en":
+        st.caption(t("prompt.english_only"))
+    left, right = st.columns([4, 1], vertical_alignment="bottom")
+    with right:
+        mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
+                      format_func=labels("prompt.mode_", modes).get, required=True)
+    with left:
+        if mode == "ids":
+            st.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
+        else:
+            st.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text",
+                          help=t("prompt.help", most=generate.MAX_PROMPT_CHARS))
+    if mode == "chat":
+        st.text_input(t("prompt.system_label"), key="system_text", help=t("prompt.system_help"))
+    c1, c2, _ = st.columns([1, 1, 3], vertical_alignment="bottom")
+    # the shortest prompt (<bos> and one word) leaves context − 1 new tokens; a value above the widget's
+    # maximum would be replaced by its minimum, so keep it inside for small contexts
+    most = model.info.context_length - 1
+    st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), most)
+    c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most, key="max_new_tokens")
+    c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
+    st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:",
+              on_click=prefill, args=(model, mode))
+    callback_error_here()
+
+
+def layer_head_selectors(info, redraw: str | None = None) -> tuple[int, int]:
+    """Layer and query head to show; each head's label names the KV head it reads (GQA). Drawn into the caller's
+    container, a row (st.container(horizontal=True)): st.columns on a page cost each later click more.
+    `redraw` names the fragment that draws the attention, when only it should rerun on a change."""
+    head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
+    layer = st.selectbox(t("common.layer"), range(info.n_layers), key="layer", width=90,  # numbers only
+                         on_change=redraw_only, args=(redraw,))
+    head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head", width=220,
+                  format_func=head_labels.get, on_change=lambda: redraw_only(redraw))
+    return layer, head
+
+
+def sampling_controls(redraw: str | None = None) -> None:
+    """Temperature, top-k, top-p and seed, drawn into the caller's container, a row. `redraw` names the fragment
+    that shows the current step, when only it should rerun on a change."""
+    change = dict(on_change=on_sampling_change, args=(redraw,))
+    st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="temperature", width=200,
+              help=t("sampling.temperature_help"), **change)
+    # the whole page reruns: the top-k box beside the toggle, outside the fragment, turns on or off with it
+    st.toggle(t("sampling.top_k_on"), key="top_k_on", on_change=on_sampling_change)
+    st.number_input(t("sampling.top_k"), min_value=1, max_value=1000, key="top_k", width=110,
+                    disabled=not st.session_state.top_k_on, **change)
+    st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="top_p", width=200, help=t("sampling.top_p_help"),
+              **change)
+    st.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="seed", width=130, **change)
+
+
+def cache_by_layer_kind(shape: CacheShape, n: int, measured: int) -> str | None:
+    """Where the cache's bytes go on a model with sliding-window layers (Gemma 3), as a sentence; None on a model
+    whose layers all keep every position."""
+    if shape.window is None:
+        return None
+    full_bytes, sliding_bytes = shape.bytes_by_kind(n)
+    return t("cache.by_layer_kind", full=shape.n_layers - shape.sliding_layers, sliding=shape.sliding_layers, n=n,
+             window=shape.window, held=shape.held(n), kv=shape.n_kv_heads, d=shape.d_head, b=shape.bytes_per_element,
+             full_bytes=number(full_bytes), sliding_bytes=number(sliding_bytes),
+             total=number(full_bytes + sliding_bytes), measured=number(measured))
