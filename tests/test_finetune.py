@@ -101,9 +101,10 @@ def test_lora_starts_as_the_base_model_and_counts_its_parameters_by_the_formula(
     assert trainer.total_count() == sum(p.numel() for p in base.parameters()) + expected
     everything = LoRA(settings("lora", rank=2, targets="all"))
     assert everything.trainable_count() == sum(n for *_, n in lora_formula(everything.module, 2, everything.targets))
-    with pytest.raises(InputError) as bad:
-        LoRA(settings("lora", rank=0))
-    assert bad.value.code == "finetune_rank"
+    for rank in (0, 257):  # one range, said the same way at both ends
+        with pytest.raises(InputError) as bad:
+            LoRA(settings("lora", rank=rank))
+        assert bad.value.message("en") == f"Rank r must be between 1 and 256; the value given is {rank}."
 
 
 def test_lora_merged_equals_unmerged_and_peft_loads_the_adapter(tmp_path):

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 import torch
 
 from model.errors import InputError
-from model.tools.train import save_target
+from model.tools.options import save_target
 from model.training.posttrain import DEFAULT_BATCH, FinetuneSettings
 from model.training.train import MAX_STEPS, limits
 

@@ -19,6 +19,7 @@ import torch
 from torch.autograd import DeviceType
 
 from model.engine.batch import (
+    MAX_SLOTS,
     Request,
     Server,
     ServeStep,
@@ -34,15 +35,22 @@ from model.engine.generate import session_budget_bytes
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import SamplingSettings, check_settings_or_refuse
+from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.tools.bench import INT8_PEAK_ROWS, copy_bandwidth, filler_ids, matmul_peak, percentile, timed
+from model.tools.options import check_list, check_option, file_target, written_at_end
 
 ACCURACY_PROMPTS = 4       # prompts of filler ids, seeds 0 .. 3
 ACCURACY_PROMPT_LEN = 16
 ACCURACY_NEW_TOKENS = 24
 TOP_OPS = 12
 GREEDY = SamplingSettings()
+BENCH_CONTEXTS = (64, 256)  # serve-bench's contexts: those below the model's context, else its context - 1
+MAX_BENCH_STEPS = 1000      # serve-bench --steps: timed steps per setting
+PROFILE_CONTEXT = 64        # profile's context, or the model's context - 1 where that is shorter
+# profile --steps: the profiler holds every event of every step in memory, about 4.7 MB a step of small at batch 1
+# (measured: 490 MB at 20 steps, 1,336 MB at 200)
+MAX_PROFILE_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -206,15 +214,34 @@ def parse_list(text: str, convert, what: str) -> list:
     return values
 
 
-def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dtypes: list[str], device: str,
+def check_options(model: NativeModel, batch: int, context: int) -> None:
+    """The command line's --batch and --context on `model`, each refusal naming the options typed (checked_batch
+    says them in the Serving page's words)."""
+    check_option("--batch", batch, 1, MAX_SLOTS)
+    check_option("--context", context, 1, model.info.context_length - 1)
+    try:
+        checked_batch(model, batch, context)
+    except InputError as refused:
+        if refused.code != "serving_budget":
+            raise
+        raise InputError("option_budget", context=context, **refused.details) from None
+
+
+def default_contexts(model: NativeModel) -> list[int]:
+    return [c for c in BENCH_CONTEXTS if c < model.info.context_length] or [model.info.context_length - 1]
+
+
+def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | None, dtypes: list[str], device: str,
                     repeats: int, settings: SamplingSettings = GREEDY) -> dict:
+    """contexts None: default_contexts."""
     check_settings_or_refuse(settings)
     base = load_model(model_name, device, operator=True)
+    contexts = contexts or default_contexts(base)
     models = {dtype: with_weights(base, dtype) for dtype in dtypes}  # every refusal before any timing
     for model in models.values():
         for batch in batches:
             for context in contexts:
-                checked_batch(model, batch, context)
+                check_options(model, batch, context)
     machine = measure_machine(base.device)
     rows = []
     for dtype, model in models.items():
@@ -278,9 +305,16 @@ def print_report(report: dict) -> None:
 
 
 def run_cli(args) -> int:
+    check_option("--steps", args.steps, 1, MAX_BENCH_STEPS)
     batches = parse_list(args.batch, int, "--batch")
-    contexts = parse_list(args.context, int, "--context")
+    contexts = None if args.context is None else parse_list(args.context, int, "--context")
     dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    for option, values in (("--batch", batches), ("--context", contexts), ("--dtype", dtypes)):
+        if values is not None:
+            check_list(option, values)
+    for batch in batches:
+        check_option("--batch", batch, 1, MAX_SLOTS)
+    check_option("--seed", args.seed, 0, MAX_SEED - (max(batches) - 1))  # row r draws with seed + r
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps, settings)
     if args.json:
@@ -346,16 +380,23 @@ def op_shares(events, steps: int, clock: str) -> list[OpShare]:
 
 
 def run_profile_cli(args) -> int:
+    check_option("--steps", args.steps, 1, MAX_PROFILE_STEPS)
+    check_option("--batch", args.batch, 1, MAX_SLOTS)
+    target = None if args.trace is None else file_target(args.trace, args.overwrite, "--trace")
     model = load_model(args.model, args.device, operator=True)
-    if args.steps < 1:
-        raise InputError("profile_steps", steps=args.steps)
-    ops = profile_steps(model, args.batch, args.context, args.steps, args.trace)
-    print(f"{model.info.name}: {args.steps} decode steps, batch {args.batch}, {args.context} positions, "
+    context = min(PROFILE_CONTEXT, model.info.context_length - 1) if args.context is None else args.context
+    check_options(model, args.batch, context)
+    if target is None:
+        ops = profile_steps(model, args.batch, context, args.steps)
+    else:
+        with written_at_end(target, "--trace") as partial:
+            ops = profile_steps(model, args.batch, context, args.steps, str(partial))
+    print(f"{model.info.name}: {args.steps} decode steps, batch {args.batch}, {context} positions, "
           f"{torch.get_num_threads()} thread(s) on {model.info.device}; each op's own time per step:")
     for op in ops:
         print(f"{op.name:<40}{op.ms_per_step:>9.3f} ms{op.share:>7.1%}{op.calls_per_step:>7.0f} calls")
-    if args.trace:
-        print(f"Chrome trace: {args.trace} (open it in https://ui.perfetto.dev)")
+    if target is not None:
+        print(f"Chrome trace: {target} (open it in https://ui.perfetto.dev)")
     return 0
 
 
