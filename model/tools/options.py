@@ -4,7 +4,6 @@ be writable, and is then written whole or said not to be."""
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -93,9 +92,7 @@ def written_at_end(target: Path, option: str) -> Iterator[Path]:
     try:
         yield partial
         try:
-            if not partial.is_file():
-                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
-            os.replace(partial, target)
+            os.replace(partial, target)  # FileNotFoundError when nothing was written there
         except OSError as failed:
             raise InputError("save_not_written", option=option, path=str(target),
                              reason=failed.strerror or str(failed)) from None
