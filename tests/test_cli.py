@@ -15,7 +15,7 @@ import pytest
 
 from model.engine import generate
 from model.engine.batch import MAX_SLOTS
-from model.engine.token_tax import cache_shape
+from model.engine.token_tax import cache_shape, tax_models
 from model.errors import InputError
 from model.tools import cli, serve_bench
 from model.weights.catalog import list_models, locate, read_config
@@ -126,6 +126,19 @@ def test_tokens_with_a_word_outside_micro_s_vocabulary_is_a_sentence(capsys):
     code, out, err = run(capsys, "tokens", "--models", "micro", "--text", "con zebra")
     assert (code, out) == (2, "")
     assert err == "The model micro does not know the words: con, zebra. Use only words from its vocabulary.\n"
+
+
+def test_tokens_opens_a_model_folder_as_trace_does_and_skips_empty_names(capsys):
+    """The operator's tokens refused a folder in the web server's words ("This server opens only the models in its
+    list…"), and --models "," was an IndexError."""
+    folder = locate("micro").where
+    code, out, err = run(capsys, "tokens", "--models", f"{folder},", "--text", "ăn cá", "--json")
+    assert code == 0, err
+    [row] = json.loads(out)["models"]
+    assert row["model"] == folder and row["sentences"][0]["tokens"] == ["<bos>", "ăn", "cá"]
+    code, out, err = run(capsys, "tokens", "--models", ",", "--text", "con mèo", "--json")
+    assert code == 0, err
+    assert [row["model"] for row in json.loads(out)["models"]] == tax_models()
 
 
 # -- --trace: checked as finetune --save is, written whole or said not to be ------------------------------------------

@@ -88,19 +88,20 @@ def pieces(tokenizer, text: str) -> Pieces:
 
 
 @cache
-def tokenizer_and_shape(name: str) -> tuple[TextTokenizer, CacheShape]:
-    """A listed model's tokenizer and cache shape, read once per process (Gemma 3's tokenizer.json is 33 MB)."""
-    folder = Path(locate(name).where)
+def tokenizer_and_shape(name: str, operator: bool = False) -> tuple[TextTokenizer, CacheShape]:
+    """A listed model's tokenizer and cache shape (operator: also a model folder's, as catalog.locate allows the
+    command line), read once per process (Gemma 3's tokenizer.json is 33 MB)."""
+    folder = Path(locate(name, operator=operator).where)
     return load_tokenizer(folder), cache_shape(read_config(folder / "config.json", name))
 
 
 def token_tax(name: str, texts: tuple[str, ...], new_tokens: int = DEFAULT_NEW_TOKENS,
               operator: bool = False) -> ModelTax:
     """The sentences (Vietnamese, then optionally its English twin) through model `name`'s tokenizer; operator: the
-    command line, without the pages' limit on a text's characters (check_prompt_text)."""
+    command line, which opens a model folder too and has no limit on a text's characters (check_prompt_text)."""
     for text in texts:
         check_prompt_text(text, operator)
-    tokenizer, shape = tokenizer_and_shape(name)
+    tokenizer, shape = tokenizer_and_shape(name, operator)
     try:
         sentences = tuple(pieces(tokenizer, text) for text in texts)
     except UnknownWordsError as unknown:  # a vocabulary without <unk> (micro's)

@@ -142,9 +142,9 @@ def tokens_report(taxes) -> dict:
 def cmd_tokens(args) -> int:
     from model.engine.token_tax import tax_models, token_tax
 
-    names = args.models.split(",") if args.models else tax_models()
+    names = [name.strip() for name in (args.models or "").split(",") if name.strip()] or tax_models()
     texts = (args.text,) + ((args.twin,) if args.twin is not None else ())
-    taxes = [token_tax(name.strip(), texts, operator=True) for name in names]
+    taxes = [token_tax(name, texts, operator=True) for name in names]
     for tax in taxes:  # each a prompt the model could take, as trace's
         for option, sentence in zip(("--text", "--twin"), tax.sentences):
             if len(sentence.ids) >= tax.shape.context:
@@ -282,7 +282,8 @@ def parser() -> argparse.ArgumentParser:
     tk.add_argument("--text", required=True, help="the sentence, in Vietnamese; fewer tokens than each model's context")
     tk.add_argument("--twin", default=None, help="its English translation: the vi / en ratio; fewer tokens than each "
                     "model's context")
-    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 (default: every one)")
+    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 or a model folder "
+                    "(default: every listed one)")
     tk.add_argument("--json", action="store_true", help="one JSON object instead of one line per sentence")
     tk.set_defaults(run=cmd_tokens)
 
