@@ -270,6 +270,19 @@ def test_one_range_per_option_said_the_same_way_at_both_ends(capsys, args, said)
     assert (code, out) == (2, "") and err.count("\n") == 1 and err.startswith(said), err
 
 
+def test_a_fine_tuning_loss_that_blows_up_is_said_in_the_command_line_s_words(capsys, monkeypatch):
+    """finetune ended with the page's "lower the learning rate or press Reset"."""
+    from model.training.sft import SFT
+
+    def blows_up(self):
+        raise InputError("train_not_finite", step=1, loss=math.nan, lr="1.00e+00")
+
+    monkeypatch.setattr(SFT, "step", blows_up)
+    code, out, err = run(capsys, "finetune", "--method", "sft", "--steps", "2")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("Step 1 was not applied") and err.endswith("try a smaller --lr.\n"), err
+
+
 # -- the operator's prompt: the model's context, not the pages' characters -------------------------------------------
 
 LONG = "the cat sleeps on the chair. " * 80  # 2,320 characters; 561 of small's tokens

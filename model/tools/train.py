@@ -15,6 +15,12 @@ from model.tools.options import save_target
 from model.training.train import MAX_STEPS, Trainer, TrainSettings, limits
 
 
+def said_for_the_command_line(bad: InputError) -> InputError:
+    """A step refused as not finite in the command line's words (a page's end "lower the learning rate or press
+    Reset"); any other refusal as it is."""
+    return InputError("train_not_finite_cli", **bad.details) if bad.code == "train_not_finite" else bad
+
+
 def run_cli(args) -> int:
     steps = args.steps
     if not 1 <= steps <= MAX_STEPS:
@@ -34,7 +40,7 @@ def run_cli(args) -> int:
         except InputError as bad:  # a loss or gradient that is no longer finite: the step was refused
             if bad.code != "train_not_finite":
                 raise
-            failure = bad
+            failure = said_for_the_command_line(bad)
             break
         p = trainer.history[-1]
         points.append({"step": p.step, "loss": round(p.loss, 6), "grad_norm": round(p.grad_norm, 6),
