@@ -12,7 +12,7 @@ import numpy as np
 
 from model.errors import InputError
 
-MAX_SEED = 2**31 - 1  # every seed the app takes, on a page or the command line, is 0 to this
+MAX_SEED = 2**31 - 1  # the largest seed a draw takes (the seed boxes of Decode, Train and Fine-tune stop here too)
 
 
 @dataclass(frozen=True)
