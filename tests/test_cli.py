@@ -215,6 +215,19 @@ def test_serve_bench_runs_small_with_its_defaults_and_says_the_context_it_chose(
     assert code == 0 and "15 positions" in out.splitlines()[0], err
 
 
+def test_serve_bench_says_the_accuracy_it_measured_and_none_it_did_not(capsys):
+    """It claimed "accuracy over 4 prompts of 16 ids × 24 tokens" on micro, whose 16 positions hold prompts of
+    16 // 4 = 4 ids and 16 - 4 = 12 new tokens, and with float32 alone, which compares nothing."""
+    args = ["serve-bench", "--model", "micro", "--batch", "1", "--context", "4", "--steps", "1", "--json"]
+    code, out, err = run(capsys, *args, "--dtype", "float32,int8")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["conditions"].endswith("; accuracy over 4 prompts of 4 ids × 12 tokens float32 wrote")
+    assert report["accuracy"][0]["greedy_total"] == 4 * 12
+    code, out, err = run(capsys, *args, "--dtype", "float32")
+    assert code == 0 and "accuracy" not in json.loads(out)["conditions"], err
+
+
 @pytest.mark.parametrize(("model", "prompt", "draft"), [("micro", "1,3", "lookup"), ("small", "1,5", "small-draft")])
 def test_speculate_s_default_draft_serves_the_model(capsys, model, prompt, draft):
     """small-draft was the default for every model, and every model but small refused it (another tokenizer)."""

@@ -173,6 +173,8 @@ class Accuracy:
     max_abs_logit_diff: float  # over every predicted position of every prompt, against float32
     greedy_agree: int          # positions where the argmax equals float32's
     greedy_total: int
+    prompt_len: int            # ids of each prompt, and the tokens float32 wrote after it (fewer on a short context)
+    new_tokens: int
 
     @property
     def agreement(self) -> float:
@@ -201,7 +203,7 @@ def accuracy(reference: NativeModel, other: NativeModel, dtype: str) -> Accuracy
         worst = max(worst, float((ref - low).abs().max()))
         agree += int((ref.argmax(-1) == low.argmax(-1)).sum())
         total += ref.shape[0]
-    return Accuracy(dtype, worst, agree, total)
+    return Accuracy(dtype, worst, agree, total, prompt_len, new_tokens)
 
 
 def parse_list(text: str, convert, what: str) -> list:
@@ -256,6 +258,8 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | N
                              "machine_gflops": round(machine.matmul_gflops, 3)})
     prefill = prefill_work(base, max(contexts), repeats)
     measured = [accuracy(base, model, dtype) for dtype, model in models.items() if dtype != "float32"]
+    compared = (f"; accuracy over {ACCURACY_PROMPTS} prompts of {measured[0].prompt_len} ids × "
+                f"{measured[0].new_tokens} tokens float32 wrote" if measured else "")
     info = base.info
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
@@ -269,9 +273,7 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | N
         "accuracy": [asdict(a) | {"agreement": round(a.agreement, 4)} for a in measured],
         "sampling": asdict(settings),
         "conditions": f"{repeats} timed steps per setting after a warm-up, {drawn(settings)}, filler-id prompts, "
-                      f"rows rewound to the same context every step;"
-                      f" accuracy over {ACCURACY_PROMPTS} prompts of "
-                      f"{ACCURACY_PROMPT_LEN} ids × {ACCURACY_NEW_TOKENS} tokens float32 wrote",
+                      f"rows rewound to the same context every step{compared}",
     }
 
 
