@@ -264,6 +264,8 @@ def test_the_kv_budget_is_said_in_the_operator_s_words(capsys, monkeypatch):
 @pytest.mark.parametrize(("args", "said"), [
     (["finetune", "--method", "lora", "--steps", "1", "--rank", "0"], "Rank r must be between 1 and 256;"),
     (["finetune", "--method", "lora", "--steps", "1", "--rank", "100000"], "Rank r must be between 1 and 256;"),
+    (["finetune", "--method", "dpo", "--steps", "1", "--beta", "0"], "β must be between 0.0001 and 100;"),
+    (["finetune", "--method", "dpo", "--steps", "1", "--beta", "0.00005"], "β must be between 0.0001 and 100;"),
     (["finetune", "--method", "rlhf", "--steps", "1", "--reward-steps", "-1"],
      "Reward-model steps must be between 1 and 1000;"),
     (["finetune", "--method", "rlhf", "--steps", "1", "--reward-steps", "0"],

@@ -326,7 +326,7 @@ def parser() -> argparse.ArgumentParser:
                     help="lora: alpha (the update is alpha/r · B A x), between 0.01 and 1024")
     ft.add_argument("--targets", default="qv", choices=["qv", "all"], help="lora: q_proj, v_proj or every linear")
     ft.add_argument("--beta", type=float, default=0.1,
-                    help="dpo: β; rlhf: the KL penalty's weight; between 0.0001 and 100")
+                    help="dpo: β, between 0.0001 and 100; rlhf: the KL penalty's weight, between 0 and 100")
     ft.add_argument("--group", type=int, default=8, help="rlhf: answers sampled per prompt, between 2 and 32")
     ft.add_argument("--reward-steps", type=int, default=40,
                     help="rlhf: reward-model steps first, between 1 and 1000")

@@ -84,8 +84,6 @@ class FinetuneSettings:
         if self.model not in MODELS[self.method]:
             raise InputError("finetune_model", model=self.model, method=self.method.upper(),
                              models=", ".join(MODELS[self.method]))
-        if self.method == "dpo" and not self.beta > 0:
-            raise InputError("finetune_beta", value=self.beta)
         closed = {"seed": (self.seed, 0, MAX_SEED), "batch": (self.batch_size, 1, bound.max_batch),
                   "rank": (self.rank, 1, 256), "group": (self.group_size, 2, 32),
                   "reward_steps": (self.reward_steps, 1, 1000), "length_bonus": (self.length_bonus, 0, 10),
