@@ -101,9 +101,10 @@ def test_lora_starts_as_the_base_model_and_counts_its_parameters_by_the_formula(
     assert trainer.total_count() == sum(p.numel() for p in base.parameters()) + expected
     everything = LoRA(settings("lora", rank=2, targets="all"))
     assert everything.trainable_count() == sum(n for *_, n in lora_formula(everything.module, 2, everything.targets))
-    with pytest.raises(InputError) as bad:
-        LoRA(settings("lora", rank=0))
-    assert bad.value.code == "finetune_rank"
+    for rank in (0, 257):  # one range, said the same way at both ends
+        with pytest.raises(InputError) as bad:
+            LoRA(settings("lora", rank=rank))
+        assert bad.value.message("en") == f"Rank r must be between 1 and 256; the value given is {rank}."
 
 
 def test_lora_merged_equals_unmerged_and_peft_loads_the_adapter(tmp_path):
@@ -166,9 +167,10 @@ def test_dpo_starts_at_ln2_and_learns_the_preferences_within_50_steps():
         assert r["margin"] == pytest.approx(r["reward_chosen"] - r["reward_rejected"], abs=1e-5)
     assert max(r["accuracy"] for r in records) > 0.9
     assert sum(r["accuracy"] for r in records[-10:]) / 10 > 0.9
-    with pytest.raises(InputError) as bad:
-        DPO(settings("dpo", beta=0))
-    assert bad.value.code == "finetune_beta"
+    for beta in (0, 5e-5):  # one range for DPO's β, said the same way below it
+        with pytest.raises(InputError) as bad:
+            DPO(settings("dpo", beta=beta))
+        assert bad.value.message("en") == f"β must be between 0.0001 and 100; the value given is {beta}."
 
 
 # -- 4F RLHF --------------------------------------------------------------------------------------------------
@@ -264,5 +266,5 @@ def test_cli_lora_json_same_seed_same_numbers_and_a_folder_trace_loads(tmp_path)
 
 def test_cli_bad_input_is_one_sentence_and_exit_status_2():
     bad = finetune("--method", "dpo", "--beta", "0", "--steps", "2")
-    assert bad.returncode == 2 and bad.stderr.strip() == "β must be greater than 0; the value given is 0.0."
+    assert bad.returncode == 2 and bad.stderr.strip() == "β must be between 0.0001 and 100; the value given is 0.0."
     assert finetune("--method", "rlhf", "--model", "smollm2").returncode == 2

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.engine.sampling import (
+    MAX_SEED,
     SamplingSettings,
     check_settings,
     draw,
@@ -82,7 +83,9 @@ def test_draw_frequencies_follow_probabilities():
 
 
 @pytest.mark.parametrize(("bad", "name"), [(dict(temperature=-0.1), "temperature"), (dict(top_k=0), "top_k"),
-                                           (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p")])
+                                           (dict(top_p=0.0), "top_p"), (dict(top_p=1.01), "top_p"),
+                                           (dict(temperature=float("inf")), "temperature"),
+                                           (dict(seed=-1), "seed"), (dict(seed=MAX_SEED + 1), "seed")])
 def test_bad_settings_name_the_setting(bad, name):
     with pytest.raises(ValueError, match=name):
         check_settings(SamplingSettings(**bad))
@@ -90,7 +93,7 @@ def test_bad_settings_name_the_setting(bad, name):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-20, 20), min_size=2, max_size=30), st.floats(0.05, 3), st.integers(1, 40),
-       st.floats(0.01, 1.0), st.integers(0, 2**31))
+       st.floats(0.01, 1.0), st.integers(0, MAX_SEED))
 def test_chosen_id_always_survives_every_filter(logits, temperature, k, p, seed):
     result = sample(np.array(logits), SamplingSettings(temperature, k, p, seed))
     assert result.chosen_id in result.kept_by_top_p

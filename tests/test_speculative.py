@@ -244,6 +244,7 @@ def test_caches_after_a_round_equal_plain_decoding_of_the_same_tokens(small, dra
 
 @pytest.mark.parametrize(("target", "draft", "gamma", "code"), [
     ("small", "small-draft", 0, "speculative_gamma"),
+    ("small", "small-draft", 17, "speculative_gamma"),
     ("micro", "small-draft", 4, "speculative_tokenizer"),
     ("small", "micro", 4, "speculative_unknown_draft"),
     ("small", "early-exit:4", 4, "speculative_early_exit_layers"),
@@ -258,7 +259,8 @@ def test_bad_input_gets_a_sentence(target, draft, gamma, code, request):
     for lang in ("vi", "en"):
         assert bad.value.message(lang).endswith(".")
     if code == "speculative_gamma":
-        assert bad.value.message("en").startswith("γ must be at least 1 (you set 0)")
+        assert bad.value.message("en") == ("γ, the tokens the draft proposes per round, must be between 1 and 16; "
+                                           f"the value given is {gamma}.")
 
 
 # -- the command line -----------------------------------------------------------------------------------------

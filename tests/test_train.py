@@ -338,5 +338,6 @@ def test_cli_a_loss_that_blows_up_stops_with_a_sentence_and_valid_json(capsys, m
     assert [s["step"] for s in report["steps"]] == [1, 2]
     assert report["stop_reason"] == "not_finite" and report["checkpoint"] is None
     assert report["error"].startswith("Step 3 was not applied")
+    assert report["error"].endswith("try a smaller --lr.")  # not the page's "press Reset"
     assert out.err.startswith("Step 3 was not applied") and "Nothing was saved" in out.err
     assert not (tmp_path / "ck").exists()

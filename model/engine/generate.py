@@ -103,16 +103,18 @@ class Generation:
         return self.nbytes + self.cache.nbytes_reserved()
 
 
-def check_prompt_text(text: str) -> str:
+def check_prompt_text(text: str, operator: bool = False) -> str:
+    """A prompt with a word in it, and on a page at most MAX_PROMPT_CHARS characters (a page's box protects the
+    server its users share); operator: the command line, whose one limit is the model's context (check_request)."""
     if not text.strip():
         raise InputError("empty_prompt")
-    if len(text) > MAX_PROMPT_CHARS:
+    if not operator and len(text) > MAX_PROMPT_CHARS:
         raise InputError("prompt_too_many_chars", n=len(text), most=MAX_PROMPT_CHARS)
     return text
 
 
-def encode_prompt(model: LoadedModel, text: str) -> Encoded:
-    check_prompt_text(text)
+def encode_prompt(model: LoadedModel, text: str, operator: bool = False) -> Encoded:
+    check_prompt_text(text, operator)
     try:
         return model.tokenizer.encode(text)
     except UnknownWordsError as unknown:

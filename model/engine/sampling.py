@@ -5,11 +5,14 @@ The filters run in the order transformers applies them: temperature, then top-k,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from model.errors import InputError
+
+MAX_SEED = 2**31 - 1  # the largest seed a draw takes (the seed boxes of Decode, Train and Fine-tune stop here too)
 
 
 @dataclass(frozen=True)
@@ -25,14 +28,15 @@ class SamplingSettings:
 
 
 def check_settings(settings: SamplingSettings) -> None:
-    """Raise ValueError with the setting's name when a value cannot be used."""
-    if not settings.temperature >= 0:
+    """Raise ValueError with the setting's name when a value cannot be used (NaN and an infinite temperature are
+    outside every range)."""
+    if not 0 <= settings.temperature < math.inf:
         raise ValueError("temperature")
     if settings.top_k is not None and settings.top_k < 1:
         raise ValueError("top_k")
     if not 0 < settings.top_p <= 1:
         raise ValueError("top_p")
-    if settings.seed < 0:
+    if not 0 <= settings.seed <= MAX_SEED:
         raise ValueError("seed")
 
 
@@ -41,7 +45,9 @@ def check_settings_or_refuse(settings: SamplingSettings) -> None:
     try:
         check_settings(settings)
     except ValueError as bad:
-        raise InputError("bad_" + str(bad)) from None
+        name = str(bad)
+        details = {"value": getattr(settings, name)} | ({"most": MAX_SEED} if name == "seed" else {})
+        raise InputError("bad_" + name, **details) from None
 
 
 @dataclass

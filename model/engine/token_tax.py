@@ -13,7 +13,8 @@ from pathlib import Path
 
 from model.engine.counting import cache_bytes_formula, positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS, check_prompt_text
-from model.engine.tokenizer import TextTokenizer, joined_characters, load_tokenizer
+from model.engine.tokenizer import TextTokenizer, UnknownWordsError, joined_characters, load_tokenizer
+from model.errors import InputError
 from model.weights.catalog import BUNDLED, list_models, locate, read_config
 
 BYTES_PER_ELEMENT = 4  # float32, as the app loads every model
@@ -46,6 +47,7 @@ class CacheShape:
     d_head: int
     sliding_layers: int
     window: int | None
+    context: int  # positions the model takes (max_position_embeddings): a prompt holds one fewer at most
 
     def cache_bytes(self, positions: int) -> int:
         return cache_bytes_formula(self.n_layers, self.n_kv_heads, positions, self.d_head, BYTES_PER_ELEMENT,
@@ -76,7 +78,7 @@ def cache_shape(config: dict) -> CacheShape:
     sliding = sum(kind == "sliding_attention" for kind in layer_types)
     return CacheShape(config["num_hidden_layers"], config.get("num_key_value_heads", config["num_attention_heads"]),
                       config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"], sliding,
-                      config.get("sliding_window") if sliding else None)
+                      config.get("sliding_window") if sliding else None, config["max_position_embeddings"])
 
 
 def pieces(tokenizer, text: str) -> Pieces:
@@ -86,15 +88,22 @@ def pieces(tokenizer, text: str) -> Pieces:
 
 
 @cache
-def tokenizer_and_shape(name: str) -> tuple[TextTokenizer, CacheShape]:
-    """A listed model's tokenizer and cache shape, read once per process (Gemma 3's tokenizer.json is 33 MB)."""
-    folder = Path(locate(name).where)
+def tokenizer_and_shape(name: str, operator: bool = False) -> tuple[TextTokenizer, CacheShape]:
+    """A listed model's tokenizer and cache shape (operator: also a model folder's, as catalog.locate allows the
+    command line), read once per process (Gemma 3's tokenizer.json is 33 MB)."""
+    folder = Path(locate(name, operator=operator).where)
     return load_tokenizer(folder), cache_shape(read_config(folder / "config.json", name))
 
 
-def token_tax(name: str, texts: tuple[str, ...], new_tokens: int = DEFAULT_NEW_TOKENS) -> ModelTax:
-    """The sentences (Vietnamese, then optionally its English twin) through model `name`'s tokenizer."""
+def token_tax(name: str, texts: tuple[str, ...], new_tokens: int = DEFAULT_NEW_TOKENS,
+              operator: bool = False) -> ModelTax:
+    """The sentences (Vietnamese, then optionally its English twin) through model `name`'s tokenizer; operator: the
+    command line, which opens a model folder too and has no limit on a text's characters (check_prompt_text)."""
     for text in texts:
-        check_prompt_text(text)
-    tokenizer, shape = tokenizer_and_shape(name)
-    return ModelTax(name, tuple(pieces(tokenizer, text) for text in texts), shape, new_tokens)
+        check_prompt_text(text, operator)
+    tokenizer, shape = tokenizer_and_shape(name, operator)
+    try:
+        sentences = tuple(pieces(tokenizer, text) for text in texts)
+    except UnknownWordsError as unknown:  # a vocabulary without <unk> (micro's)
+        raise InputError("model_unknown_words", model=name, words=", ".join(unknown.words)) from None
+    return ModelTax(name, sentences, shape, new_tokens)

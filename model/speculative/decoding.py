@@ -41,6 +41,7 @@ from model.speculative.drafts import Proposal, make_draft
 from model.speculative.rules import acceptance_probability, residual, shown_probs
 
 RESIDUAL_TOP = 6  # tokens of max(0, p − q) kept for the page at a rejection
+MAX_GAMMA = 16    # proposals per round (the page offers 1 to 8; a round near the end proposes fewer)
 
 
 # -- one round --------------------------------------------------------------------------------------------------
@@ -159,8 +160,8 @@ class SpeculativeRun:
 def start(target: LoadedModel, draft_spec: str, prompt_ids: list[int], gamma: int, settings: SamplingSettings,
           max_new_tokens: int) -> SpeculativeRun:
     """Check the request, then an empty run: its first round feeds the whole prompt with the first proposals."""
-    if gamma < 1:
-        raise InputError("speculative_gamma", gamma=gamma)
+    if not 1 <= gamma <= MAX_GAMMA:
+        raise InputError("speculative_gamma", gamma=gamma, most=MAX_GAMMA)
     check_request(target, prompt_ids, settings, max_new_tokens)
     draft = make_draft(target, draft_spec)
     return SpeculativeRun(target, draft, list(prompt_ids), gamma, settings, max_new_tokens, target.new_cache())

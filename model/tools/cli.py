@@ -7,8 +7,22 @@ import argparse
 import json
 import sys
 
+from model.engine.batch import MAX_SLOTS
 from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
+from model.engine.sampling import MAX_SEED
+from model.errors import InputError
+from model.speculative.decoding import MAX_GAMMA
+from model.tools.options import MAX_LIST_VALUES, check_option
+from model.tools.serve_bench import (
+    BENCH_CONTEXTS,
+    MAX_BENCH_STEPS,
+    MAX_PROFILE_STEPS,
+    PROFILE_CONTEXT,
+)
+from model.training.train import MAX_CLIP, MAX_LR, MAX_STEPS, limits
+
+MAX_COUNT = 10**9  # count's N and T: its formula's numbers stay printable (Python prints at most 4,300 digits)
 
 
 def token_row(tok, token_id: int, prob: float) -> dict:
@@ -82,7 +96,7 @@ def cmd_trace(args) -> int:
     elif args.chat is not None:
         ids, prompt_text, unknown = encode_chat(model, args.chat, args.system).ids, args.chat, []
     else:
-        encoded = encode_prompt(model, args.prompt)
+        encoded = encode_prompt(model, args.prompt, operator=True)
         prompt_text, unknown, ids = args.prompt, encoded.unknown, encoded.ids
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(model, len(ids))) if args.max_new_tokens is None
@@ -128,9 +142,15 @@ def tokens_report(taxes) -> dict:
 def cmd_tokens(args) -> int:
     from model.engine.token_tax import tax_models, token_tax
 
-    names = args.models.split(",") if args.models else tax_models()
+    names = [name.strip() for name in (args.models or "").split(",") if name.strip()] or tax_models()
     texts = (args.text,) + ((args.twin,) if args.twin is not None else ())
-    report = tokens_report([token_tax(name.strip(), texts) for name in names])
+    taxes = [token_tax(name, texts, operator=True) for name in names]
+    for tax in taxes:  # each a prompt the model could take, as trace's
+        for option, sentence in zip(("--text", "--twin"), tax.sentences):
+            if len(sentence.ids) >= tax.shape.context:
+                raise InputError("option_too_long", option=option, n=len(sentence.ids), model=tax.model,
+                                 most=tax.shape.context - 1)
+    report = tokens_report(taxes)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
         return 0
@@ -146,6 +166,8 @@ def cmd_tokens(args) -> int:
 
 
 def cmd_count(args) -> int:
+    check_option("N", args.N, 1, MAX_COUNT)
+    check_option("T", args.T, 1, MAX_COUNT)
     print(f"with cache:    {positions_with_cache(args.N, args.T)}")
     print(f"without cache: {positions_without_cache(args.N, args.T)}")
     return 0
@@ -214,17 +236,24 @@ def cmd_fetch(args) -> int:
 def add_run_arguments(p: argparse.ArgumentParser, model_help: str) -> None:
     """The prompt, model, length, sampling and device options that trace and speculate share."""
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt", help="prompt text, fewer tokens than the model's context")
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,3")
     src.add_argument("--chat", help="the user's message in the model's chat template (smollm2)")
     p.add_argument("--model", default="small", help=model_help)
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"default: {DEFAULT_NEW_TOKENS} or what the context still holds")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+                   help=f"between 1 and what the context holds after the prompt (default: {DEFAULT_NEW_TOKENS} or "
+                        "fewer)")
+    add_sampling_arguments(p, f"between 0 and {MAX_SEED}")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
+    """temperature, top-k, top-p and seed, each with its range (model/engine/sampling.py check_settings)."""
+    p.add_argument("--temperature", type=float, default=0.0, help="a finite number ≥ 0; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="at least 1 (default: off; a k at or past the vocabulary size keeps every id)")
+    p.add_argument("--top-p", type=float, default=1.0, help="greater than 0 and at most 1 (default: 1, off)")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -245,14 +274,16 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(run=cmd_trace)
 
     c = sub.add_parser("count", help="positions processed with and without the KV cache")
-    c.add_argument("N", type=int, help="prompt length")
-    c.add_argument("T", type=int, help="new tokens")
+    c.add_argument("N", type=int, help=f"prompt length, between 1 and {MAX_COUNT}")
+    c.add_argument("T", type=int, help=f"new tokens, between 1 and {MAX_COUNT}")
     c.set_defaults(run=cmd_count)
 
     tk = sub.add_parser("tokens", help="the token tax: a sentence (and its English twin) through each tokenizer")
-    tk.add_argument("--text", required=True, help="the sentence, in Vietnamese")
-    tk.add_argument("--twin", default=None, help="its English translation: the vi / en ratio")
-    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 (default: every one)")
+    tk.add_argument("--text", required=True, help="the sentence, in Vietnamese; fewer tokens than each model's context")
+    tk.add_argument("--twin", default=None, help="its English translation: the vi / en ratio; fewer tokens than each "
+                    "model's context")
+    tk.add_argument("--models", default=None, help="comma-separated, e.g. small,smollm2,gemma3 or a model folder "
+                    "(default: every listed one)")
     tk.add_argument("--json", action="store_true", help="one JSON object instead of one line per sentence")
     tk.set_defaults(run=cmd_tokens)
 
@@ -263,12 +294,16 @@ def parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train micro or small step by step, print the loss curve")
     tr.add_argument("--model", default="small", choices=["small", "micro"])
     tr.add_argument("--init", default="random", choices=["random", "bundled"])
-    tr.add_argument("--steps", type=int, default=200, help="optimizer steps, 1 to 10,000")
-    tr.add_argument("--batch", type=int, default=16, help="rows per batch")
-    tr.add_argument("--seq-len", type=int, default=16, help="input positions per row")
-    tr.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (warm-up, then cosine)")
-    tr.add_argument("--clip", type=float, default=1.0, help="max global gradient norm")
-    tr.add_argument("--seed", type=int, default=0)
+    bound = limits()
+    tr.add_argument("--steps", type=int, default=200, help=f"optimizer steps, between 1 and {MAX_STEPS}")
+    tr.add_argument("--batch", type=int, default=16, help=f"rows per batch, between 1 and {bound.max_batch}")
+    tr.add_argument("--seq-len", type=int, default=16,
+                    help=f"input positions per row, between 1 and {bound.max_seq_len} (micro: 16, its context)")
+    tr.add_argument("--lr", type=float, default=3e-3,
+                    help=f"peak learning rate (warm-up, then cosine), greater than 0 and at most {MAX_LR}")
+    tr.add_argument("--clip", type=float, default=1.0,
+                    help=f"max global gradient norm, greater than 0 and at most {MAX_CLIP}")
+    tr.add_argument("--seed", type=int, default=0, help=f"between 0 and {MAX_SEED}")
     tr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     tr.add_argument("--save", default=None, help="write the checkpoint (Hugging Face Llama layout) to this folder")
     tr.add_argument("--overwrite", action="store_true", help="with --save: replace the checkpoint files of a folder "
@@ -280,18 +315,23 @@ def parser() -> argparse.ArgumentParser:
     ft.add_argument("--method", required=True, choices=["sft", "lora", "dpo", "rlhf"])
     ft.add_argument("--model", default="small", choices=["small", "smollm2", "gemma3"],
                     help="smollm2, gemma3: sft and lora")
-    ft.add_argument("--steps", type=int, default=50, help="optimizer steps (rlhf: of the policy)")
-    ft.add_argument("--seed", type=int, default=0)
-    ft.add_argument("--batch", type=int, default=0,
-                    help="pairs per step (rlhf: prompts × group); 0 = the model's default (16, gemma3: 4)")
-    ft.add_argument("--lr", type=float, default=0.0, help="0 = the method's default")
-    ft.add_argument("--rank", type=int, default=4, help="lora: r")
-    ft.add_argument("--alpha", type=float, default=8.0, help="lora: alpha (the update is alpha/r · B A x)")
+    ft.add_argument("--steps", type=int, default=50, help=f"optimizer steps (rlhf: of the policy), between 1 and "
+                    f"{MAX_STEPS}")
+    ft.add_argument("--seed", type=int, default=0, help=f"between 0 and {MAX_SEED}")
+    ft.add_argument("--batch", type=int, default=0, help=f"pairs per step (rlhf: prompts × group), between 1 and "
+                    f"{bound.max_batch}; 0 = the model's default (16, gemma3: 4)")
+    ft.add_argument("--lr", type=float, default=0.0, help="between 1e-07 and 1.0; 0 = the method's default")
+    ft.add_argument("--rank", type=int, default=4, help="lora: r, between 1 and 256")
+    ft.add_argument("--alpha", type=float, default=8.0,
+                    help="lora: alpha (the update is alpha/r · B A x), between 0.01 and 1024")
     ft.add_argument("--targets", default="qv", choices=["qv", "all"], help="lora: q_proj, v_proj or every linear")
-    ft.add_argument("--beta", type=float, default=0.1, help="dpo: β; rlhf: the KL penalty's weight")
-    ft.add_argument("--group", type=int, default=8, help="rlhf: answers sampled per prompt")
-    ft.add_argument("--reward-steps", type=int, default=40, help="rlhf: reward-model steps first")
-    ft.add_argument("--length-bonus", type=float, default=0.0, help="rlhf: reward += bonus × answer length")
+    ft.add_argument("--beta", type=float, default=0.1,
+                    help="dpo: β, between 0.0001 and 100; rlhf: the KL penalty's weight, between 0 and 100")
+    ft.add_argument("--group", type=int, default=8, help="rlhf: answers sampled per prompt, between 2 and 32")
+    ft.add_argument("--reward-steps", type=int, default=40,
+                    help="rlhf: reward-model steps first, between 1 and 1000")
+    ft.add_argument("--length-bonus", type=float, default=0.0,
+                    help="rlhf: reward += bonus × answer length, between 0 and 10")
     ft.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     ft.add_argument("--save", default=None, help="write the model (lora: merged, adapter in DIR/adapter)")
     ft.add_argument("--overwrite", action="store_true", help="with --save: a folder that is not empty")
@@ -300,8 +340,10 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("speculate", help="speculative decoding: a draft proposes, the model checks in one pass")
     add_run_arguments(sp, "the target model: small, smollm2, a model folder")
-    sp.add_argument("--draft", default="small-draft", help="small-draft, lookup, or early-exit:K (first K layers)")
-    sp.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per round")
+    sp.add_argument("--draft", default=None, help="small-draft, lookup, or early-exit:K (first K layers); default: "
+                    "small-draft for small and a model trained from it, lookup for the others")
+    sp.add_argument("--gamma", type=int, default=4,
+                    help=f"tokens the draft proposes per round, between 1 and {MAX_GAMMA}")
     sp.add_argument("--compare", action="store_true", help="also time plain decoding of the same prompt")
     sp.add_argument("--json", action="store_true", help="one JSON object instead of one line per round")
     sp.set_defaults(run=cmd_speculate)
@@ -321,24 +363,31 @@ def parser() -> argparse.ArgumentParser:
 
     sb = sub.add_parser("serve-bench", help="batched decode steps: time, bytes read, FLOPs, float32/bfloat16/int8")
     sb.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
-    sb.add_argument("--batch", default="1,2,4,8", help="comma-separated batch sizes, 1 to 32")
-    sb.add_argument("--context", default="64,256", help="comma-separated positions cached per row")
-    sb.add_argument("--dtype", default="float32,bfloat16,int8", help="comma-separated: float32, bfloat16, int8")
-    sb.add_argument("--steps", type=int, default=20, help="timed decode steps per setting")
+    listed = f"comma-separated, {MAX_LIST_VALUES} different values at most"
+    sb.add_argument("--batch", default="1,2,4,8", help=f"batch sizes, each between 1 and {MAX_SLOTS}; {listed}")
+    sb.add_argument("--context", default=None,
+                    help=f"positions cached per row, each between 1 and the model's context - 1; {listed} (default: "
+                         f"{','.join(map(str, BENCH_CONTEXTS))}, those below the model's context, else its context - "
+                         "1); a batch's KV cache at a context within DECODE_LAB_SESSION_MB")
+    sb.add_argument("--dtype", default="float32,bfloat16,int8", help=f"float32, bfloat16, int8; {listed}")
+    sb.add_argument("--steps", type=int, default=20,
+                    help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS}")
     sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting")
-    sb.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; above 0 every row samples")
-    sb.add_argument("--top-k", type=int, default=None)
-    sb.add_argument("--top-p", type=float, default=1.0)
-    sb.add_argument("--seed", type=int, default=0, help="row r draws with seed + r")
+    add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} - (the largest --batch - 1)")
     sb.set_defaults(run=cmd_serve_bench)
 
     pr = sub.add_parser("profile", help="torch.profiler over a few batched decode steps, a Chrome-trace JSON")
     pr.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
-    pr.add_argument("--steps", type=int, default=5, help="decode steps profiled")
-    pr.add_argument("--batch", type=int, default=1, help="rows per step")
-    pr.add_argument("--context", type=int, default=64, help="positions cached per row")
-    pr.add_argument("--trace", default=None, help="write the Chrome-trace JSON here (Perfetto opens it)")
+    pr.add_argument("--steps", type=int, default=5, help=f"decode steps profiled, between 1 and {MAX_PROFILE_STEPS}")
+    pr.add_argument("--batch", type=int, default=1, help=f"rows per step, between 1 and {MAX_SLOTS}")
+    pr.add_argument("--context", type=int, default=None,
+                    help=f"positions cached per row, between 1 and the model's context - 1 (default: "
+                         f"{PROFILE_CONTEXT}, or the model's context - 1 where that is shorter); a batch's KV cache "
+                         "within DECODE_LAB_SESSION_MB")
+    pr.add_argument("--trace", default=None,
+                    help="write the Chrome-trace JSON to this file, in a folder that exists (Perfetto opens it)")
+    pr.add_argument("--overwrite", action="store_true", help="with --trace: replace a file that exists")
     pr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     pr.set_defaults(run=cmd_profile)
 
@@ -351,13 +400,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from model.engine.runtime import apply_cpu_threads
-    from model.errors import InputError
 
     args = parser().parse_args(argv)
     apply_cpu_threads()  # an entry point, as the app server: torch's threads from DECODE_LAB_CPU_THREADS
-    if args.command == "count" and (args.N < 1 or args.T < 1):
-        print("N and T must be at least 1.", file=sys.stderr)
-        return 2
     try:
         return args.run(args)
     except InputError as bad:

@@ -9,7 +9,8 @@ from dataclasses import asdict, replace
 import torch
 
 from model.errors import InputError
-from model.tools.train import save_target
+from model.tools.options import save_target
+from model.tools.train import said_for_the_command_line
 from model.training.posttrain import DEFAULT_BATCH, FinetuneSettings
 from model.training.train import MAX_STEPS, limits
 
@@ -43,23 +44,26 @@ def run_cli(args) -> int:
     trainer = trainer_class(args.method)(settings, args.device, bound)
     report: dict = {"method": args.method, "model": args.model, "settings": asdict(trainer.settings),
                     "dtype": "float32", "device": str(trainer.device)}
-    if args.method == "rlhf":
-        rm = [trainer.reward_step() for _ in range(settings.reward_steps)]
-        report["reward_model"] = {"steps": [rounded(r) for r in rm],
-                                  "held_out_accuracy": rm[-1]["held_out_accuracy"] if rm else None,
-                                  "held_out_pairs": len(trainer.held_out)}
     if args.method == "lora":
         report.update(trainable_params=trainer.trainable_count(), total_params=trainer.total_count(),
                       formula=[{"target": k, "d_in": i, "d_out": o, "params": n} for k, i, o, n in trainer.formula],
                       adapter_bytes=trainer.adapter_bytes())
-    steps = []
-    for _ in range(args.steps):
-        record = rounded(trainer.step())
+    try:
         if args.method == "rlhf":
-            record["samples"] = [rounded(s) for s in trainer.last_samples[:3]]
-        steps.append(record)
-        if not args.json:
-            print("  ".join(f"{k} {v}" for k, v in record.items() if k != "samples"))
+            rm = [trainer.reward_step() for _ in range(settings.reward_steps)]
+            report["reward_model"] = {"steps": [rounded(r) for r in rm],
+                                      "held_out_accuracy": rm[-1]["held_out_accuracy"],
+                                      "held_out_pairs": len(trainer.held_out)}
+        steps = []
+        for _ in range(args.steps):
+            record = rounded(trainer.step())
+            if args.method == "rlhf":
+                record["samples"] = [rounded(s) for s in trainer.last_samples[:3]]
+            steps.append(record)
+            if not args.json:
+                print("  ".join(f"{k} {v}" for k, v in record.items() if k != "samples"))
+    except InputError as bad:  # a loss that is no longer finite, said for the command line
+        raise said_for_the_command_line(bad) from None
     report["steps"] = steps
     report["before"] = [{"prompt": p, "answer": a} for p, a in trainer.before]
     report["after"] = [{"prompt": p, "answer": a} for p, a in trainer.answers()]

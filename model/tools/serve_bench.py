@@ -19,6 +19,7 @@ import torch
 from torch.autograd import DeviceType
 
 from model.engine.batch import (
+    MAX_SLOTS,
     Request,
     Server,
     ServeStep,
@@ -34,15 +35,22 @@ from model.engine.generate import session_budget_bytes
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import SamplingSettings, check_settings_or_refuse
+from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.tools.bench import INT8_PEAK_ROWS, copy_bandwidth, filler_ids, matmul_peak, percentile, timed
+from model.tools.options import check_list, check_option, file_target, written_at_end
 
 ACCURACY_PROMPTS = 4       # prompts of filler ids, seeds 0 .. 3
 ACCURACY_PROMPT_LEN = 16
 ACCURACY_NEW_TOKENS = 24
 TOP_OPS = 12
 GREEDY = SamplingSettings()
+BENCH_CONTEXTS = (64, 256)  # serve-bench's contexts: those below the model's context, else its context - 1
+MAX_BENCH_STEPS = 1000      # serve-bench --steps: timed steps per setting
+PROFILE_CONTEXT = 64        # profile's context, or the model's context - 1 where that is shorter
+# profile --steps: the profiler holds every event of every step in memory, about 4.7 MB a step of small and 34 MB
+# of smollm2 (max RSS measured on CPU: small 490 MB at 20 steps, 1,336 MB at 200; smollm2 1.8 GB at 10, 3.2 GB at 50)
+MAX_PROFILE_STEPS = 50
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,8 @@ class Accuracy:
     max_abs_logit_diff: float  # over every predicted position of every prompt, against float32
     greedy_agree: int          # positions where the argmax equals float32's
     greedy_total: int
+    prompt_len: int            # ids of each prompt, and the tokens float32 wrote after it (fewer on a short context)
+    new_tokens: int
 
     @property
     def agreement(self) -> float:
@@ -193,7 +203,7 @@ def accuracy(reference: NativeModel, other: NativeModel, dtype: str) -> Accuracy
         worst = max(worst, float((ref - low).abs().max()))
         agree += int((ref.argmax(-1) == low.argmax(-1)).sum())
         total += ref.shape[0]
-    return Accuracy(dtype, worst, agree, total)
+    return Accuracy(dtype, worst, agree, total, prompt_len, new_tokens)
 
 
 def parse_list(text: str, convert, what: str) -> list:
@@ -206,15 +216,34 @@ def parse_list(text: str, convert, what: str) -> list:
     return values
 
 
-def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dtypes: list[str], device: str,
+def check_options(model: NativeModel, batch: int, context: int) -> None:
+    """The command line's --batch and --context on `model`, each refusal naming the options typed (checked_batch
+    says them in the Serving page's words)."""
+    check_option("--batch", batch, 1, MAX_SLOTS)
+    check_option("--context", context, 1, model.info.context_length - 1)
+    try:
+        checked_batch(model, batch, context)
+    except InputError as refused:
+        if refused.code != "serving_budget":
+            raise
+        raise InputError("option_budget", context=context, **refused.details) from None
+
+
+def default_contexts(model: NativeModel) -> list[int]:
+    return [c for c in BENCH_CONTEXTS if c < model.info.context_length] or [model.info.context_length - 1]
+
+
+def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | None, dtypes: list[str], device: str,
                     repeats: int, settings: SamplingSettings = GREEDY) -> dict:
+    """contexts None: default_contexts."""
     check_settings_or_refuse(settings)
     base = load_model(model_name, device, operator=True)
+    contexts = contexts or default_contexts(base)
     models = {dtype: with_weights(base, dtype) for dtype in dtypes}  # every refusal before any timing
     for model in models.values():
         for batch in batches:
             for context in contexts:
-                checked_batch(model, batch, context)
+                check_options(model, batch, context)
     machine = measure_machine(base.device)
     rows = []
     for dtype, model in models.items():
@@ -229,6 +258,8 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dt
                              "machine_gflops": round(machine.matmul_gflops, 3)})
     prefill = prefill_work(base, max(contexts), repeats)
     measured = [accuracy(base, model, dtype) for dtype, model in models.items() if dtype != "float32"]
+    compared = (f"; accuracy over {ACCURACY_PROMPTS} prompts of {measured[0].prompt_len} ids × "
+                f"{measured[0].new_tokens} tokens float32 wrote" if measured else "")
     info = base.info
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
@@ -242,9 +273,7 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int], dt
         "accuracy": [asdict(a) | {"agreement": round(a.agreement, 4)} for a in measured],
         "sampling": asdict(settings),
         "conditions": f"{repeats} timed steps per setting after a warm-up, {drawn(settings)}, filler-id prompts, "
-                      f"rows rewound to the same context every step;"
-                      f" accuracy over {ACCURACY_PROMPTS} prompts of "
-                      f"{ACCURACY_PROMPT_LEN} ids × {ACCURACY_NEW_TOKENS} tokens float32 wrote",
+                      f"rows rewound to the same context every step{compared}",
     }
 
 
@@ -278,9 +307,16 @@ def print_report(report: dict) -> None:
 
 
 def run_cli(args) -> int:
+    check_option("--steps", args.steps, 1, MAX_BENCH_STEPS)
     batches = parse_list(args.batch, int, "--batch")
-    contexts = parse_list(args.context, int, "--context")
+    contexts = None if args.context is None else parse_list(args.context, int, "--context")
     dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    for option, values in (("--batch", batches), ("--context", contexts), ("--dtype", dtypes)):
+        if values is not None:
+            check_list(option, values)
+    for batch in batches:
+        check_option("--batch", batch, 1, MAX_SLOTS)
+    check_option("--seed", args.seed, 0, MAX_SEED - (max(batches) - 1))  # row r draws with seed + r
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps, settings)
     if args.json:
@@ -346,16 +382,23 @@ def op_shares(events, steps: int, clock: str) -> list[OpShare]:
 
 
 def run_profile_cli(args) -> int:
+    check_option("--steps", args.steps, 1, MAX_PROFILE_STEPS)
+    check_option("--batch", args.batch, 1, MAX_SLOTS)
+    target = None if args.trace is None else file_target(args.trace, args.overwrite, "--trace")
     model = load_model(args.model, args.device, operator=True)
-    if args.steps < 1:
-        raise InputError("profile_steps", steps=args.steps)
-    ops = profile_steps(model, args.batch, args.context, args.steps, args.trace)
-    print(f"{model.info.name}: {args.steps} decode steps, batch {args.batch}, {args.context} positions, "
+    context = min(PROFILE_CONTEXT, model.info.context_length - 1) if args.context is None else args.context
+    check_options(model, args.batch, context)
+    if target is None:
+        ops = profile_steps(model, args.batch, context, args.steps)
+    else:
+        with written_at_end(target, "--trace") as partial:
+            ops = profile_steps(model, args.batch, context, args.steps, str(partial))
+    print(f"{model.info.name}: {args.steps} decode steps, batch {args.batch}, {context} positions, "
           f"{torch.get_num_threads()} thread(s) on {model.info.device}; each op's own time per step:")
     for op in ops:
         print(f"{op.name:<40}{op.ms_per_step:>9.3f} ms{op.share:>7.1%}{op.calls_per_step:>7.0f} calls")
-    if args.trace:
-        print(f"Chrome trace: {args.trace} (open it in https://ui.perfetto.dev)")
+    if target is not None:
+        print(f"Chrome trace: {target} (open it in https://ui.perfetto.dev)")
     return 0
 
 

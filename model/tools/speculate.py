@@ -11,6 +11,7 @@ from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
 from model.speculative.decoding import SpeculativeRun, SpeedComparison, compare_speed, run_to_end, start
+from model.speculative.drafts import draft_choices
 from model.speculative.rules import expected_tokens_per_pass
 
 SCHEMA = "decode-lab.speculate/1"  # a change of the fields gets a new version
@@ -104,14 +105,15 @@ def run_cli(args) -> int:
     elif args.chat is not None:
         ids = encode_chat(target, args.chat).ids
     else:
-        encoded = encode_prompt(target, args.prompt)
+        encoded = encode_prompt(target, args.prompt, operator=True)
         ids, unknown = encoded.ids, encoded.unknown
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     max_new_tokens = (min(DEFAULT_NEW_TOKENS, context_room(target, len(ids))) if args.max_new_tokens is None
                       else args.max_new_tokens)
-    run = start(target, args.draft, ids, args.gamma, settings, max_new_tokens)
+    draft = draft_choices(target)[0] if args.draft is None else args.draft  # the first that can serve it
+    run = start(target, draft, ids, args.gamma, settings, max_new_tokens)
     run_to_end(run)
-    speed = compare_speed(target, args.draft, ids, args.gamma, settings, max_new_tokens) if args.compare else None
+    speed = compare_speed(target, draft, ids, args.gamma, settings, max_new_tokens) if args.compare else None
     rep = report(run, speed, unknown)
     if args.json:
         print(json.dumps(rep, ensure_ascii=False))

@@ -6,42 +6,19 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import suppress
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import torch
 
 from model.errors import InputError
+from model.tools.options import save_target
 from model.training.train import MAX_STEPS, Trainer, TrainSettings, limits
 
-PROBE = ".decode-lab-write-probe"
 
-
-def save_target(path: str, overwrite: bool) -> Path:
-    """The checkpoint folder, checked by making it and writing a probe into it; what the check made is removed
-    again, so a refused or failed run leaves nothing behind."""
-    if not path.strip():
-        raise InputError("train_save_empty")
-    folder = Path(path)
-    try:
-        if folder.exists() and not folder.is_dir():
-            raise InputError("train_save_file", path=path)
-        present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-        if present and not overwrite:
-            raise InputError("train_save_not_empty", path=path, files=", ".join(present[:5]))
-        created = [p for p in (folder, *folder.parents) if not p.exists()]  # the deepest first
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / PROBE).write_bytes(b"")
-            (folder / PROBE).unlink()
-        finally:
-            for made in created:
-                with suppress(OSError):
-                    made.rmdir()
-    except OSError as failed:
-        raise InputError("train_save_unwritable", path=path, reason=failed.strerror or str(failed)) from None
-    return folder
+def said_for_the_command_line(bad: InputError) -> InputError:
+    """A step refused as not finite in the command line's words (a page's end "lower the learning rate or press
+    Reset"); any other refusal as it is."""
+    return InputError("train_not_finite_cli", **bad.details) if bad.code == "train_not_finite" else bad
 
 
 def run_cli(args) -> int:
@@ -63,7 +40,7 @@ def run_cli(args) -> int:
         except InputError as bad:  # a loss or gradient that is no longer finite: the step was refused
             if bad.code != "train_not_finite":
                 raise
-            failure = bad
+            failure = said_for_the_command_line(bad)
             break
         p = trainer.history[-1]
         points.append({"step": p.step, "loss": round(p.loss, 6), "grad_norm": round(p.grad_norm, 6),

@@ -84,13 +84,9 @@ class FinetuneSettings:
         if self.model not in MODELS[self.method]:
             raise InputError("finetune_model", model=self.model, method=self.method.upper(),
                              models=", ".join(MODELS[self.method]))
-        if self.method == "lora" and not self.rank >= 1:
-            raise InputError("finetune_rank", value=self.rank)
-        if self.method == "dpo" and not self.beta > 0:
-            raise InputError("finetune_beta", value=self.beta)
         closed = {"seed": (self.seed, 0, MAX_SEED), "batch": (self.batch_size, 1, bound.max_batch),
                   "rank": (self.rank, 1, 256), "group": (self.group_size, 2, 32),
-                  "reward_steps": (self.reward_steps, 0, 1000), "length_bonus": (self.length_bonus, 0, 10),
+                  "reward_steps": (self.reward_steps, 1, 1000), "length_bonus": (self.length_bonus, 0, 10),
                   "warmup": (self.warmup_sft_steps, 0, 1000), "alpha": (self.alpha, 0.01, 1024),
                   "lr": (self.learning_rate, 1e-7, 1.0), "clip": (self.clip, 1e-3, 100.0),
                   "beta": (self.beta, 0 if self.method == "rlhf" else 1e-4, 100)}

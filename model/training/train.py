@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from model.engine.llama import Llama, LlamaConfig
 from model.engine.runtime import pick_device, synchronize
+from model.engine.sampling import MAX_SEED
 from model.engine.tokenizer import WordTokenizer
 from model.errors import InputError
 from model.training.corpus import MICRO_SENTENCES, generate_corpus
@@ -54,7 +55,6 @@ def limits() -> Limits:
     return Limits(_env_int("DECODE_LAB_TRAIN_MAX_STEPS", 2000), _env_int("DECODE_LAB_TRAIN_MAX_CHECKPOINTS", 3))
 
 
-MAX_SEED = 2**31 - 1
 MAX_STEPS = 10_000     # warm-up and schedule lengths, and the steps of one command
 MAX_LR = 1.0           # a peak learning rate above this only blows the weights up
 MAX_CLIP = 100.0
