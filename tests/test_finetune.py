@@ -15,9 +15,16 @@ from model.errors import InputError
 from model.texts import text
 from model.training.dpo import DPO, dpo_loss
 from model.training.lora import LoRA, lora_formula
-from model.training.posttrain import FinetuneSettings, completion_labels, completion_loss, completion_rows, tensors
+from model.training.posttrain import (
+    FinetuneSettings,
+    completion_labels,
+    completion_logprobs,
+    completion_loss,
+    completion_rows,
+    tensors,
+)
 from model.training.posttrain_data import preference_pairs, sft_pairs
-from model.training.rlhf import RLHF, group_advantages, grpo_loss
+from model.training.rlhf import MAX_SAMPLE, RLHF, group_advantages, grpo_loss
 from model.training.sft import SFT
 from model.training.train import IGNORE, Limits
 
@@ -26,6 +33,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def settings(method: str, **kw) -> FinetuneSettings:
     return FinetuneSettings(method=method, **kw)
+
+
+def answer_logps(module, seqs: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each answer's token log-probabilities, one forward per sequence without padding, left-aligned as TRL keeps
+    completions: (B, longest answer) and its mask."""
+    width = max(len(ids) - n for ids, n in seqs)
+    rows, mask = [], torch.zeros(len(seqs), width)
+    for r, (ids, n) in enumerate(seqs):
+        logprobs = F.log_softmax(module(torch.tensor([ids])).logits[0].float(), dim=-1)     # (T, vocab)
+        picked = logprobs[n - 1: len(ids) - 1].gather(1, torch.tensor(ids[n:])[:, None])[:, 0]
+        rows.append(F.pad(picked, (0, width - len(picked))))
+        mask[r, : len(picked)] = 1
+    return torch.stack(rows), mask
 
 
 def test_the_data_is_bilingual_and_every_word_is_in_small_s_vocabulary():
@@ -157,6 +177,18 @@ def test_dpo_loss_is_trl_s_on_the_same_log_probabilities():
     assert torch.allclose(ours[0], -torch.log(torch.sigmoid(ours[3])), atol=1e-6)  # loss = −log σ(margin)
 
 
+def test_dpo_s_log_probability_of_an_answer_is_the_sum_over_its_tokens_as_trl_s():
+    """TRL's DPOTrainer (v1.9.0, trl/trainer/dpo_trainer.py line 1350) sums each completion's token log-probabilities;
+    the padded batch gives each answer's sum computed alone (red on the mean over the tokens)."""
+    trainer = DPO(settings("dpo", warmup_sft_steps=0))
+    seqs = [trainer.encode("what is seven plus two ?", answer) for answer in ("seven plus two is nine .", "nine .")]
+    inputs, labels = tensors(completion_rows(seqs, trainer.pad_id), "cpu")
+    with torch.no_grad():
+        ours = completion_logprobs(trainer.module, inputs, labels)
+        alone, _ = answer_logps(trainer.module, seqs)
+    assert torch.allclose(ours, alone.sum(1), rtol=1e-5)
+
+
 def test_dpo_starts_at_ln2_and_learns_the_preferences_within_50_steps():
     trainer = DPO(settings("dpo"))
     first = trainer.step()
@@ -253,19 +285,6 @@ def trl_grpo(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, r
     return loss, advantages.squeeze(1), kl
 
 
-def answer_logps(module, seqs: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each answer's token log-probabilities, one forward per sequence without padding, left-aligned as TRL keeps
-    completions: (B, longest answer) and its mask."""
-    width = max(len(ids) - n for ids, n in seqs)
-    rows, mask = [], torch.zeros(len(seqs), width)
-    for r, (ids, n) in enumerate(seqs):
-        logprobs = F.log_softmax(module(torch.tensor([ids])).logits[0].float(), dim=-1)     # (T, vocab)
-        picked = logprobs[n - 1: len(ids) - 1].gather(1, torch.tensor(ids[n:])[:, None])[:, 0]
-        rows.append(F.pad(picked, (0, width - len(picked))))
-        mask[r, : len(picked)] = 1
-    return torch.stack(rows), mask
-
-
 def test_the_rlhf_step_s_loss_is_trl_s_grpo_on_one_small_batch():
     """Two questions, two answers each of different lengths, hand-chosen rewards, a policy moved off its reference
     (so the KL and its gradient are not 0): the loss, the advantages, the KL logged and every gradient agree with
@@ -298,6 +317,55 @@ def test_the_rlhf_step_s_loss_is_trl_s_grpo_on_one_small_batch():
     assert torch.allclose(advantages, trl_advantages, atol=1e-6)
     for name, p in trainer.named_params:
         assert (ours[name] - p.grad).norm() <= 1e-3 * p.grad.norm(), name
+
+
+@pytest.fixture(scope="module")
+def rlhf_start():
+    return RLHF(settings("rlhf", warmup_sft_steps=0))
+
+
+def test_the_reward_model_reads_each_answer_s_last_token(rlhf_start):
+    """A padded batch of three lengths: each reward is the head on the final hidden state of that sequence's last
+    token (its <eos>), computed on the sequence alone."""
+    trainer = rlhf_start
+    seqs = [trainer.encode("what is seven plus two ?", answer)[0] for answer in ("seven plus two is nine .", "nine .",
+                                                                                   "nine")]
+    with torch.no_grad():
+        rewards = trainer.score(seqs)
+        alone = [trainer.reward_model.head(trainer.reward_model.body(torch.tensor([ids])).hidden[0, -1]).item()
+                 for ids in seqs]
+    assert rewards.tolist() == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_held_out_preference_pairs_are_not_training_pairs(rlhf_start):
+    held, train = ({(p.chosen, p.rejected) for p in pairs} for pairs in (rlhf_start.held_out, rlhf_start.train_pairs))
+    assert len(rlhf_start.held_out) == 96 and not held & train
+
+
+class Scripted(torch.nn.Module):
+    """A stand-in policy: row r of a group says token 5 until its answer has ends[r] tokens, then <eos>, and token 6
+    after that, which a finished answer must never take."""
+
+    def __init__(self, n_prompt: int, ends: list[int], eos: int, vocab: int):
+        super().__init__()
+        self.n_prompt, self.ends, self.eos, self.vocab = n_prompt, ends, eos, vocab
+
+    def forward(self, x):
+        said = x.shape[1] - self.n_prompt
+        logits = torch.full((x.shape[0], x.shape[1], self.vocab), -1e9)
+        for r, end in enumerate(self.ends):
+            logits[r, -1, 5 if said < end else self.eos if said == end else 6] = 0
+        return type("Out", (), {"logits": logits})
+
+
+def test_sampled_answers_end_at_their_eos(rlhf_start, monkeypatch):
+    """Rows that end at different steps: each answer stops at its own <eos>, the others go on, and a row that never
+    ends stops at MAX_SAMPLE tokens."""
+    trainer, eos = rlhf_start, rlhf_start.tokenizer.eos_id
+    prompt = trainer.prompt_ids("what is seven plus two ?")
+    monkeypatch.setattr(trainer, "module", Scripted(len(prompt), [0, 1, 3, 99], eos, trainer.config.vocab_size))
+    answers = trainer.sample(prompt, 4, torch.Generator().manual_seed(0))
+    assert answers == [[eos], [5, eos], [5, 5, 5, eos], [5] * MAX_SAMPLE]
 
 
 def test_an_rlhf_step_rewards_and_advantages_each_group_of_answers():
