@@ -209,6 +209,17 @@ def test_server_greedy_tokens_equal_solo_and_slots_are_reused(tiny_gqa):
     assert all(len(r.itl_ms) == len(r.new_ids) - 1 for r in requests)
 
 
+def test_a_request_longer_than_the_context_stops_when_no_position_is_left(tiny_gqa):
+    """tiny_gqa holds 64 positions: a prompt of 60 leaves room for 64 − 60 + 1 = 5 new tokens (the last is never
+    fed back), so it stops at 5 with "context_full" as a solo run does; the other row goes on to its 20."""
+    requests = [Request(i, p, 20) for i, p in enumerate(prompts_of(tiny_gqa, [60, 10]))]
+    server = Server(tiny_gqa, 2, requests, BUDGET)
+    while not server.finished:
+        server.step()
+    assert [(len(r.new_ids), r.stop_reason) for r in requests] == [(5, "context_full"), (20, "max_new_tokens")]
+    assert requests[0].new_ids == solo_run(tiny_gqa, requests[0].prompt_ids, 5)[1]
+
+
 @pytest.mark.parametrize("name", ["small", "tiny_gemma3"])
 def test_sampled_rows_equal_their_solo_sampled_runs(name, request):
     """Each request samples with its own settings and seed, decoded in a batch of 3 slots with joins and leaves:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,16 @@ from model.errors import InputError
 from model.texts import text
 from model.training.dpo import DPO, dpo_loss
 from model.training.lora import LoRA, lora_formula
-from model.training.posttrain import FinetuneSettings, completion_labels, completion_loss, completion_rows, tensors
+from model.training.posttrain import (
+    FinetuneSettings,
+    completion_labels,
+    completion_logprobs,
+    completion_loss,
+    completion_rows,
+    tensors,
+)
 from model.training.posttrain_data import preference_pairs, sft_pairs
-from model.training.rlhf import RLHF
+from model.training.rlhf import MAX_SAMPLE, RLHF, group_advantages, grpo_loss
 from model.training.sft import SFT
 from model.training.train import IGNORE, Limits
 
@@ -25,6 +33,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def settings(method: str, **kw) -> FinetuneSettings:
     return FinetuneSettings(method=method, **kw)
+
+
+def answer_logps(module, seqs: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each answer's token log-probabilities, one forward per sequence without padding, left-aligned as TRL keeps
+    completions: (B, longest answer) and its mask."""
+    width = max(len(ids) - n for ids, n in seqs)
+    rows, mask = [], torch.zeros(len(seqs), width)
+    for r, (ids, n) in enumerate(seqs):
+        logprobs = F.log_softmax(module(torch.tensor([ids])).logits[0].float(), dim=-1)     # (T, vocab)
+        picked = logprobs[n - 1: len(ids) - 1].gather(1, torch.tensor(ids[n:])[:, None])[:, 0]
+        rows.append(F.pad(picked, (0, width - len(picked))))
+        mask[r, : len(picked)] = 1
+    return torch.stack(rows), mask
 
 
 def test_the_data_is_bilingual_and_every_word_is_in_small_s_vocabulary():
@@ -157,6 +178,18 @@ def test_dpo_loss_is_trl_s_on_the_same_log_probabilities():
     assert torch.allclose(ours[0], -torch.log(torch.sigmoid(ours[3])), atol=1e-6)  # loss = −log σ(margin)
 
 
+def test_dpo_s_log_probability_of_an_answer_is_the_sum_over_its_tokens_as_trl_s():
+    """TRL's DPOTrainer (v1.9.0, trl/trainer/dpo_trainer.py line 1350) sums each completion's token log-probabilities;
+    the padded batch gives each answer's sum computed alone (red on the mean over the tokens)."""
+    trainer = DPO(settings("dpo", warmup_sft_steps=0))
+    seqs = [trainer.encode("what is seven plus two ?", answer) for answer in ("seven plus two is nine .", "nine .")]
+    inputs, labels = tensors(completion_rows(seqs, trainer.pad_id), "cpu")
+    with torch.no_grad():
+        ours = completion_logprobs(trainer.module, inputs, labels)
+        alone, _ = answer_logps(trainer.module, seqs)
+    assert torch.allclose(ours, alone.sum(1), rtol=1e-5)
+
+
 def test_dpo_starts_at_ln2_and_learns_the_preferences_within_50_steps():
     trainer = DPO(settings("dpo"))
     first = trainer.step()
@@ -201,6 +234,157 @@ def test_rlhf_takes_beta_0_a_policy_gradient_without_the_kl_leash():
     with pytest.raises(InputError) as bad:
         settings("rlhf", beta=-0.01).check(Limits(2000, 3))
     assert bad.value.code == "finetune_setting"
+
+
+def test_group_advantages_by_hand():
+    """Two groups of four: rewards 0, 0, 0, 4 have mean 1 and, with Bessel's correction, std √(12 / 3) = 2; rewards
+    3, 3, 3, 11 have mean 5 and std √(48 / 3) = 4. Red if the std is dropped (÷ 1), taken without Bessel's correction
+    (÷ √3, ÷ √12) or over the whole batch."""
+    advantages = group_advantages(torch.tensor([0.0, 0, 0, 4, 3, 3, 3, 11]), 4)
+    expected = [-1 / 2.0001] * 3 + [3 / 2.0001] + [-2 / 4.0001] * 3 + [6 / 4.0001]
+    assert advantages.tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_grpo_loss_averages_each_answer_over_its_tokens_then_over_the_answers():
+    """A hand-worked batch: answer 0 has one token, answer 1 three; the padding holds values that must not count.
+    Every answer token has log π = ln 0.5; the reference gives answer 0's token ln 0.25 (k3 = 0.5 − ln 0.5 − 1 =
+    0.193147) and agrees with π on answer 1 (k3 = 0). With A = (1, −0.5) and β = 0.1:
+        answer 0: −1 + 0.1 · 0.193147 = −0.980685, answer 1: +0.5, loss = (−0.980685 + 0.5) / 2 = −0.240343
+    (summing answer 1's three tokens gives +0.259657, TRL's default "dapo" mean over the 4 tokens +0.129828).
+    KL logged, TRL's mean over the 4 answer tokens: 0.193147 / 4 = 0.048287 (the mean of the answers' means is
+    0.096574). d loss / d log π: answer 0's token (−1 + 0.1 · (1 − 0.5)) / (1 · 2) = −0.475, each of answer 1's
+    +0.5 / (3 · 2) = 0.083333, 0 on the padding."""
+    half, quarter = math.log(0.5), math.log(0.25)
+    logp = torch.tensor([[half, -5.0, -5.0], [half, half, half]], requires_grad=True)
+    ref_logp = torch.tensor([[quarter, -1.0, -1.0], [half, half, half]])
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]])
+    loss, kl = grpo_loss(torch.tensor([1.0, -0.5]), logp, ref_logp, mask, 0.1)
+    assert loss.item() == pytest.approx(-0.240343, abs=1e-6) and kl == pytest.approx(0.048287, abs=1e-6)
+    loss.backward()
+    assert logp.grad.tolist() == [pytest.approx(row, abs=1e-6) for row in ([-0.475, 0, 0], [1 / 12] * 3)]
+
+
+def trl_grpo(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, rewards: torch.Tensor, g: int,
+             beta: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """TRL v1.9.0's GRPOTrainer (trl/trainer/grpo_trainer.py) on answer tokens (B, T), left-aligned, mask 1 on
+    them: the advantages of _generate_and_score_completions with scale_rewards="group" (lines 2685–2707, nanstd
+    of trl/trainer/utils.py 857–879 with Bessel's correction), then _compute_loss with loss_type="grpo", one
+    iteration (old log-probabilities = the current ones detached, line 3037): per token −min(ratio · A, clip(ratio)
+    · A) + β · k3 (lines 3066–3121), each answer's mean, the mean over answers (line 3125), and the logged KL, k3's
+    mean over every answer token (global_masked_mean, lines 3229–3238). Returns the loss, advantages, KL."""
+    grouped = rewards.view(-1, g)
+    mean_grouped = grouped.mean(dim=1).repeat_interleave(g)
+    variance = ((grouped - grouped.mean(dim=1, keepdim=True)) ** 2).mean(dim=1) * g / (g - 1)
+    std_rewards = variance.sqrt().repeat_interleave(g)
+    advantages = ((rewards - mean_grouped) / (std_rewards + 1e-4)).unsqueeze(1)
+    coef_1 = torch.exp(logps - logps.detach())
+    coef_2 = torch.clamp(coef_1, 1 - 0.2, 1 + 0.2)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    per_token_kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    per_token_loss = per_token_loss + beta * per_token_kl
+    loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    kl = (per_token_kl * mask).sum() / mask.sum().clamp(min=1.0)
+    return loss, advantages.squeeze(1), kl
+
+
+def test_the_rlhf_step_s_loss_is_trl_s_grpo_on_one_small_batch():
+    """Two questions, two answers each of different lengths, hand-chosen rewards, a policy moved off its reference
+    (so the KL and its gradient are not 0): the loss, the advantages, the KL logged and every gradient agree with
+    TRL's formulas computed on each answer alone."""
+    trainer = RLHF(settings("rlhf", group_size=2, batch_size=4, beta=0.3, warmup_sft_steps=0))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for _, p in trainer.named_params:
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    pairs = {p.prompt: p.answer for p in sft_pairs(0)}
+    first, second = list(pairs)[:2]
+    seqs = [trainer.encode(first, pairs[first]), trainer.encode(first, "."),
+            trainer.encode(second, pairs[second]), trainer.encode(second, "nine .")]
+    assert len({len(ids) - n for ids, n in seqs}) == 4
+    rewards = torch.tensor([1.0, 3.0, 0.5, -0.5])
+    loss, advantages, kl = trainer.policy_loss(seqs, rewards)
+    loss.backward()
+    ours = {name: p.grad.clone() for name, p in trainer.named_params}
+    for _, p in trainer.named_params:
+        p.grad = None
+    logps, mask = answer_logps(trainer.module, seqs)
+    with torch.no_grad():
+        ref_logps, _ = answer_logps(trainer.reference, seqs)
+    trl_loss, trl_advantages, trl_kl = trl_grpo(logps, ref_logps, mask, rewards, 2, 0.3)
+    trl_loss.backward()
+    assert trl_kl.item() > 1e-3
+    # one padded batch against one forward per answer: float32 rounds differently (seen: 7e-6 relative on the KL,
+    # 2e-5 on a gradient)
+    assert loss.item() == pytest.approx(trl_loss.item(), rel=1e-4) and kl == pytest.approx(trl_kl.item(), rel=1e-4)
+    assert torch.allclose(advantages, trl_advantages, atol=1e-6)
+    for name, p in trainer.named_params:
+        assert (ours[name] - p.grad).norm() <= 1e-3 * p.grad.norm(), name
+
+
+@pytest.fixture(scope="module")
+def rlhf_start():
+    return RLHF(settings("rlhf", warmup_sft_steps=0))
+
+
+def test_the_reward_model_reads_each_answer_s_last_token(rlhf_start):
+    """A padded batch of three lengths: each reward is the head on the final hidden state of that sequence's last
+    token (its <eos>), computed on the sequence alone."""
+    trainer = rlhf_start
+    seqs = [trainer.encode("what is seven plus two ?", answer)[0] for answer in ("seven plus two is nine .", "nine .",
+                                                                                   "nine")]
+    with torch.no_grad():
+        rewards = trainer.score(seqs)
+        alone = [trainer.reward_model.head(trainer.reward_model.body(torch.tensor([ids])).hidden[0, -1]).item()
+                 for ids in seqs]
+    assert rewards.tolist() == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_held_out_preference_pairs_are_not_training_pairs(rlhf_start):
+    held, train = ({(p.chosen, p.rejected) for p in pairs} for pairs in (rlhf_start.held_out, rlhf_start.train_pairs))
+    assert len(rlhf_start.held_out) == 96 and not held & train
+
+
+class Scripted(torch.nn.Module):
+    """A stand-in policy: row r of a group says token 5 until its answer has ends[r] tokens, then <eos>, and token 6
+    after that, which a finished answer must never take."""
+
+    def __init__(self, n_prompt: int, ends: list[int], eos: int, vocab: int):
+        super().__init__()
+        self.n_prompt, self.ends, self.eos, self.vocab = n_prompt, ends, eos, vocab
+
+    def forward(self, x):
+        said = x.shape[1] - self.n_prompt
+        logits = torch.full((x.shape[0], x.shape[1], self.vocab), -1e9)
+        for r, end in enumerate(self.ends):
+            logits[r, -1, 5 if said < end else self.eos if said == end else 6] = 0
+        return type("Out", (), {"logits": logits})
+
+
+def test_sampled_answers_end_at_their_eos(rlhf_start, monkeypatch):
+    """Rows that end at different steps: each answer stops at its own <eos>, the others go on, and a row that never
+    ends stops at MAX_SAMPLE tokens."""
+    trainer, eos = rlhf_start, rlhf_start.tokenizer.eos_id
+    prompt = trainer.prompt_ids("what is seven plus two ?")
+    monkeypatch.setattr(trainer, "module", Scripted(len(prompt), [0, 1, 3, 99], eos, trainer.config.vocab_size))
+    answers = trainer.sample(prompt, 4, torch.Generator().manual_seed(0))
+    assert answers == [[eos], [5, eos], [5, 5, 5, eos], [5] * MAX_SAMPLE]
+
+
+def test_an_rlhf_step_rewards_and_advantages_each_group_of_answers():
+    """One policy step with a length bonus: each answer's reward is the reward model's plus bonus × length, and
+    its advantage is (r − mean) / (stdev + 1e-4) over the G answers to its question (statistics.stdev: Bessel)."""
+    trainer = RLHF(settings("rlhf", group_size=4, batch_size=8, length_bonus=0.5, warmup_sft_steps=0))
+    trainer.reward_step()
+    record = trainer.step()
+    assert record["reward"] == pytest.approx(record["rm_reward"] + 0.5 * record["length"], abs=1e-5)
+    samples = trainer.last_samples
+    assert len(samples) == 8
+    for group in (samples[:4], samples[4:]):
+        assert len({s["prompt"] for s in group}) == 1
+        rewards = [s["reward"] for s in group]
+        mean, stdev = statistics.mean(rewards), statistics.stdev(rewards)
+        assert [s["advantage"] for s in group] == pytest.approx([(r - mean) / (stdev + 1e-4) for r in rewards],
+                                                                abs=1e-5)
 
 
 # -- bad input and the limits -----------------------------------------------------------------------------------

@@ -7,12 +7,14 @@ import test_smollm2
 
 from model.engine import generate
 from model.engine.ablation import ablate, by_layer, kl_divergence, parse_heads
-from model.engine.lens import LENS_TOP, logit_lens
+from model.engine.lens import LENS_TOP, LensLayer, LogitLens, logit_lens
 from model.engine.llama import Probe
 from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.engine.steps import side_step
 from model.errors import InputError
+from model.texts import text
+from ui.probes import lens_reading
 
 LENS_TOLERANCE = 1e-5
 
@@ -85,6 +87,41 @@ def test_the_lens_reads_where_the_answer_settles(micro):
     assert [row.chosen_rank for row in lens.layers][-1] == 1 and lens.settled_at is not None
     assert all(row.chosen_rank == 1 for row in lens.layers[lens.settled_at:])
     assert lens.settled_at == 0 or lens.layers[lens.settled_at - 1].chosen_rank > 1
+
+
+def lens_of_ranks(ranks: list[int]) -> LogitLens:
+    """A lens whose chosen token (id 7) stands at these ranks, layer by layer."""
+    return LogitLens(7, [LensLayer(i, [7], [0.5], r, 0.5) for i, r in enumerate(ranks)], np.zeros(1, np.float32))
+
+
+@pytest.mark.parametrize("ranks, settled, first", [([3, 1, 2, 1, 1], 3, 1),   # first, loses the lead, takes it back
+                                                   ([2, 2, 1, 1], 2, 2), ([1, 1, 1], 0, 0),
+                                                   ([1, 2, 2], None, 0), ([2, 1, 3], None, 1), ([4, 2], None, None)])
+def test_settled_is_the_start_of_the_last_run_of_rank_1_and_first_is_the_first_layer_at_rank_1(ranks, settled,
+                                                                                                 first):
+    lens = lens_of_ranks(ranks)
+    assert (lens.settled_at, lens.first_at) == (settled, first)
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_lens_sentence_says_whether_the_token_was_first_before_it_settled(lang):
+    """Issue 36 W1: a token first at layers 1 and 2 that loses the lead at layer 3 and is first again from layer 4
+    on; the layers before 4 do not all guess other tokens."""
+    key, details = lens_reading(lens_of_ranks([2, 1, 1, 2, 1, 1]), "mèo", "1.0e-06")
+    again = text(key, lang).format(**details)
+    assert key == "lens.settled_again" and details == {"token": "mèo", "layer": 4, "n": 2, "layers": 6,
+                                                       "diff": "1.0e-06", "first": 1, "earlier": 2}
+    assert {"vi": "đứng đầu ở lớp 1 rồi mất vị trí đầu", "en": "already first at layer 1, then lost the lead"}[lang] \
+        in again
+    assert {"vi": "các lớp trước còn đoán token khác", "en": "the layers before still guess other tokens"}[lang] \
+        not in again
+    key, details = lens_reading(lens_of_ranks([2, 3, 1, 1]), "mèo", "0.0e+00")
+    assert key == "lens.settled" and (details["layer"], details["n"], details["layers"]) == (2, 2, 4)
+    assert {"vi": "lớp ngay trước đó đoán một token khác", "en": "the layer just before guesses another token"}[lang] \
+        in text(key, lang).format(**details)
+    key, details = lens_reading(lens_of_ranks([1, 1, 1]), "mèo", "0.0e+00")
+    assert key == "lens.settled_all" and "3" in text(key, lang).format(**details)
+    assert lens_reading(lens_of_ranks([1, 2]), "mèo", "0.0e+00")[0] == "lens.not_first"
 
 
 def test_a_sampled_token_that_is_not_first_has_no_settled_layer(small):

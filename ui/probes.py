@@ -8,7 +8,7 @@ import streamlit as st
 
 from model.engine.ablation import ablate, parse_heads
 from model.engine.generate import Generation
-from model.engine.lens import LENS_TOP, logit_lens
+from model.engine.lens import LENS_TOP, LogitLens, logit_lens
 from model.engine.runtime import LoadedModel, ModelInfo
 from ui.errors import attempt
 from ui.i18n import t
@@ -42,6 +42,22 @@ def token_label(model: LoadedModel, token_id: int) -> str:
     return shown(model.tokenizer.token(token_id))
 
 
+def lens_reading(lens: LogitLens, token: str, diff: str) -> tuple[str, dict]:
+    """The sentence under the lens table as a text key and its details: from which layer on the chosen token is
+    first at every layer, and whether a layer before that already had it first (it can lose the lead and take it
+    back: settled_at is then later than first_at)."""
+    settled, layers = lens.settled_at, len(lens.layers)
+    if settled is None:
+        return "lens.not_first", {"token": token, "diff": diff}
+    details = {"token": token, "layer": settled, "n": layers - settled, "layers": layers, "diff": diff}
+    if settled == 0:
+        return "lens.settled_all", details
+    if lens.first_at < settled:
+        earlier = sum(row.chosen_rank == 1 for row in lens.layers[:settled])
+        return "lens.settled_again", details | {"first": lens.first_at, "earlier": earlier}
+    return "lens.settled", details
+
+
 def lens_html(model: LoadedModel, gen: Generation) -> str:
     """The current step's logit lens: per layer the top tokens with their probabilities and the chosen token's rank."""
     trace, drawn = gen.steps[-1], gen.samples[-1]
@@ -49,15 +65,11 @@ def lens_html(model: LoadedModel, gen: Generation) -> str:
     chosen = token_label(model, drawn.chosen_id)
     rows = [[row.layer, *(("★ " if i == drawn.chosen_id else "") + f"{token_label(model, i)} {p:.3f}"
                           for i, p in zip(row.top_ids, row.top_probs)), row.chosen_rank] for row in lens.layers]
-    diff = f"{float(abs(lens.last_logits - trace.logits).max()):.1e}"
-    settled = lens.settled_at
-    reading = (t("lens.settled", token=md_escape(chosen), layer=settled, n=model.info.n_layers - settled,
-                 layers=model.info.n_layers, diff=diff) if settled is not None
-               else t("lens.not_first", token=md_escape(chosen), diff=diff))
+    key, details = lens_reading(lens, md_escape(chosen), f"{float(abs(lens.last_logits - trace.logits).max()):.1e}")
     return (heading_html(t("lens.title"))
             + table_html([t("lens.layer"), *(t("lens.top_n", n=n) for n in range(1, LENS_TOP + 1)),
                           t("lens.chosen_rank", token=chosen)], rows)
-            + paragraph_html(reading, "dl-caption"))
+            + paragraph_html(t(key, **details), "dl-caption"))
 
 
 def ablation_html(model: LoadedModel, gen: Generation, step_index: int, heads_off: list[str]) -> str:

@@ -38,12 +38,19 @@ class LogitLens:
 
     @property
     def settled_at(self) -> int | None:
-        """The first layer from which the chosen token is the most probable at every later layer; None when it is
-        not even at the last one (a sampled token that was not the argmax)."""
+        """The first layer from which the chosen token is the most probable at every later layer (the start of the
+        last unbroken run of rank 1); None when it is not even at the last one (a sampled token that was not the
+        argmax)."""
         settled = None
         for row in self.layers:
             settled = (row.layer if settled is None else settled) if row.chosen_rank == 1 else None
         return settled
+
+    @property
+    def first_at(self) -> int | None:
+        """The first layer at which the chosen token is the most probable, whether or not it stays first there
+        after; None when no layer has it first."""
+        return next((row.layer for row in self.layers if row.chosen_rank == 1), None)
 
 
 def top_ids(logits: np.ndarray, n: int) -> np.ndarray:

@@ -5,10 +5,16 @@ it scores high, on a KL leash to where it started.
     (its <eos>). Bradley–Terry: loss = −log σ(r_chosen − r_rejected) on preference pairs; its accuracy is measured
     on held-out pairs (no (chosen, rejected) pair of them is in the training pairs).
 (b) GRPO-style policy gradient (Shao et al., 2024): per prompt a group of G answers sampled at temperature 1,
-    rewarded by (a); advantage A = (r − mean) / std within the group; per answer token
+    rewarded by (a); advantage A = (r − mean) / (std + 1e-4) within the group (std with Bessel's correction); per
+    answer token
         loss = −(A · ratio − β · KL),  ratio = π/π_old (= 1, its gradient is A·∇log π),
         KL ≈ ref/π − log(ref/π) − 1 (the "k3" estimator, ≥ 0, exactly 0 while π = ref),
-    averaged over each answer's tokens, then over the answers.
+    averaged over each answer's tokens, then over the answers. These are TRL's GRPOTrainer formulas with
+    loss_type="grpo" and scale_rewards="group" (trl/trainer/grpo_trainer.py, v1.9.0: the advantages in
+    _generate_and_score_completions, the loss in _compute_loss); two of TRL's defaults differ: loss_type="dapo"
+    (the mean over every answer token of the batch, so a long answer weighs more) and β = 0 (no KL term, no
+    reference model loaded; here β starts at 0.1 and at 0 the KL is still measured). The KL logged is TRL's: k3's
+    mean over every answer token of the batch.
 The policy starts from `small` after a few SFT steps (production RLHF starts from an SFT model; the bundled
 `small`, never taught to answer, ends every question at once and all its answers would score the same).
 
@@ -69,6 +75,23 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token estimate of KL(π ‖ ref) from samples of π: e^(ref−π) − (ref−π) − 1."""
     d = ref_logp - logp
     return torch.exp(d) - d - 1
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(r − mean) / (std + 1e-4) within each group of G consecutive answers, std with Bessel's correction. (P·G,)"""
+    grouped = rewards.view(-1, group_size)                                # (P, G)
+    return ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+
+
+def grpo_loss(advantages: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor,
+              beta: float) -> tuple[torch.Tensor, float]:
+    """The policy's loss and the KL logged, from each answer's advantage (B,) and the log-probabilities of its
+    tokens under the policy and the reference (B, T; mask 1 on answer tokens, 0 on prompt and padding)."""
+    ratio = torch.exp(logp - logp.detach())                               # 1, with the gradient of log π
+    kl = k3_kl(logp, ref_logp)
+    per_token = (-(advantages[:, None] * ratio) + beta * kl) * mask
+    loss = (per_token.sum(1) / mask.sum(1)).mean()                        # each answer's mean, then over answers
+    return loss, float((kl.detach() * mask).sum() / mask.sum())
 
 
 class RLHF(PostTrainer):
@@ -167,6 +190,19 @@ class RLHF(PostTrainer):
             x = torch.cat([x, nxt[:, None].to(self.device)], dim=1)
         return answers
 
+    def policy_loss(self, seqs: list[tuple[list[int], int]], rewards: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """GRPO on sampled answers, each (prompt ids + answer ids, prompt length), G consecutive ones to a prompt,
+        and their rewards (P·G,): the loss, each answer's advantage and the KL logged."""
+        advantages = group_advantages(rewards, self.settings.group_size)
+        inputs, labels = tensors(completion_rows(seqs, self.pad_id), self.device)  # (P·G, T)
+        mask = (labels != IGNORE).float()
+        logp = -token_losses(self.module(inputs).logits, labels)          # (P·G, T) log π of each answer token
+        with torch.no_grad():
+            ref_logp = -token_losses(self.reference(inputs).logits, labels)
+        loss, kl = grpo_loss(advantages, logp, ref_logp, mask, self.settings.beta)
+        return loss, advantages, kl
+
     def _step(self, index: int) -> dict:
         from model.errors import InputError
 
@@ -190,19 +226,8 @@ class RLHF(PostTrainer):
             self.reward_model.train()
         lengths = torch.tensor([len(ids) - n for ids, n in seqs], dtype=torch.float32, device=self.device)
         rewards = scored + s.length_bonus * lengths                       # what the policy is pushed by
-        grouped = rewards.view(n_prompts, s.group_size)                   # (P, G)
-        advantages = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
-        inputs, labels = tensors(completion_rows(seqs, self.pad_id), self.device)  # (P·G, T)
-        mask = (labels != IGNORE).float()
-        logp = -token_losses(self.module(inputs).logits, labels)          # (P·G, T) log π of each answer token
-        with torch.no_grad():
-            ref_logp = -token_losses(self.reference(inputs).logits, labels)
-        ratio = torch.exp(logp - logp.detach())                           # 1, with the gradient of log π
-        kl = k3_kl(logp, ref_logp) * mask
-        per_token = -(advantages[:, None] * ratio - s.beta * kl) * mask
-        loss = (per_token.sum(1) / mask.sum(1)).mean()
+        loss, advantages, kl_mean = self.policy_loss(seqs, rewards)
         grad_norm = self.optimize(loss)
-        kl_mean = float((kl.detach().sum(1) / mask.sum(1)).mean())
         self.last_samples = [{"prompt": groups[i // s.group_size],
                               "answer": self.tokenizer.decode(ids[n:]), "reward": float(rewards[i]),
                               "advantage": float(advantages[i])}
