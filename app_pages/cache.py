@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from model.engine.batch import weight_bytes
 from model.engine.counting import cumulative_positions, positions_with_cache, positions_without_cache, step_bytes
-from model.tools.bench import contexts_for, percentile, time_per_token
+from model.serving.costs import weight_bytes
+from model.serving.timing import contexts_for, percentile, time_per_token
 from ui import charts
 from ui.controls import cache_by_layer_kind
 from ui.errors import guarded

@@ -10,7 +10,7 @@ import streamlit as st
 from model.engine.counting import CacheShape
 from model.engine.generate import CHECK_TOLERANCE
 from model.engine.tokenizer import joined_characters
-from model.tools.replay import (
+from model.recording.replay import (
     DECODE,
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,

@@ -1,17 +1,17 @@
 """Serving: many requests decoded in one step, joining and leaving between steps; where each step's time goes
 (bytes read and operations done against this machine's measured roofs); float32, bfloat16 and int8 weights;
-the profiler's ops of one step. The engine's work is model/engine/batch.py and model/tools/serve_bench.py."""
+the profiler's ops of one step. The engine's work is model/serving/."""
 
 import tempfile
 from pathlib import Path
 
 import streamlit as st
 
-from model.engine.batch import matmul_params, weight_bytes
 from model.engine.llama import is_packed
 from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
-from model.tools import serve_bench
+from model.serving import analysis, measure, timing, workload
+from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
 from ui import svg
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
@@ -53,7 +53,7 @@ def sampling() -> SamplingSettings:
 
 def start() -> None:
     """A new run; its first step runs in the page's script, as every step does (a callback cannot be stopped)."""
-    server = guarded_in_callback(lambda: serve_bench.start_serving(
+    server = guarded_in_callback(lambda: workload.start_serving(
         chosen_model(), int(state.serving_slots), int(state.serving_requests),
         tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens), sampling()))
     if server is not None:
@@ -76,7 +76,7 @@ def reset() -> None:
 # -- the settings ------------------------------------------------------------------------------------------------
 # every pair the two sliders offer fits the model's context (a value past a slider's end would be replaced by its
 # start, so the values are brought inside first)
-most_prompt, most_new = serve_bench.most_lengths(info.context_length)
+most_prompt, most_new = workload.most_lengths(info.context_length)
 state.serving_prompt_lengths = tuple(min(v, most_prompt) for v in state.serving_prompt_lengths)
 state.serving_new_tokens = tuple(min(v, most_new) for v in state.serving_new_tokens)
 with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
@@ -100,12 +100,12 @@ if server is not None and server.info.dtype != state.serving_dtype:
 with st.spinner(t("serving.timing_passes", dtype=state.serving_dtype)):
     costs = guarded(lambda: pass_costs(chosen_model()))
 if costs is not None:
-    estimate = serve_bench.estimate_steps(costs, int(state.serving_slots), int(state.serving_requests),
+    estimate = workload.estimate_steps(costs, int(state.serving_slots), int(state.serving_requests),
                                           tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens))
     if max(estimate.first_ms, estimate.decode_ms) > SLOW_STEP_MS:
         st.warning(t("serving.slow_steps", dtype=state.serving_dtype, first=decimal(estimate.first_ms / 1000),
                      prompts=estimate.prompts, positions=number(estimate.positions), rows=estimate.rows,
-                     decode=decimal(estimate.decode_ms / 1000), probe=serve_bench.PROBE_ROWS))
+                     decode=decimal(estimate.decode_ms / 1000), probe=workload.PROBE_ROWS))
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 wanted, state.serving_wanted = state.serving_wanted, None
@@ -163,7 +163,7 @@ def ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
 
-timings = serve_bench.request_timings(server)
+timings = analysis.request_timings(server)
 st.html(table_html(
     [t("serving.col_request"), t("serving.col_prompt"), t("serving.col_tokens"), "TTFT ms", "ITL p50", "ITL p95",
      "ITL p99", t("serving.col_stop")],
@@ -176,10 +176,10 @@ st.caption(t("serving.timing_note"))
 st.subheader(t("serving.roofline"))
 roofs = machine(run_info.device, run_info.dtype)
 ridge = roofs.matmul_gflops / roofs.copy_gb_s  # FLOPs per byte where the slanted roof meets the flat one
-points = serve_bench.roofline_points(server)
+points = analysis.roofline_points(server)
 st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roofs.copy_gb_s, roofs.matmul_gflops,
                          t("serving.axis_intensity"), "GFLOP/s", t("serving.roofline_alt")))
-product = (t("serving.product_int8", rows=serve_bench.INT8_PEAK_ROWS) if roofs.dtype == "int8"
+product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype == "int8"
            else t("serving.product", dtype=roofs.dtype))
 st.caption(t("serving.machine", gb_s=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device))
@@ -206,7 +206,7 @@ if decodes:
 if len(decodes) > 1:
     fewest, most = decodes[0], decodes[-1]
     st.caption(t("serving.rows_scaling", small=fewest.rows, big=most.rows, ratio=decimal(most.ms / fewest.ms, 2)))
-longest = serve_bench.longest_prefill(server)
+longest = analysis.longest_prefill(server)
 if longest is not None:
     said = dict(n=number(longest.positions), i=decimal(longest.intensity, 2), ridge=decimal(ridge, 2))
     passes = longest.intensity >= ridge
@@ -215,7 +215,7 @@ if longest is not None:
     else:
         # a binary search over the context by the counting formulas (~50 ms on gemma3): once per run and roof
         if state.get("serving_ridge_positions", (None,))[:2] != (server, ridge):
-            state.serving_ridge_positions = (server, ridge, serve_bench.positions_to_pass(run_model, ridge))
+            state.serving_ridge_positions = (server, ridge, positions_to_pass(run_model, ridge))
         cross = state.serving_ridge_positions[2]
         passes = cross is not None
         st.caption(t("serving.prefill_memory_bound", cross=number(cross), **said) if passes
@@ -228,7 +228,7 @@ st.subheader(t("serving.sweep"))
 contexts = [c for c in SWEEP_CONTEXTS if c < run_info.context_length] or [run_info.context_length // 2]
 if st.button(t("serving.measure_sweep"), key="serving_measure", icon=":material/timer:"):
     sweep_bar = StopBar("serving_measure_stop", t("serving.measuring"))
-    measured = guarded(lambda: serve_bench.sweep(
+    measured = guarded(lambda: measure.sweep(
         run_model, list(SWEEP_BATCHES), contexts, report=lambda done, total, batch, context: sweep_bar.draw(
             done / total, t("serving.sweep_progress", batch=batch, n=number(context), k=done + 1, total=total))))
     sweep_bar.clear()
@@ -264,7 +264,7 @@ if st.button(t("serving.run_profile"), key="serving_profile_button", icon=":mate
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.json"
         context = min(PROFILE_CONTEXT, run_info.context_length // 2)
-        ops = guarded(lambda: serve_bench.profile_steps(run_model, max(1, last.rows), context, PROFILE_STEPS,
+        ops = guarded(lambda: measure.profile_steps(run_model, max(1, last.rows), context, PROFILE_STEPS,
                                                         str(trace), tick))
         if ops is not None:
             state.serving_profile = (ops, trace.read_bytes(), max(1, last.rows))

@@ -7,8 +7,8 @@ from html import escape
 
 import streamlit as st
 
+from model.recording import speculative as speculative_file
 from model.speculative import decoding, drafts, rules
-from model.tools import speculate
 from ui.controls import sampling_controls
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import labels, t
@@ -70,7 +70,7 @@ def rounds_to_the_end(run: decoding.SpeculativeRun) -> None:
 
 def run_json(run: decoding.SpeculativeRun, speed: decoding.SpeedComparison | None, unknown: list[str]) -> str:
     """The run as `python -m model speculate --json` prints it."""
-    return json.dumps(speculate.report(run, speed, unknown), ensure_ascii=False)
+    return json.dumps(speculative_file.report(run, speed, unknown), ensure_ascii=False)
 
 
 def reset() -> None:

@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from conditions import p50_p95, print_conditions
 
-from model.engine.batch import decode_rows
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
-from model.tools.serve_bench import filled_slots, filler_ids
+from model.serving.measure import filled_slots
+from model.serving.slots import decode_rows
+from model.serving.timing import filler_ids
 
 
 def step_timer(model: NativeModel, batch: int, lengths: list[int]):

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the project, when a benchmark runs outside the venv's editable install
 
-from model.tools.bench import percentile  # noqa: E402
+from model.serving.timing import percentile  # noqa: E402
 
 
 def cpu_name() -> str:

@@ -1,4 +1,4 @@
-"""Batched decode (model/engine/batch.py): every row of a batch equals its solo run, with requests joining and leaving
+"""Batched decode (model/serving/): every row of a batch equals its solo run, with requests joining and leaving
 mid-run, on a random GQA Llama, small, SmolLM2, a random Gemma 3 whose window is shorter than the rows, and Gemma 3
 270M; each row's cache bytes are the formula of its own length."""
 
@@ -11,7 +11,6 @@ import torch
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model
 
-from model.engine.batch import Request, Server, SlotCache, decode_rows
 from model.engine.cache import CROP_MARGIN
 from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from model.engine.generate import run_to_end, start
@@ -21,6 +20,8 @@ from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
+from model.serving.scheduler import Request, Server
+from model.serving.slots import SlotCache, decode_rows
 
 TOL = 1e-5  # the issue's bound
 # small, SmolLM2 and Gemma 3 270M on a CPU with oneDNN: every row is its solo run bit for bit. The shared model's

@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from model.engine import generate
-from model.engine.batch import MAX_SLOTS
 from model.engine.token_tax import cache_shape, tax_models
 from model.errors import InputError
+from model.serving.scheduler import MAX_SLOTS
 from model.tools import cli, serve_bench
 from model.weights.catalog import list_models, locate, read_config
 

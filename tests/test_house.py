@@ -1,4 +1,7 @@
-"""The house's imports run one way: pages → ui → tools → training, speculative → engine → weights → errors, texts.
+"""The house's imports run one way: pages → ui → recording → serving, training, speculative → engine → weights →
+errors, texts; the command line (model/tools) sits on the top floor beside the pages and ui, and neither imports it;
+the load-test client (loadtest/, which asks the command line for reference runs) and the benchmarks above everything;
+deploy/ apart, importing nothing of the project.
 
 Every import of a project module, also those inside functions, is read from the source (ast), so that a lazy
 import cannot hide a circle."""
@@ -7,10 +10,14 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# lower number = lower in the house; a module may import its own floor or below, never above
-# ("model": its __init__ and the `python -m model` entry point, above the command line it starts)
-FLOORS = {"model.texts": 0, "model.errors": 1, "model.weights": 2, "model.engine": 3, "model.training": 4,
-          "model.speculative": 4, "model.tools": 5, "model": 6, "ui": 7, "app_pages": 8, "app": 9}
+# lower number = lower in the house; a module may import its own room or the floors below, never above, and two
+# rooms on one floor stay apart ("model": its __init__ and the `python -m model` entry point, above the command line
+# it starts; deploy/ on the ground floor, apart: it starts the app as processes)
+FLOORS = {"deploy": 0, "model.texts": 0, "model.errors": 1, "model.weights": 2, "model.engine": 3,
+          "model.training": 4, "model.speculative": 4, "model.serving": 4, "model.recording": 5, "ui": 6,
+          "model.tools": 6, "app_pages": 7, "model": 7, "app": 8, "loadtest": 8, "benchmarks": 9}
+# what a room may not use although its floor allows it: pages and ui never reach the command line's room
+APART = {("app_pages", "model.tools")}
 
 
 def module_name(path: Path) -> str:
@@ -19,7 +26,8 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    paths = [ROOT / "app.py"] + [p for d in ("model", "ui", "app_pages") for p in (ROOT / d).rglob("*.py")]
+    rooms = ("model", "ui", "app_pages", "benchmarks", "deploy", "loadtest")
+    paths = [ROOT / "app.py"] + [p for d in rooms for p in (ROOT / d).rglob("*.py")]
     return {module_name(p): p for p in paths}
 
 
@@ -81,6 +89,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_lazy_imports():
     edges = graph()
     assert "model.tools.bench" in edges["model.tools.cli"]  # imported inside a function
+    assert "model.serving.timing" in edges["benchmarks.conditions"]  # the benchmarks are read too
     assert "model.engine.hf" in edges["model.engine.loading"]  # `from model.engine import hf`, inside a function
 
 
@@ -99,6 +108,27 @@ def test_imports_run_one_way():
         for target in targets:
             there, other = floor(target)
             # a room may use itself and the floors below; two rooms on one floor stay apart
-            if there > here or (there == here and other != room):
+            if there > here or (there == here and other != room) or (room, other) in APART:
                 upward.append(f"{module} -> {target}")
     assert upward == []
+
+
+def test_the_pages_and_ui_never_import_the_command_line():
+    """Made red by one such arrow: the rule itself, not only today's graph."""
+    edges = graph()
+    assert not any(t.startswith("model.tools") for m, ts in edges.items() if m.startswith(("ui", "app_pages"))
+                   for t in ts)
+    reach = {"app_pages.serving": {"model.tools.serve_bench"}, "ui.run": {"model.tools.cli"}}
+    for module, target in ((m, t) for m, ts in reach.items() for t in ts):
+        here, room = floor(module)
+        there, other = floor(target)
+        assert there > here or (there == here and other != room) or (room, other) in APART, (module, target)
+
+
+def test_the_batched_decode_is_the_models_own_forward():
+    """No branch on the model's class in the serving room: every architecture takes positions and row keys."""
+    for path in (ROOT / "model" / "serving").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                kinds = ast.unparse(node.args[1])
+                assert not any(name in kinds for name in ("Llama", "Gemma3", "DecoderOnly")), (path, kinds)

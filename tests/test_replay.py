@@ -13,13 +13,10 @@ from conftest import wait_idle
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from model.errors import InputError
-from model.texts import LANGUAGES, text
-from model.tools.cli import main
-from model.tools.replay import (
+from model.recording.replay import (
     DECODE,
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,
-    SCHEMA,
     SHIPPED,
     SPECULATIVE,
     TRACE_V1,
@@ -29,7 +26,10 @@ from model.tools.replay import (
     rerun,
     shipped_recording,
 )
-from model.tools.speculate import SCHEMA as SPECULATE_SCHEMA
+from model.recording.speculative import SCHEMA as SPECULATE_SCHEMA
+from model.recording.trace import SCHEMA
+from model.texts import LANGUAGES, text
+from model.tools.cli import main
 from ui.widgets import md_escape
 
 MICRO = Path(__file__).resolve().parent.parent / "assets" / "recordings" / "micro.json"
@@ -639,7 +639,7 @@ def test_a_replayed_round_is_drawn_as_the_speculative_page_drew_it():
     table (q, p, verdicts), caches' table and counts, round by round."""
     from test_speculative_page import open_page
 
-    from model.tools.speculate import report
+    from model.recording.speculative import report
 
     live = click(open_page("en", prompt="my mother cooks", gamma=3), "spec_start")
     views = []
@@ -664,7 +664,7 @@ def test_the_speculative_download_is_speculate_json_of_the_session_s_run(capsys)
     for the same prompt and settings (times aside), and a recording the Replay page reads and re-runs exactly."""
     from test_speculative_page import open_page
 
-    from model.tools.speculate import report
+    from model.recording.speculative import report
 
     at = click(open_page("en", prompt="my mother cooks", gamma=3), "spec_start")
     click(at, "spec_run_to_end")

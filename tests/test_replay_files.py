@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from streamlit.testing.v1 import AppTest
 
 from model.errors import InputError
+from model.recording.replay import DECODE, SHIPPED, read_recording, recording_kind, shipped_recording
 from model.texts import LANGUAGES
-from model.tools.replay import DECODE, SHIPPED, read_recording, recording_kind, shipped_recording
 
 HUGE = "HUGE-NUMBER"  # written into the JSON as a 5,000-digit number, which json.dumps itself refuses to write
 ODD = [None, True, False, 0, -1, -3, 1, 2, 2**31, 2**53, 2**64, 10**400, 0.5, 1.5, -0.5, 1e300, -1e300, math.nan,

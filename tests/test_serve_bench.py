@@ -9,10 +9,11 @@ import torch
 from test_engine import run_cli  # noqa: F401  (the fixture)
 from test_gemma3 import needs_model as needs_gemma3
 
-from model.engine.batch import Request, Server, matmul_params, weight_bytes
 from model.engine.lowbit import Int8Linear, with_weights
 from model.errors import InputError
-from model.tools import serve_bench
+from model.serving import costs, measure, workload
+from model.serving.costs import matmul_params, weight_bytes
+from model.serving.scheduler import Request, Server
 
 
 def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
@@ -39,12 +40,12 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
 def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
     """The Serving page's sentence on the prefill point: the smallest n whose prefill's FLOPs per byte (the
     counting formulas) reach the ridge, by brute force over small's context; None past every prefill it can do."""
-    intensities = [serve_bench.prefill_intensity(small, n) for n in range(1, small.info.context_length + 1)]
+    intensities = [costs.prefill_intensity(small, n) for n in range(1, small.info.context_length + 1)]
     assert all(a < b for a, b in itertools.pairwise(intensities))  # the search relies on it growing with n
     for ridge in (intensities[0], 3.0, intensities[40], intensities[-1]):
-        assert serve_bench.positions_to_pass(small, ridge) == next(n + 1 for n, i in enumerate(intensities)
+        assert costs.positions_to_pass(small, ridge) == next(n + 1 for n, i in enumerate(intensities)
                                                                    if i >= ridge)
-    assert serve_bench.positions_to_pass(small, intensities[-1] * 1.01) is None
+    assert costs.positions_to_pass(small, intensities[-1] * 1.01) is None
 
 
 def test_int8_weights_are_a_quarter_and_close(small):
@@ -58,8 +59,8 @@ def test_int8_weights_are_a_quarter_and_close(small):
     original, quantized = small.module.model.layers[0].mlp.up_proj.weight, int8.module.model.layers[0].mlp.up_proj
     error = (quantized.weight.float() * quantized.scale[:, None] - original).abs()
     assert bool((error <= quantized.scale[:, None] / 2 + 1e-7).all())
-    accuracy = serve_bench.accuracy(small, int8, "int8")
-    assert accuracy.greedy_total == serve_bench.ACCURACY_PROMPTS * serve_bench.ACCURACY_NEW_TOKENS
+    accuracy = measure.accuracy(small, int8, "int8")
+    assert accuracy.greedy_total == measure.ACCURACY_PROMPTS * measure.ACCURACY_NEW_TOKENS
     assert 0 < accuracy.max_abs_logit_diff < 1 and accuracy.agreement >= 0.9
 
 
@@ -68,7 +69,7 @@ def test_unknown_dtype_and_a_bad_batch_are_one_sentence(small):
         with_weights(small, "int4")
     assert unknown.value.code == "unknown_dtype" and "int8" in unknown.value.message("en")
     with pytest.raises(InputError) as zero:
-        serve_bench.checked_batch(small, 0, 64)
+        measure.checked_batch(small, 0, 64)
     assert zero.value.code == "serving_slots"
 
 
@@ -133,7 +134,7 @@ def test_low_bits_and_batching_need_the_native_llama(small):
         with_weights(OnTransformers(), "int8")
     assert low.value.code == "lowbit_needs_native"
     with pytest.raises(InputError) as batched:
-        serve_bench.checked_batch(OnTransformers(), 2, 16)
+        measure.checked_batch(OnTransformers(), 2, 16)
     assert batched.value.code == "serving_needs_native"
 
 
@@ -154,27 +155,27 @@ def test_on_a_gpu_the_ops_are_ranked_and_timed_by_their_time_on_the_device():
               event("decode step 0", DeviceType.CUDA, 0, 4000, 1, annotation=True),
               event("decode step 0", DeviceType.CPU, 1600, 0, 1, annotation=True)]
     on_gpu = [(o.name, o.ms_per_step, o.share, o.calls_per_step, o.clock)
-              for o in serve_bench.op_shares(events, 3, "device")]
+              for o in measure.op_shares(events, 3, "device")]
     assert on_gpu == [("gemv_kernel", 1.0, 0.75, 2.0, "device"), ("copy_kernel", 1 / 3, 0.25, 1.0, "device")]
-    on_cpu = [(o.name, o.share, o.clock) for o in serve_bench.op_shares(events, 3, "cpu")]
+    on_cpu = [(o.name, o.share, o.clock) for o in measure.op_shares(events, 3, "cpu")]
     assert on_cpu[:2] == [("aten::mm", 0.6, "cpu"), ("cudaLaunchKernel", 0.4, "cpu")]
 
 
 def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():
     """Two timed passes of each kind give a straight line (never falling); the estimate's first step prefills the
     queue's first `slots` prompts: seed 0 draws prompts of 8, 7, 6 and 4 from 3 to 9."""
-    costs = serve_bench.PassCosts(prefill_ms=(100.0, 400.0), decode_ms=(150.0, 120.0))
+    costs = workload.PassCosts(prefill_ms=(100.0, 400.0), decode_ms=(150.0, 120.0))
     assert [costs.prefill(n) for n in (1, 4, 10)] == [100.0, 400.0, 1000.0]
     assert costs.decode(32) == 150.0
-    estimate = serve_bench.estimate_steps(costs, 2, 4, (3, 9), (2, 5))
+    estimate = workload.estimate_steps(costs, 2, 4, (3, 9), (2, 5))
     assert (estimate.prompts, estimate.positions, estimate.first_ms, estimate.rows, estimate.decode_ms) == \
         (2, 15, 1500.0, 2, 150.0)
-    assert serve_bench.estimate_steps(costs, 8, 4, (3, 9), (2, 5)).positions == 8 + 7 + 6 + 4
+    assert workload.estimate_steps(costs, 8, 4, (3, 9), (2, 5)).positions == 8 + 7 + 6 + 4
 
 
 def test_the_roofs_of_int8_weights_are_their_kernels():
-    machine = serve_bench.Machine("cpu", 1, 10.0, 50.0)
-    int8 = serve_bench.with_matmul_peak(machine, "int8")
+    machine = measure.Machine("cpu", 1, 10.0, 50.0)
+    int8 = measure.with_matmul_peak(machine, "int8")
     assert (int8.copy_gb_s, int8.dtype) == (10.0, "int8") and int8.matmul_gflops > 0
     assert "int8 weight-only matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
 
@@ -184,8 +185,8 @@ def test_the_sweep_and_the_profiler_report_between_their_passes(small):
     measurement, after each layer of its untimed prefill (small: 4) and after each timed step (a warm-up and 2);
     the profiler after the prefill's and the warm-up's layers and after each profiled step."""
     reports = []
-    serve_bench.sweep(small, [1, 2], [8], repeats=2, report=lambda *said: reports.append(said))
+    measure.sweep(small, [1, 2], [8], repeats=2, report=lambda *said: reports.append(said))
     assert reports == [(0, 2, 1, 8)] * (1 + 4 + 3) + [(1, 2, 2, 8)] * (1 + 4 + 3)
     ticks = []
-    serve_bench.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
+    measure.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
     assert len(ticks) == 4 + 4 + 3

@@ -32,13 +32,13 @@ RIDGE_ABOVE_PREFILL, RIDGE_BELOW_PREFILL = (26.0, 130.0), (26.0, 26.0)
 def pin_roofs(monkeypatch, roofs_by_dtype: dict[str, tuple[float, float]]) -> list[str]:
     """ui.serving_run.machine answers these roofs for each dtype; returns the dtypes the page asked for."""
     import ui.serving_run
-    from model.tools import serve_bench
+    from model.serving import measure
 
     asked = []
 
     def machine(device, dtype="float32"):
         asked.append(dtype)
-        return serve_bench.Machine(device, 1, *roofs_by_dtype[dtype], dtype)
+        return measure.Machine(device, 1, *roofs_by_dtype[dtype], dtype)
 
     monkeypatch.setattr(ui.serving_run, "machine", machine)
     return asked
@@ -59,7 +59,7 @@ def captions(at) -> list[str]:
 
 @pytest.mark.parametrize(("lang", "roofs"), [("vi", RIDGE_ABOVE_PREFILL), ("en", RIDGE_BELOW_PREFILL)])
 def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
-    from model.tools import serve_bench
+    from model.serving import analysis, costs
 
     pin_roofs(monkeypatch, {"float32": roofs})
     at = click(open_page(lang), "serving_start")
@@ -78,13 +78,13 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
     assert "ITL p99" in html and ">B=2<" in html and re.search(r">prefill \d+<", html)
     assert text("serving.lanes", lang) in [h.value for h in at.subheader]
     # the prefill sentence follows the run: its longest prefill (8 positions, ~3.7 FLOPs/byte) against the ridge
-    longest = serve_bench.longest_prefill(server)
+    longest = analysis.longest_prefill(server)
     ridge = roofs[1] / roofs[0]
     said = dict(n=number(longest.positions, lang), i=decimal(longest.intensity, 2, lang),
                 ridge=decimal(ridge, 2, lang))
     if roofs == RIDGE_ABOVE_PREFILL:
         assert longest.intensity < ridge
-        cross = serve_bench.positions_to_pass(server.model, ridge)
+        cross = costs.positions_to_pass(server.model, ridge)
         assert cross is not None  # small's context (128) holds a prefill that passes a ridge of 5
         expected = text("serving.prefill_memory_bound", lang).format(cross=number(cross, lang), **said)
     else:
@@ -92,7 +92,7 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
         expected = text("serving.prefill_compute_bound", lang).format(**said)
     assert expected in captions(at)
     # the rows' sentence is this run's own measurement: the fewest and the most rows a decode pass had
-    decodes = [p for p in serve_bench.roofline_points(server) if p.rows is not None]
+    decodes = [p for p in analysis.roofline_points(server) if p.rows is not None]
     assert [p.rows for p in decodes] == sorted(p.rows for p in decodes) and len(decodes) > 1
     scaling = text("serving.rows_scaling", lang).format(small=decodes[0].rows, big=decodes[-1].rows,
                                                          ratio=decimal(decodes[-1].ms / decodes[0].ms, 2, lang))
@@ -141,7 +141,7 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
     """int8 weights run in torch's int8 kernel, whose flat roof is its own (2.3 GFLOP/s measured here, against 85 for
     float32's matmul): the page draws that roof, names its product, and its decode points fall right of its ridge,
     so the note says compute bounds them, and the prefill/decode contrast is not said."""
-    from model.tools import serve_bench
+    from model.serving import analysis
 
     asked = pin_roofs(monkeypatch, {"float32": (26.0, 85.0), "int8": (26.0, 2.3)})
     at = click(click(open_page("en", serving_dtype="int8"), "serving_start"), "serving_run")
@@ -150,7 +150,7 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
     product = text("serving.product_int8", "en").format(rows=64)
     assert any(product in c for c in captions(at))
     ridge = 2.3 / 26.0
-    fewest = next(p for p in serve_bench.roofline_points(server) if p.rows is not None)
+    fewest = next(p for p in analysis.roofline_points(server) if p.rows is not None)
     assert fewest.intensity > ridge  # int8 weights: ~1 byte a weight, 2 FLOPs a weight a row
     note = text("serving.roofline_note_compute", "en").format(rows=fewest.rows, i=f"{fewest.intensity:.2f}",
                                                                 ridge=f"{ridge:.2f}")
@@ -191,7 +191,7 @@ def test_the_longest_prefill_is_the_runs_longest(monkeypatch):
     """The page's default queue (4 slots, 8 requests, prompts of 4 to 24) prefills prompts of 21, 17, 14 and 9
     positions in its first step; each prefill is timed alone, so the longest, 21, is the roofline's prefill point
     and the sentence's, from the first step on."""
-    from model.tools import serve_bench
+    from model.serving import analysis
 
     pin_roofs(monkeypatch, {"float32": RIDGE_ABOVE_PREFILL})
     at = click(open_app(PAGE, TIMEOUT, lang="en", model_name="small", device="cpu"), "serving_start")
@@ -199,7 +199,7 @@ def test_the_longest_prefill_is_the_runs_longest(monkeypatch):
     first = server.steps[0]
     assert first.joined == [0, 1, 2, 3] and first.prefill_lengths == [21, 17, 14, 9]
     assert len(first.prefill_each_ms) == 4 and sum(first.prefill_each_ms) == pytest.approx(first.prefill_ms)
-    longest = serve_bench.longest_prefill(server)
+    longest = analysis.longest_prefill(server)
     assert (longest.positions, longest.ms) == (21, first.prefill_each_ms[0])
     assert ">prefill 21<" in "".join(h.proto.body for h in at.get("html"))
     assert any(c.startswith("This run's longest prefill (21 positions) does ") for c in captions(at))
@@ -241,18 +241,18 @@ def test_the_sliders_offer_only_lengths_the_context_holds():
 
 @pytest.mark.parametrize("context", [16, 128, 8192, 32768])  # micro, small, SmolLM2, Gemma 3
 def test_the_longest_lengths_fit_each_models_context(context):
-    from model.tools import serve_bench
+    from model.serving import workload
 
-    prompt, new = serve_bench.most_lengths(context)
+    prompt, new = workload.most_lengths(context)
     assert prompt >= 1 and new >= 1 and prompt + new < context
 
 
 def test_a_queue_past_the_context_is_refused_in_the_pages_words(small):
     from model.errors import InputError
-    from model.tools import serve_bench
+    from model.serving import workload
 
     with pytest.raises(InputError) as past:
-        serve_bench.start_serving(small, 2, 2, (3, 64), (1, 64))
+        workload.start_serving(small, 2, 2, (3, 64), (1, 64))
     assert past.value.code == "serving_lengths"
     for lang in ("vi", "en"):
         message = past.value.message(lang)
@@ -274,7 +274,7 @@ def test_a_slow_queue_is_announced_before_start(monkeypatch):
     whose first two prompts are 8 and 7 positions (seed 0's draw from 3 to 9) should take 1.5 s: the page says so
     before Start; with fast passes it says nothing."""
     import ui.serving_run
-    from model.tools.serve_bench import PassCosts
+    from model.serving.workload import PassCosts
 
     settings = dict(serving_slots=2, serving_requests=4, serving_prompt_lengths=(3, 9))
     monkeypatch.setattr(ui.serving_run, "pass_costs", lambda model: PassCosts((100.0, 400.0), (150.0, 600.0)))
@@ -293,7 +293,7 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
     import ui.serving_run
-    from model.tools import serve_bench
+    from model.serving import workload
 
     monkeypatch.setattr(ui.serving_run, "RUN_REDRAW_S", 0.0)
     shown = []
@@ -316,7 +316,7 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
     click(at, "serving_next")
     assert server.steps[0].joined == [0, 1] and server.steps[0].prefill_lengths == [8, 7]
     click(at, "serving_run")
-    never_stopped = serve_bench.start_serving(load_model("small", "cpu"), 2, 4, (3, 9), (2, 5))
+    never_stopped = workload.start_serving(load_model("small", "cpu"), 2, 4, (3, 9), (2, 5))
     while not never_stopped.finished:
         never_stopped.step()
     assert [r.new_ids for r in server.requests.values()] == [r.new_ids for r in never_stopped.requests.values()]

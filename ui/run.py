@@ -13,7 +13,7 @@ from model.engine import generate
 from model.engine.runtime import LoadedModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import encode_chat
-from model.tools.replay import trace_report
+from model.recording.trace import trace_report
 from ui.errors import guarded, guarded_in_callback
 from ui.i18n import t
 from ui.models import sidebar_model

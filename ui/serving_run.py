@@ -12,9 +12,9 @@ import time
 import streamlit as st
 import torch
 
-from model.engine.batch import Server, StepProgress
 from model.engine.runtime import LoadedModel
-from model.tools import serve_bench
+from model.serving import measure, workload
+from model.serving.scheduler import Server, StepProgress
 from ui.errors import attempt
 from ui.i18n import t
 from ui.run import RUN_REDRAW_S
@@ -76,21 +76,21 @@ def run_steps(server: Server, to_end: bool) -> str | None:
 
 
 @functools.cache
-def machine(device: str, dtype: str = "float32") -> serve_bench.Machine:
+def machine(device: str, dtype: str = "float32") -> measure.Machine:
     """This machine's copy bandwidth and the matmul peak of `dtype`'s kernel, each measured once per process, the
     first time a Serving run needs it (the bandwidth once for every dtype)."""
     if dtype == "float32":
-        return serve_bench.measure_machine(torch.device(device))
-    return serve_bench.with_matmul_peak(machine(device), dtype)
+        return measure.measure_machine(torch.device(device))
+    return measure.with_matmul_peak(machine(device), dtype)
 
 
-_pass_costs: dict[tuple[str, str, str], serve_bench.PassCosts] = {}
+_pass_costs: dict[tuple[str, str, str], workload.PassCosts] = {}
 
 
-def pass_costs(model: LoadedModel) -> serve_bench.PassCosts:
-    """serve_bench.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device and
+def pass_costs(model: LoadedModel) -> workload.PassCosts:
+    """workload.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device and
     dtype: not the model, which the shared models may drop)."""
     key = (model.info.name, model.info.device, model.info.dtype)
     if key not in _pass_costs:
-        _pass_costs[key] = serve_bench.pass_costs(model)
+        _pass_costs[key] = workload.pass_costs(model)
     return _pass_costs[key]

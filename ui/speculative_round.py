@@ -1,6 +1,6 @@
 """One speculative round drawn as the Speculative page draws it: the sequence's chips, the proposals' table, the
 target's own token, both caches, and the running counts. The Speculative page draws its live run with it, the
-Replay page a recorded one (model/tools/replay.py replayed_run): both pass a run and a token(id) -> text."""
+Replay page a recorded one (model/recording/replay.py replayed_run): both pass a run and a token(id) -> text."""
 
 from collections.abc import Callable
 

@@ -135,7 +135,7 @@ def apply_rope(x, cos, sin):
 
 @dataclass(frozen=True)
 class RowKeys:
-    """The keys each row of a batched decode reads (model/engine/batch.py): row r's query attends over buffer indices
+    """The keys each row of a batched decode reads (model/serving/slots.py): row r's query attends over buffer indices
     first[r] .. end[r] − 1 of its own slot and nothing else, exactly the keys its solo decode attends over. Given in
     place of a mask, so that each row is attended over those keys alone: over a padded buffer with −∞ beyond a row's
     end, the products and the softmax run over a longer row of keys and round differently, and a row's logits would

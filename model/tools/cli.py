@@ -7,19 +7,14 @@ import argparse
 import json
 import sys
 
-from model.engine.batch import MAX_SLOTS
 from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
 from model.engine.sampling import MAX_SEED
 from model.errors import InputError
+from model.serving.scheduler import MAX_SLOTS
 from model.speculative.decoding import MAX_GAMMA
 from model.tools.options import MAX_LIST_VALUES, check_option
-from model.tools.serve_bench import (
-    BENCH_CONTEXTS,
-    MAX_BENCH_STEPS,
-    MAX_PROFILE_STEPS,
-    PROFILE_CONTEXT,
-)
+from model.tools.serve_bench import BENCH_CONTEXTS, MAX_BENCH_STEPS, MAX_PROFILE_STEPS, PROFILE_CONTEXT
 from model.training.train import MAX_CLIP, MAX_LR, MAX_STEPS, limits
 
 MAX_COUNT = 10**9  # count's N and T: its formula's numbers stay printable (Python prints at most 4,300 digits)
@@ -87,7 +82,7 @@ def cmd_trace(args) -> int:
     from model.engine.loading import load_model
     from model.engine.sampling import SamplingSettings
     from model.engine.tokenizer import encode_chat
-    from model.tools.replay import trace_report
+    from model.recording.trace import trace_report
 
     model = load_model(args.model, args.device, args.allow_download, operator=True)
     if args.prompt_ids is not None:
@@ -199,7 +194,7 @@ def cmd_speculate(args) -> int:
 
 
 def cmd_rerun(args) -> int:
-    from model.tools.replay import run_cli
+    from model.tools.rerun import run_cli
 
     return run_cli(args)
 

@@ -1,21 +1,21 @@
 """Recorded runs: a `trace --json` or `speculate --json` file read back and checked, and re-run for real.
 
-A recording is the JSON of the command line (trace_report below, model/tools/speculate.py report) with its schema
-name and its settings. Reading one loads no model: the Replay page opens a SmolLM2 run on a machine that
-never loaded SmolLM2.
+A recording is the JSON of a run (model/recording/trace.py trace_report, model/recording/speculative.py report)
+with its schema name and its settings. Reading one loads no model: the Replay page opens a SmolLM2 run on a machine
+that never loaded SmolLM2.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.errors import InputError
-from model.tools.speculate import SCHEMA as SPECULATE_SCHEMA
-from model.tools.speculate import report
+from model.recording.speculative import SCHEMA as SPECULATE_SCHEMA
+from model.recording.speculative import report
+from model.recording.trace import SCHEMA, trace_report
 
 MAX_RECORDING_BYTES = 2 * 2**20  # the shipped ones are 2-11 KB, about 1 KB a step (each repeats the answer so far)
 RECORDINGS = Path(__file__).resolve().parent.parent.parent / "assets" / "recordings"
@@ -29,65 +29,6 @@ DECODE, SPECULATIVE = "decode", "speculative"
 PROB_TOLERANCE = 1e-4
 
 # -- the trace JSON: written by `trace --json` and the Decode page's "Download the run" -------------------------
-
-TOP_N = 5
-# the version read_recording reads back; a change of the fields gets a new one. /2: each step carries the sampling
-# settings it was drawn with (/1 kept only the run's last ones)
-SCHEMA = "decode-lab.trace/2"
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    from model.tools.bench import percentile
-
-    return {f"p{q}": round(percentile(values, q), 3) if values else None for q in (50, 95, 99)}
-
-
-def trace_report(model, gen, prompt_text: str, unknown: list[str]) -> dict:
-    """The run as `trace --json` prints it and the Decode page downloads it: a recording read_recording reads.
-    gen.checks holds each step's max |Δlogit| when the run was checked step by step (--check)."""
-    info, tok = model.info, model.tokenizer
-    steps = []
-    for index, (trace, drawn) in enumerate(zip(gen.steps, gen.samples)):
-        row = {
-            "index": index, "phase": trace.phase, "input_ids": trace.input_ids, "positions": trace.positions,
-            "cache_len": trace.cache_len, "cache_bytes": trace.cache_bytes,
-            "cache_bytes_formula": trace.cache_bytes_formula,
-            "attention_shape": [info.n_layers, info.n_heads, len(trace.input_ids), trace.cache_len],
-            "chosen_id": drawn.chosen_id, "chosen_token": tok.token(drawn.chosen_id),
-            "chosen_bytes": tok.token_bytes(drawn.chosen_id).hex(" "), "chosen_prob": round(drawn.chosen_prob, 6),
-            "settings": asdict(drawn.settings),
-            "top": [{"id": int(i), "token": tok.token(int(i)), "bytes": tok.token_bytes(int(i)).hex(" "),
-                     "prob": round(float(p), 6)}
-                    for i, p in zip(drawn.top_ids[:TOP_N], drawn.top_probs[:TOP_N])],
-            "ms": round(trace.ms, 3), "answer": tok.decode(gen.new_ids[: index + 1]),
-        }
-        if index in gen.checks:
-            row["max_abs_logit_diff"] = gen.checks[index].max_abs_diff
-        steps.append(row)
-    s = gen.settings
-    return {
-        "schema": SCHEMA,
-        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": {"name": info.name, "engine": info.backend, "architecture": info.architecture,
-                  "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
-                  "d_head": info.d_head, "sliding_window": info.window, "sliding_layers": info.sliding_layers,
-                  "dtype": info.dtype, "bytes_per_element": info.bytes_per_element, "vocab_size": info.vocab_size,
-                  "device": info.device},
-        # what re-runs it with the prompt's ids (rerun), each step with its own sampling settings;
-        # these are the latest: a change of them on the Decode page re-draws the current step and goes on with them
-        "settings": asdict(s) | {"max_new_tokens": gen.max_new_tokens, "stop": list(gen.stop_strings),
-                                 "check": len(gen.checks) == len(gen.steps)},
-        # token: the readable form (a byte piece as <E1><BB>); bytes: what each token holds, in hex
-        "prompt": {"text": prompt_text, "ids": gen.prompt_ids, "tokens": [tok.token(i) for i in gen.prompt_ids],
-                   "bytes": [tok.token_bytes(i).hex(" ") for i in gen.prompt_ids], "unknown": unknown},
-        "steps": steps,
-        "output": {"ids": gen.new_ids, "text": tok.decode(gen.new_ids), "stop_reason": gen.stop_reason},
-        "counts": {"prompt_len": len(gen.prompt_ids), "new_tokens": len(gen.new_ids),
-                   "positions_with_cache": gen.positions_with_cache,
-                   "positions_without_cache": gen.positions_without_cache},
-        "timing": {"ttft_ms": round(gen.steps[0].ms, 3), "itl_ms": percentiles([s.ms for s in gen.steps[1:]])},
-    }
-
 
 
 # -- reading a recording back ---------------------------------------------------------------------------------
@@ -554,35 +495,3 @@ def rerun_rounds(model, run: dict) -> Rerun:
     return Rerun(compared, worst, difference, model.info.device, model.info.dtype)
 
 
-def run_cli(args) -> int:
-    """python -m model rerun FILE: the recording read and checked as the Replay page reads it, run again on this
-    machine, and the verdict printed; exit status 0 when it matches, 1 when it differs (2: a file or model that
-    cannot be re-run, said in one sentence)."""
-    from model.engine.loading import load_model
-    from model.texts import text
-    from model.weights.catalog import FETCHED, list_models, settings
-
-    path = Path(args.file)
-    try:
-        size = path.stat().st_size
-        if size > MAX_RECORDING_BYTES:
-            raise InputError("recording_too_large", kb=size // 1024, most=MAX_RECORDING_BYTES // 1024)
-        run = read_recording(path.read_bytes())
-    except OSError as failed:
-        raise InputError("recording_unreadable", path=args.file,
-                         reason=failed.strerror or type(failed).__name__) from None
-    name = run["model"]["name"]
-    if name not in list_models(settings().models_dir):
-        raise InputError("recording_model_absent" if name in FETCHED else "recording_model_unknown", model=_safe(name))
-    done = rerun(load_model(name, args.device), run)
-    found = {"model": name, "device": done.device, "dtype": done.dtype, "tol": PROB_TOLERANCE}
-    decode = recording_kind(run) == DECODE
-    if done.matches:
-        print(text("replay.rerun_match" if decode else "replay.rerun_match_rounds", "en").format(
-            n=done.steps, gap=f"{done.max_prob_diff:.1e}", draft=run.get("draft"), **found))
-        return 0
-    d = done.difference
-    what = text("replay.what_" + d.what, "en").format(tol=PROB_TOLERANCE)
-    print(text("replay.rerun_differs" if decode else "replay.rerun_differs_round", "en").format(
-        step=d.step, round=d.step + 1, what=what, recorded=d.recorded, now=d.now, **found))
-    return 1
