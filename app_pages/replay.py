@@ -7,15 +7,11 @@ machine that has not loaded SmolLM2 (tests/test_replay.py replaces the loader wi
 
 import streamlit as st
 
-from model.engine.counting import CacheShape
-from model.engine.generate import CHECK_TOLERANCE
-from model.engine.tokenizer import joined_characters
 from model.recording.replay import (
     DECODE,
     MAX_RECORDING_BYTES,
     PROB_TOLERANCE,
     SHIPPED,
-    TRACE_V1,
     RecordedTokens,
     read_recording,
     recording_kind,
@@ -24,24 +20,18 @@ from model.recording.replay import (
     shipped_recording,
 )
 from model.weights.catalog import FETCHED, list_models, settings
-from ui import svg
-from ui.controls import cache_by_layer_kind
 from ui.errors import attempt, callback_error_here, guarded_in_callback
-from ui.i18n import labels, number, t
+from ui.i18n import labels, t
 from ui.models import shared_model
 from ui.speculative_round import draw_counts, draw_round, draw_sequence
 from ui.state import keep_across_pages
+from ui.step_view import recorded_step, recorded_stop_html, step_view_html
 from ui.widgets import (
     BACK_KEY,
     NEXT_KEY,
     box_html,
     choice,
-    heading_html,
     md_escape,
-    paragraph_html,
-    probability_bars_html,
-    table_html,
-    token_strip_html,
 )
 
 TABLE_ROWS = 6  # as on Decode: the table shows the latest steps, the chart all of them
@@ -119,96 +109,8 @@ with st.container(horizontal=True, vertical_alignment="center"):
                         else t("replay.round_of", round=index + 1, rounds=last + 1)) + "**")
 
 
-def stop_html(run: dict, at_end: bool) -> str:
-    """Where the recorded run stopped, once the replay reaches its last step or round."""
-    reason = run["output"]["stop_reason"]
-    if not at_end:
-        return paragraph_html(t("replay.not_stopped"), "dl-caption")
-    if reason is None:
-        return box_html(t("replay.saved_before_stop"), "note")
-    if reason == "cancelled":
-        return box_html(t("replay.stop_cancelled"), "note")
-    return box_html(t("decode.stopped", reason=t("stop." + reason)), "note")
-
-
-def chosen_text(run: dict, step: dict) -> str:
-    """The chosen token and the settings it was drawn with: the step's own; a trace/1 file kept only the run's last
-    ones, which the sentence says, without calling the step greedy or sampled."""
-    if run["schema"] == TRACE_V1:
-        key, s = "replay.chosen_last_settings", run["settings"]
-    else:
-        s = step["settings"]
-        key = "replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen"
-    return t(key, token=md_escape(step["chosen_token"]), id=step["chosen_id"], p=f"{step['chosen_prob']:.3f}",
-             temperature=s["temperature"], top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
-             top_p=s["top_p"], seed=s["seed"], n=len(step["top"]), schema=run["schema"])
-
-
-def step_html(run: dict, index: int) -> str:
-    """What the recording holds about one step, drawn as Decode draws it."""
-    step, m = run["steps"][index], run["model"]
-    prompt = run["prompt"]
-    tokens = prompt["tokens"] + [x["chosen_token"] for x in run["steps"][: index + 1]]
-    ids = prompt["ids"] + [x["chosen_id"] for x in run["steps"][: index + 1]]
-    kinds = [""] * len(prompt["ids"]) + ["new"] * (index + 1)
-    kinds[-1] = "current"
-    joined = joined_characters(RecordedTokens(run), ids)
-    legend = paragraph_html(t("tokens.byte_legend"), "dl-caption") if any(c is not None for c in joined) else ""
-    fed = dict(zip(prompt["ids"], prompt["tokens"])) | {x["chosen_id"]: x["chosen_token"] for x in run["steps"]}
-    summary = paragraph_html(t(
-        "decode.step_summary", step=index, phase=t("phase." + step["phase"]),
-        fed=md_escape(", ".join(fed.get(i, str(i)) for i in step["input_ids"])), pos=step["positions"][0],
-        cache=step["cache_len"], ms=f"{step['ms']:.2f}", device=m["device"], dtype=m["dtype"]))
-
-    attention = heading_html(t("decode.attention")) + box_html(t(
-        "replay.attention_absent", layers=m["n_layers"], heads=m["n_heads"], queries=len(step["input_ids"]),
-        keys=step["cache_len"]), "note")
-
-    names = {k: t("sampling." + k) for k in ("chosen", "other")}
-    top = step["top"]
-    sampling = (heading_html(t("decode.sampling"))
-                + probability_bars_html([row["token"] for row in top], [row["prob"] for row in top],
-                                        ["chosen" if row["id"] == step["chosen_id"] else "other" for row in top],
-                                        names)
-                + paragraph_html(chosen_text(run, step)))
-
-    shown = run["steps"][: index + 1]
-    shape = CacheShape(m["n_layers"], m["n_kv_heads"], m["d_head"], m["bytes_per_element"],
-                       len(m["sliding_layers"]), m["sliding_window"])
-    per_position = shape.bytes(1)
-    cache = (
-        heading_html(t("decode.cache"))
-        + svg.line_chart_svg(list(range(len(shown))),
-                             {t("decode.measured"): [x["cache_bytes"] for x in shown],
-                              t("decode.formula"): [x["cache_bytes_formula"] for x in shown]},
-                             t("decode.step_axis"), t("decode.bytes_axis"), t("decode.cache"),
-                             dashed=(t("decode.formula"),), number=number)
-        + table_html([t("decode.step_axis"), t("decode.cache_len"), t("decode.measured"), t("decode.formula")],
-                     [[x["index"], x["cache_len"], number(x["cache_bytes"]), number(x["cache_bytes_formula"])]
-                      for x in shown[-TABLE_ROWS:]])
-        + paragraph_html(cache_by_layer_kind(shape, step["cache_len"], step["cache_bytes"]) or t(
-            "decode.formula_text", layers=m["n_layers"], kv=m["n_kv_heads"], d=m["d_head"],
-            b=m["bytes_per_element"], per_position=number(per_position), positions=number(step["cache_len"]),
-            total=number(step["cache_bytes_formula"])), "dl-caption"))
-
-    if "max_abs_logit_diff" in step:
-        diff = step["max_abs_logit_diff"]
-        passed = diff <= CHECK_TOLERANCE
-        check = (f'<div class="dl-metric">{t("decode.check_metric")}<b>{diff:.2e}</b></div>'
-                 + box_html(t("decode.check_result_pass" if passed else "decode.check_result_fail",
-                              tol=CHECK_TOLERANCE, n=step["cache_len"]), "pass" if passed else "fail"))
-    else:
-        check = paragraph_html(t("replay.check_absent"), "dl-caption")
-    answer = (heading_html(t("decode.check")) + check + heading_html(t("decode.answer"))
-              + paragraph_html(t("decode.answer_text", text=md_escape(step["answer"]) or "∅", n=index + 1))
-              + stop_html(run, index == len(run["steps"]) - 1))
-    return (token_strip_html(tokens, ids, kinds, joined) + legend + summary
-            + f'<div class="dl-grid"><div>{attention}</div><div>{sampling}</div><div>{cache}</div>'
-            f"<div>{answer}</div></div>")
-
-
 if kind == DECODE:
-    st.html(step_html(run, index))
+    st.html(step_view_html(recorded_step(run, index)))
 else:  # drawn by the Speculative page's own code, from a run with no model behind it
     replayed, token = replayed_run(run, index + 1), RecordedTokens(run).token
     draw_sequence(replayed, token)
@@ -217,7 +119,7 @@ else:  # drawn by the Speculative page's own code, from a run with no model behi
     st.subheader(t("speculative.answer"))
     st.markdown(t("speculative.answer_text", text=md_escape(run["rounds"][index]["answer"]) or "∅",
                   n=len(replayed.new_ids)))
-    st.html(stop_html(run, index == last))
+    st.html(recorded_stop_html(run, index == last))
 
 st.subheader(t("replay.rerun"))
 name = m["name"]
