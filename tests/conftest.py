@@ -23,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,28 @@ IDLE_JS = """([quiet, call]) => {
 def wait_idle(page, timeout_ms: int = 60_000) -> None:
     """Waits until no script run is going on or about to start (QUIET_MS of quiet)."""
     page.wait_for_function(IDLE_JS, arg=[QUIET_MS, uuid.uuid4().hex], polling=50, timeout=timeout_ms)
+
+
+SETTLED_JS = """() => document.fonts.ready.then(() => new Promise(done =>
+    requestAnimationFrame(() => requestAnimationFrame(() => done(true)))))"""
+
+
+def settled(page) -> None:
+    """The fonts loaded and two frames painted since: a layout (a resize, a toggle's CSS) has been applied."""
+    page.evaluate(SETTLED_JS)
+
+
+def retried(action, done, what: str, tries: int = 3) -> int:
+    """action() until done() holds, at most `tries` times: a click that lands while a rerun is still drawing can
+    be lost under load. Returns the tries it took and says so when more than one; fails, naming `what`, after
+    the last."""
+    for attempt in range(1, tries + 1):
+        action()
+        if done():
+            if attempt > 1:
+                warnings.warn(f"{what}: took {attempt} tries", stacklevel=2)
+            return attempt
+    raise AssertionError(f"{what}: still not done after {tries} tries")
 
 
 def choose_sidebar_model(page, label: str) -> None:
