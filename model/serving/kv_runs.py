@@ -15,10 +15,11 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.paged_server import PagedServer, PagedSettings, mib_up
+from model.serving.queues import compared_chunks
 from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
 
 LAYOUTS = ("padded", "paged")
-DEFAULT_PADDED_SLOTS = 4  # the default budget: what the padded cache needs for this many of the queue's longest
+DEFAULT_PADDED_SLOTS = 2  # the default budget: what the padded cache needs for this many of the queue's longest
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,29 @@ def padded_slots(model: NativeModel, requests: list[Request], budget_bytes: int)
     if budget_bytes < slot:
         raise InputError("padded_budget", budget=round(budget_bytes / 2**20, 2), least=mib_up(slot))
     return min(MAX_SLOTS, budget_bytes // slot)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One setting a queue is compared under: `name` says which (paged, padded, prefix, no_prefix, chunks, whole),
+    `chunk` its chunk size where it has one."""
+    name: str
+    settings: KVSettings
+    chunk: int | None = None
+
+
+def variants(queue: str, context_length: int, block_size: int, budget_bytes: int) -> list[Variant]:
+    """What a built-in queue is there to compare, the first the one switched on: mixed, paged against padded;
+    shared-prefix, the prefix cache against none; long-join, chunks of the smaller compared size, no chunks, chunks
+    of the larger (queues.compared_chunks)."""
+    paged = KVSettings("paged", block_size, budget_bytes)
+    if queue == "mixed":
+        return [Variant("paged", paged), Variant("padded", dataclasses.replace(paged, layout="padded"))]
+    if queue == "shared-prefix":
+        return [Variant("prefix", dataclasses.replace(paged, prefix_cache=True)), Variant("no_prefix", paged)]
+    small, large = compared_chunks(context_length)
+    return [Variant("chunks", dataclasses.replace(paged, chunk=small), small), Variant("whole", paged),
+            Variant("chunks", dataclasses.replace(paged, chunk=large), large)]
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,7 @@ class QueueRun:
         clock_s = server.clock_ms / 1000
         ttfts = [r.ttft_ms for r in self.requests if r.ttft_ms is not None]
         itls = [gap for r in self.requests for gap in r.itl_ms]
+        joined = [r.ttft_ms for r in self.requests if r.arrival_step > 0 and r.ttft_ms is not None]
         return {
             "layout": settings.layout, "block_size": settings.block_size if paged else None,
             "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
@@ -139,6 +164,11 @@ class QueueRun:
             "tokens_per_s": sum(s.tokens for s in samples) / clock_s if clock_s else 0.0,
             "ttft_ms_p50": float(np.percentile(ttfts, 50)) if ttfts else None,
             "itl_ms": itl_percentiles(itls),
+            # the requests there from the start, and the TTFT of those that arrived later (long-join: the decodes
+            # running when the long prompt joins, and that prompt's)
+            "itl_ms_from_start": itl_percentiles([gap for r in self.requests if r.arrival_step == 0
+                                                  for gap in r.itl_ms]),
+            "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
         }
 
     def request_rows(self) -> list[dict]:

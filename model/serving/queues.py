@@ -1,12 +1,13 @@
 """The three built-in queues that serve-bench --queue and the Paged KV page run, each made for one comparison:
 
 - mixed: MIXED_REQUESTS requests there from the start, prompt lengths and token budgets spread as a class's are (many
-  short, a few long: drawn log-uniformly, seeded), for padded against paged under one budget;
+  short, a few long: drawn log-uniformly, seeded), for padded against paged under one budget; each runs to its
+  budget (an eos does not end it: vLLM's benchmarks' ignore_eos), so that the lengths are the drawn ones;
 - shared-prefix: SHARED_REQUESTS questions arriving one a step, all after the same system prompt (SmolLM2's chat
   template puts its own before every question; a model without a template gets SHARED_FILLER filler ids before its
   own few), for the prefix cache;
 - long-join: LONG_JOIN_SHORT short requests decoding from the start, and one long prompt arriving at step
-  LONG_JOIN_STEP, for chunked prefill.
+  LONG_JOIN_STEP, for chunked prefill; each to its budget, as in mixed.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ def mixed_queue(model: NativeModel, seed: int = 0) -> list[Request]:
     (p_low, p_high), (n_low, n_high) = mixed_lengths(model.info.context_length)
     rng = np.random.default_rng(seed)
     prompts, budgets = log_uniform(rng, p_low, p_high, MIXED_REQUESTS), log_uniform(rng, n_low, n_high, MIXED_REQUESTS)
-    return [Request(i, filler_ids(model, n, seed=seed + i), budget) for i, (n, budget) in enumerate(zip(prompts,
-                                                                                                     budgets))]
+    return [Request(i, filler_ids(model, n, seed=seed + i), budget, ignore_eos=True)
+            for i, (n, budget) in enumerate(zip(prompts, budgets))]
 
 
 def shared_prefix_queue(model: NativeModel, seed: int = 0) -> list[Request]:
@@ -73,9 +74,10 @@ def long_join_queue(model: NativeModel, seed: int = 0) -> list[Request]:
     context = model.info.context_length
     long = long_prompt_length(context)
     short_new = min(48, context - 16 - 1)
-    requests = [Request(i, filler_ids(model, 8 + i, seed=seed + i), short_new) for i in range(LONG_JOIN_SHORT)]
+    requests = [Request(i, filler_ids(model, 8 + i, seed=seed + i), short_new, ignore_eos=True)
+                for i in range(LONG_JOIN_SHORT)]
     requests.append(Request(LONG_JOIN_SHORT, filler_ids(model, long, seed=seed + LONG_JOIN_SHORT),
-                            min(LONG_JOIN_NEW_TOKENS, context - long), arrival_step=LONG_JOIN_STEP))
+                            min(LONG_JOIN_NEW_TOKENS, context - long), arrival_step=LONG_JOIN_STEP, ignore_eos=True))
     return requests
 
 
@@ -84,6 +86,11 @@ def compared_chunks(context_length: int) -> tuple[int, int]:
     at least)."""
     long = long_prompt_length(context_length)
     return tuple(max(MIN_CHUNK, long // part) for part in (8, 2))
+
+
+def queue_size(name: str) -> int:
+    """Requests in the built-in queue `name`, on any model."""
+    return {"mixed": MIXED_REQUESTS, "shared-prefix": SHARED_REQUESTS, "long-join": LONG_JOIN_SHORT + 1}[name]
 
 
 def built_in_queue(model: NativeModel, name: str, seed: int = 0) -> list[Request]:

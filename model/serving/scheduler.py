@@ -51,6 +51,7 @@ class Request:
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     arrival_step: int = 0                                 # the step it reaches the server at: none before waits for it
     arrived_ms: float | None = None                       # the engine clock when that step began
+    ignore_eos: bool = False                              # run to its token budget (a benchmark's fixed lengths)
 
     def restart(self) -> Request:
         """Back to not served: no tokens, no slot, not arrived."""
@@ -64,8 +65,9 @@ class Request:
         self.token_steps.append(step)
         self.token_ms.append(clock_ms)
         # every token but the one just chosen has been fed
-        self.stop_reason = stop_reason(token, eos_id, len(self.prompt_ids) + len(self.new_ids) - 1, context_length,
-                                       len(self.new_ids), self.max_new_tokens)
+        self.stop_reason = stop_reason(token, None if self.ignore_eos else eos_id,
+                                       len(self.prompt_ids) + len(self.new_ids) - 1, context_length, len(self.new_ids),
+                                       self.max_new_tokens)
 
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
