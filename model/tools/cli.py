@@ -387,22 +387,23 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--kv", default=None, choices=LAYOUTS,
                     help="with --queue: the KV cache, padded slots or paged blocks (default: paged)")
     sb.add_argument("--block-size", type=int, default=None,
-                    help="with --kv paged: positions per block, a power of 2 from 1 to the model's context (default: "
-                         "16)")
+                    help="with --kv paged: positions per block, a power of 2 between 1 and the model's context "
+                         "(default: 16)")
     sb.add_argument("--kv-budget-mb", type=float, default=None,
-                    help="with --queue: the KV cache's memory in MiB, from 0.01 to DECODE_LAB_SESSION_MB (default: "
+                    help="with --queue: the KV cache's memory in MiB, between 0.01 and DECODE_LAB_SESSION_MB (default: "
                          f"what the padded cache needs for {DEFAULT_PADDED_SLOTS} of the queue's longest requests, "
                          "within DECODE_LAB_SESSION_MB)")
     sb.add_argument("--prefix-cache", action="store_true",
                     help="with --kv paged: share full prompt blocks between requests with the same prefix")
     sb.add_argument("--chunk", type=int, default=None,
                     help=f"with --kv paged: prefill at most this many prompt positions a step, beside the decodes, "
-                         f"from {MIN_CHUNK} to the model's context (default: each prompt whole)")
+                         f"between {MIN_CHUNK} and the model's context (default: each prompt whole)")
     sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting (with --queue: per "
                                                         "request and the run's kv)")
     add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} - (the largest --batch - 1); "
-                               "with --queue request i with seed + i")
+                               "with --queue request i draws with seed + i, and the queue's requests take the place "
+                               "of --batch")
     sb.set_defaults(run=cmd_serve_bench)
 
     pr = sub.add_parser("profile", help="torch.profiler over a few batched decode steps, a Chrome-trace JSON")

@@ -18,6 +18,7 @@ from model.engine.runtime import NativeModel
 from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.kv_runs import KVSettings, QueueRun, default_budget
+from model.serving.paged_server import MIN_CHUNK
 from model.serving.queues import built_in_queue, queue_size
 from model.tools.options import check_option
 
@@ -56,6 +57,8 @@ def run_queue(args) -> dict:
     model = load_model(args.model, args.device, operator=True)
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
+    if args.chunk is not None:
+        check_option("--chunk", args.chunk, MIN_CHUNK, model.info.context_length)
     requests = [dataclasses.replace(r, settings=dataclasses.replace(settings, seed=settings.seed + r.id))
                 for r in built_in_queue(model, args.queue)]
     kv = queue_settings(args, requests, model)
