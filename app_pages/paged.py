@@ -41,13 +41,14 @@ def session_mib() -> float:
     return session_budget_bytes() / MIB
 
 
-# a queue's default budget (what the padded cache needs for DEFAULT_PADDED_SLOTS of its longest requests, within
-# the session's budget), set again when the model or the queue changes
-if state.paged_budget_for != (info.name, state.paged_queue):
-    default = guarded(lambda: kv_runs.default_budget(model, requests()))
+# a queue's default budget (kv_runs.default_budget, within the session's), set again when the model, the queue or
+# the block size changes
+if state.paged_budget_for != (info.name, state.paged_queue, state.paged_block_size):
+    default = guarded(lambda: kv_runs.default_budget(model, state.paged_queue, requests(),
+                                                     int(state.paged_block_size)))
     if default is not None:
-        state.paged_budget_mb = round(min(default / MIB, session_mib()), 2)
-        state.paged_budget_for = (info.name, state.paged_queue)
+        state.paged_budget_mb = round(min(-(-default * 100 // MIB) / 100, session_mib()), 2)
+        state.paged_budget_for = (info.name, state.paged_queue, state.paged_block_size)
 
 
 def chosen_variants() -> list[kv_runs.Variant]:

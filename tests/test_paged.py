@@ -91,7 +91,7 @@ def least_budget(model, requests, block_size: int) -> int:
     """The smallest budget the server takes for this queue, as its refusal says it (MiB, rounded up)."""
     with pytest.raises(InputError) as refused:
         PagedServer(model, requests, PagedSettings(block_size=block_size, budget_bytes=1))
-    return int(refused.value.details["least"] * MB)
+    return int(refused.value.details["least_number"] * MB)
 
 
 MODES = {

@@ -14,12 +14,13 @@ import numpy as np
 
 from model.engine.runtime import NativeModel
 from model.errors import InputError
+from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, mib_up
 from model.serving.queues import compared_chunks
 from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
 
 LAYOUTS = ("padded", "paged")
-DEFAULT_PADDED_SLOTS = 2  # the default budget: what the padded cache needs for this many of the queue's longest
+DEFAULT_PADDED_SLOTS = 2  # the mixed queue's default budget: what the padded cache needs for this many of its longest
 
 
 @dataclass(frozen=True)
@@ -45,15 +46,22 @@ def padded_slot_bytes(model: NativeModel, requests: list[Request]) -> int:
     return 2 * model.info.cache_bytes_formula(longest(requests))
 
 
-def default_budget(model: NativeModel, requests: list[Request]) -> int:
-    return DEFAULT_PADDED_SLOTS * padded_slot_bytes(model, requests)
+def default_budget(model: NativeModel, queue: str, requests: list[Request], block_size: int) -> int:
+    """mixed (padded against paged: a budget the padded cache runs short of): what DEFAULT_PADDED_SLOTS padded
+    slots of its longest request need; the others (the prefix cache, chunks: not about memory): blocks for every
+    request whole at once, so that none is preempted."""
+    if queue == "mixed":
+        return DEFAULT_PADDED_SLOTS * padded_slot_bytes(model, requests)
+    layout = PagedLayout.of(model.info, block_size)
+    return sum(layout.request_blocks(len(r.prompt_ids) + r.max_new_tokens - 1) for r in requests) * layout.block_bytes
 
 
 def padded_slots(model: NativeModel, requests: list[Request], budget_bytes: int) -> int:
     """The most slots the budget holds (MAX_SLOTS at most), each reserving padded_slot_bytes; refused under one."""
     slot = padded_slot_bytes(model, requests)
     if budget_bytes < slot:
-        raise InputError("padded_budget", budget=round(budget_bytes / 2**20, 2), least=mib_up(slot))
+        raise InputError("padded_budget", budget_number=round(budget_bytes / 2**20, 2),
+                         least_number=mib_up(slot))
     return min(MAX_SLOTS, budget_bytes // slot)
 
 

@@ -147,8 +147,8 @@ def check_paged(model: NativeModel, settings: PagedSettings, requests: list[Requ
     layout = PagedLayout.of(model.info, size)
     least = smallest_budget(layout, requests)
     if settings.budget_bytes < least:
-        raise InputError("paged_budget", budget=round(settings.budget_bytes / 2**20, 2),
-                         least=mib_up(least))
+        raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
+                         least_number=mib_up(least))
     for request in requests:
         check_settings_or_refuse(request.settings)
 

@@ -390,9 +390,9 @@ def parser() -> argparse.ArgumentParser:
                     help="with --kv paged: positions per block, a power of 2 between 1 and the model's context "
                          "(default: 16)")
     sb.add_argument("--kv-budget-mb", type=float, default=None,
-                    help="with --queue: the KV cache's memory in MiB, between 0.01 and DECODE_LAB_SESSION_MB (default: "
-                         f"what the padded cache needs for {DEFAULT_PADDED_SLOTS} of the queue's longest requests, "
-                         "within DECODE_LAB_SESSION_MB)")
+                    help="with --queue: the KV cache's memory in MiB, between 0.01 and DECODE_LAB_SESSION_MB (default, "
+                         f"within DECODE_LAB_SESSION_MB: mixed, what the padded cache needs for {DEFAULT_PADDED_SLOTS} "
+                         "of its longest requests; the others, blocks for every request at once)")
     sb.add_argument("--prefix-cache", action="store_true",
                     help="with --kv paged: share full prompt blocks between requests with the same prefix")
     sb.add_argument("--chunk", type=int, default=None,

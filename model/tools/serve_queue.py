@@ -41,9 +41,10 @@ def check_not_queue_options(args) -> None:
 
 
 def queue_settings(args, requests, model: NativeModel) -> KVSettings:
-    budget = default_budget(model, requests) if args.kv_budget_mb is None else int(args.kv_budget_mb * 2**20)
-    return KVSettings(args.kv or "paged", args.block_size or DEFAULT_BLOCK_SIZE, budget, args.prefix_cache,
-                      args.chunk)
+    block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
+              else int(args.kv_budget_mb * 2**20))
+    return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk)
 
 
 def run_queue(args) -> dict:
@@ -78,6 +79,7 @@ def run_queue(args) -> dict:
                                        "pool_blocks", "block_bytes", "slots")},
         "steps": summary["steps"], "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
+        "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
@@ -110,6 +112,10 @@ def print_report(report: dict) -> None:
     itl = report["itl_ms"]
     print(f"{report['tokens']} tokens in {report['steps']} steps, {report['tokens_per_s']:.1f} tokens/s; TTFT p50 "
           f"{ms(report['ttft_ms_p50'])} ms; ITL p50 {ms(itl['p50'])}, p99 {ms(itl['p99'])}, max {ms(itl['max'])} ms")
+    start, joined = report["itl_ms_from_start"], report["ttft_ms_joined_p50"]
+    if joined is not None and start["p99"] is not None:
+        print(f"requests there from the start: ITL p99 {ms(start['p99'])}, max {ms(start['max'])} ms; those that "
+              f"arrived later: TTFT p50 {ms(joined)} ms")
     print(report["conditions"])
 
 
