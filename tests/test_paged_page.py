@@ -7,6 +7,7 @@ import re
 import pytest
 from apptest import click, open_app
 from conftest import wait_idle
+from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model as needs_smollm2
 
 from model.serving import queues
@@ -138,6 +139,24 @@ def test_smollm2_shared_prefix_runs_on_the_page():
     click(at, "paged_next")
     steps = at.session_state["paged_run"].server.steps
     assert steps[1].cached_positions == {1: 16} and not at.error
+
+
+@needs_gemma3
+def test_gemma3_long_join_gives_back_sliding_blocks_past_the_window():
+    """The long prompt (560 positions, in chunks of 70) passes Gemma 3's 512-position window: once it is prefilled,
+    its five sliding groups give back their first 3 blocks (— in its table), its full group keeps all 35."""
+    at = click(open_page(model="gemma3", paged_queue="long-join"), "paged_start")
+    run = at.session_state["paged_run"]
+    long_id = queues.LONG_JOIN_SHORT
+    while not any(seq.request.id == long_id and seq.computed >= 560 for seq in run.server.running):
+        click(at, "paged_next")
+    at.selectbox(key="paged_table_request").set_value(long_id).run()
+    pool = run.server.pool_view()
+    gone = [sum(b < 0 for b in table) for table in pool.tables[long_id]]
+    assert gone == [0 if w is None else 3 for w in pool.windows] and pool.windows.count(None) == 1
+    assert html(at).count("<td>—</td>") == 5 * 3 and not at.error
+    click(at, "paged_run_button")
+    assert html(at).count(f"<td>{text('paged.same', 'en')}</td>") == 3
 
 
 @pytest.mark.browser
