@@ -202,8 +202,8 @@ class PagedServer:
         return True
 
     def _free(self, seq: Sequence) -> None:
-        """Every block of the request given back, the last first (vLLM frees in reverse: a prefix's later blocks
-        are handed out again before its first ones)."""
+        """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
+        prefix's later blocks are handed out again before its first ones)."""
         for table in self.cache.tables.pop(seq.request.id, []):
             self.cache.pool.free([b for b in reversed(table) if b is not None])
         seq.hashes = []
@@ -211,7 +211,7 @@ class PagedServer:
     def _cache_hit(self, seq: Sequence) -> list[list[int]]:
         """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
         every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
-        logits are computed)."""
+        logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
         size, tokens = self.layout.block_size, seq.tokens
         most = min(seq.prompt_len, len(tokens) - 1) // size
         found: list[list[int]] = [[] for _ in self.layout.groups]
