@@ -56,6 +56,29 @@ def small():
     return load_model("small", "cpu")
 
 
+def packed(module):
+    """A random model as the loader gives the shared one: eval, no gradients, its linears packed."""
+    from model.engine.llama import pack_linears
+
+    module.eval().requires_grad_(False)
+    pack_linears(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_gqa():
+    """A random Llama: 3 layers, 6 query heads over 2 KV heads, d_head 8, no tokenizer (ids only)."""
+    import torch
+
+    from model.engine.llama import Llama, LlamaConfig
+    from model.engine.runtime import NativeModel
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    return NativeModel("tiny-gqa", packed(Llama(cfg)), None, torch.device("cpu"))
+
+
 @pytest.fixture(scope="session")
 def micro():
     from model.engine.loading import load_model
