@@ -11,6 +11,12 @@ prompt, after a preemption its tokens too) are free, less those the prefix cache
 prefilled whole in the step it is admitted, or with chunked prefill (Sarathi-Serve, vLLM's default) `chunk`
 positions a step at most, together with the decode rows of that step.
 
+With `offload` (tiers.py), a victim holding at least `swap_from` positions is preempted by swap instead (vLLM V0's
+`_preempt_by_swap`): its blocks copied out to a slower tier, its computed positions kept; admitted again (first in
+the queue, when the pool has its blocks free), its blocks come back and it goes on where it stopped. A victim the
+tier cannot take (full, or its file could not be made) or whose blocks come back damaged is computed again, and the
+step says why.
+
 Every request's tokens are its solo run's (float32 on a CPU: its logits bit for bit; tests/test_paged.py): a prompt's
 chunk is a masked row over the keys of its whole prompt (paged.py), of two positions at least (one query over a whole
 prompt's keys rounds unlike that row of the prompt's one prefill), and any other position (a decode, and after a
@@ -23,6 +29,7 @@ the last bits of the logits (5e-5 on SmolLM2, its tokens the same).
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +44,7 @@ from model.errors import InputError
 from model.serving.blocks import block_hash
 from model.serving.paged import ALIGN, PagedCache, PagedLayout, PagedPass, Row, first_seen
 from model.serving.scheduler import Progress, Request, StepProgress
+from model.serving.tiers import Offload, check_tier, tier_maker
 
 MIN_CHUNK = 16     # positions of a prefill chunk at least
 MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow (vLLM's max_num_seqs)
@@ -48,6 +56,10 @@ class PagedSettings:
     budget_bytes: int = 64 * 2**20
     prefix_cache: bool = False
     chunk: int | None = None  # positions of prompts a step prefills at most; None: every admitted prompt whole
+    offload: str | None = None        # a preempted request's blocks to a second tier: "disk" | "host"; None: recompute
+    tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary folder)
+    tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
+    swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
 
 
 @dataclass
@@ -57,6 +69,7 @@ class Sequence:
     computed: int = 0                                 # positions whose keys and values its blocks hold
     hashes: list[int] = field(default_factory=list)   # chained hashes of its prompt's full blocks cached so far
     preemptions: int = 0
+    swapped: bool = False                             # its blocks wait in the tier
 
     @property
     def tokens(self) -> list[int]:
@@ -83,6 +96,8 @@ class Plan:
     admitted: list[int]
     preempted: list[int]
     cached_positions: dict[int, int]  # per admitted request, the positions the prefix cache gave it
+    tier: list[tuple[int, str]]       # what the tier did: (request, "out" | "in" | why it was computed again instead)
+    tier_ms: float                    # the moves' time
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,10 @@ class PagedStep:
     preempted: list[int]          # requests whose blocks were taken back this step, to compute again later
     left: list[int]               # requests that finished this step and freed their blocks
     cached_positions: dict[int, int]
+    tier: list[tuple[int, str]]   # (request, "out" | "in" | "short" | "full" | "unwritable" | "damaged"): moved out,
+                                  # moved back in, or computed again because it held fewer positions than swap_from,
+                                  # the tier was full, its file could not be made, or a block came back damaged
+    tier_ms: float                # moving blocks out and in
     forward_ms: float             # the one forward pass
     draw_ms: float                # choosing the tokens
     tokens: int                   # new tokens the step produced
@@ -104,7 +123,7 @@ class PagedStep:
 
     @property
     def ms(self) -> float:
-        return self.forward_ms + self.draw_ms
+        return self.tier_ms + self.forward_ms + self.draw_ms
 
     @property
     def prefill_positions(self) -> int:
@@ -151,6 +170,11 @@ def check_paged(model: NativeModel, settings: PagedSettings, requests: list[Requ
                          least_number=mib_up(least))
     for request in requests:
         check_settings_or_refuse(request.settings)
+    if settings.offload is not None:
+        check_tier(settings.offload, model.device)
+        if settings.tier_bytes is not None and settings.tier_bytes < layout.block_bytes:
+            raise InputError("tier_budget", budget_number=round(settings.tier_bytes / 2**20, 2),
+                             least_number=mib_up(layout.block_bytes))
 
 
 def mib_up(n_bytes: int) -> float:
@@ -173,17 +197,31 @@ class PagedServer:
         self.steps: list[PagedStep] = []
         self.plan: Plan | None = None
         self.clock_ms = 0.0
+        self.offload: Offload | None = None
+        if settings.offload is not None:
+            slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // self.layout.block_bytes
+            self.offload = Offload(tier_maker(settings.offload, settings.tier_folder or tempfile.gettempdir(), slots,
+                                              self.layout, self.cache.keys.dtype),
+                                   self.layout.block_bytes, settings.swap_from)
 
     @property
     def finished(self) -> bool:
         return not self.waiting and not self.running
 
     def reset(self) -> None:
-        """Every block back in the pool, every request waiting again from its start."""
+        """Every block back in the pool, every request waiting again from its start, the tier's slots free and its
+        file deleted."""
         self.cache.reset()
+        if self.offload is not None:
+            self.offload.reset()
         requests = [r.restart() for r in self.requests.values()]
         self.waiting = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
         self.running, self.steps, self.plan, self.clock_ms = [], [], None, 0.0
+
+    def close(self) -> None:
+        """The tier's file deleted (a run that ends keeps none)."""
+        if self.offload is not None:
+            self.offload.close()
 
     # -- blocks ----------------------------------------------------------------------------------------------------
 
@@ -252,12 +290,50 @@ class PagedServer:
                     self.cache.pool.free([table[j]])
                     table[j] = None
 
-    def _preempt(self, seq: Sequence) -> None:
-        self._free(seq)
-        seq.computed = 0
+    def _preempt(self, seq: Sequence, tier: list[tuple[int, str]]) -> None:
+        """Its blocks out to the tier (its positions kept: its hashes too, so that the blocks it gets back, which the
+        prefix cache does not know, are not cached again), or given back to be computed again."""
+        rid = seq.request.id
+        why = "off"
+        if self.offload is not None:
+            moved = self.offload.should_move(seq.computed)
+            why = (self.offload.move_out(self.cache, rid) or "out") if moved else "short"
+            tier.append((rid, why))
+        if why == "out":
+            hashes = seq.hashes
+            self._free(seq)
+            seq.hashes, seq.swapped = hashes, True
+        else:
+            self._free(seq)
+            seq.computed = 0
         seq.preemptions += 1
         self.running.remove(seq)
         self.waiting.appendleft(seq)
+
+    def _next_stop(self, seq: Sequence, budget: int | None) -> tuple[int | None, bool]:
+        """Where its next span ends, and whether it is a decode (its prompt done, one token to compute)."""
+        decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
+        return (seq.computed + 1 if decoding else self._chunk_end(seq, budget)), decoding
+
+    def _swap_in(self, seq: Sequence, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
+        """A moved-out request first in the queue: its blocks back into the pool and its next span (None: too few
+        blocks free, it waits), or False when a block came back damaged (its positions to compute again)."""
+        rid = seq.request.id
+        stop, decoding = self._next_stop(seq, budget)
+        out = self.offload.out[rid]
+        grown = sum(max(0, self.layout.blocks(stop) - len(table)) for table in out) if stop is not None else 0
+        if stop is None or self.offload.blocks_held(rid) + grown > self.cache.pool.n_free:
+            return None
+        tables = self.offload.move_in(self.cache, rid)
+        seq.swapped = False
+        if tables is None:
+            tier.append((rid, "damaged"))
+            seq.computed, seq.hashes = 0, []
+            return False
+        tier.append((rid, "in"))
+        self.cache.tables[rid] = tables
+        self._grow(seq, stop)
+        return self._span(seq, stop, decoding)
 
     # -- scheduling --------------------------------------------------------------------------------------------------
 
@@ -274,19 +350,19 @@ class PagedServer:
         return stop
 
     def _schedule(self, index: int) -> Plan:
-        spans, admitted, preempted, cached = [], [], [], {}
+        spans, admitted, preempted, cached, tier = [], [], [], {}, []
+        moved_ms = self._moved_ms()
         budget = self.settings.chunk
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
-            stop = seq.computed + 1 if decoding else self._chunk_end(seq, budget)
+            stop, decoding = self._next_stop(seq, budget)
             if stop is None:
                 i += 1
                 continue
             while not self._grow(seq, stop):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self._preempt(victim, tier)
                 preempted.append(victim.request.id)
                 if victim is seq:
                     break
@@ -304,6 +380,19 @@ class PagedServer:
         while (not preempted and self.waiting and self.waiting[0].request.arrival_step <= index
                and len(self.running) < MAX_RUNNING):
             seq = self.waiting[0]
+            if seq.swapped:
+                span = self._swap_in(seq, budget, tier)
+                if span is None:
+                    break
+                if span is not False:
+                    self.waiting.popleft()
+                    self.running.append(seq)
+                    admitted.append(seq.request.id)
+                    cached[seq.request.id] = 0
+                    spans.append(span)
+                    if budget is not None and span.kind != "decode":
+                        budget -= span.stop - span.start
+                    continue
             hit = self._cache_hit(seq) if self.settings.prefix_cache else [[] for _ in self.layout.groups]
             hit_positions = len(hit[0]) * self.layout.block_size
             seq.computed = hit_positions
@@ -328,7 +417,10 @@ class PagedServer:
             spans.append(self._span(seq, stop, False))
             if budget is not None:
                 budget -= stop - seq.computed
-        return Plan(spans, admitted, preempted, cached)
+        return Plan(spans, admitted, preempted, cached, tier, self._moved_ms() - moved_ms)
+
+    def _moved_ms(self) -> float:
+        return 0.0 if self.offload is None else self.offload.moves.ms_out + self.offload.moves.ms_in
 
     def _span(self, seq: Sequence, stop: int, decoding: bool) -> Span:
         kind = "decode" if decoding else "recompute" if seq.preemptions and seq.request.new_ids else "prefill"
@@ -352,6 +444,8 @@ class PagedServer:
         pass again whole (it writes the same positions); its time is not counted."""
         index = len(self.steps)
         if self.plan is None:
+            if self.offload is not None:
+                self.offload.step_begins()
             self.plan = self._schedule(index)
         plan = self.plan
         by_id = {seq.request.id: seq for seq in self.running}
@@ -382,7 +476,7 @@ class PagedServer:
             if span.stop == len(seq.tokens):
                 drawn[span.request] = seq.request.choose(logits[last_row[span.request]].float())
         draw_ms = (time.perf_counter() - t0) * 1000
-        self.clock_ms += forward_ms + draw_ms
+        self.clock_ms += plan.tier_ms + forward_ms + draw_ms
         for request_id, token in drawn.items():
             by_id[request_id].request.emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
         if self.settings.prefix_cache:
@@ -400,8 +494,9 @@ class PagedServer:
                 left.append(seq.request.id)
                 self._free(seq)
                 self.running.remove(seq)
-        step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, forward_ms,
-                         draw_ms, len(drawn), len(self.running) + len(left), held_blocks, shared, reserved, held)
+        step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
+                         plan.tier_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left), held_blocks,
+                         shared, reserved, held)
         self.steps.append(step)
         return step
 

@@ -1,0 +1,372 @@
+"""A second, slower tier for the paged cache's blocks: a preempted request's blocks moved out of the pool and back
+in, its computed positions kept, instead of computed again (vLLM V0's preemption by swap, `_preempt_by_swap` into
+its CPU `swap_space`; LMCache's and vLLM V1's OffloadingConnector's offload of KV blocks to slower, larger tiers).
+
+- A Tier holds block slots beside the pool, each slot one block's K and V (2 × its group's layers × KV heads ×
+  block size × head dim elements, the pool's dtype), with a hash of each slot's bytes taken at the move out and
+  checked at the move back (blake2b): a block that comes back damaged is not used, and its request is computed
+  again. `disk_tier`: a memory-mapped file on disk, its whole size reserved when it is made (posix_fallocate, so that
+  a disk that fills later cannot fail a write into the mapping); on this CPU machine its pages are the kernel's page
+  cache, written to the disk when the kernel chooses, so a move is a copy through the mapping. `host_tier`: host
+  memory (pinned), for a pool on a GPU.
+- Offload moves a victim's blocks out when it holds at least `swap_from` positions (the crossover measured on this
+  machine; None: never), its request waiting at the front of the queue as a recomputed one would; when it is
+  admitted again its blocks come back into free blocks of the pool and it goes on where it stopped. A victim is
+  computed again when the tier has no room, cannot be made, or gave a block back damaged; each step says which.
+- measure_crossover times, on this machine and model, the move out, the move back and the recompute (a prefill of
+  the same positions, one pass of the server's own) at positions from one block up; the crossover is the fewest
+  positions from which moving out and back beats recomputing at every larger measured point.
+
+Every token stays its solo run's: a block comes back with the bits it left with (checked), into the table place it
+left, and a request goes on from the same positions.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import secrets
+import statistics
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.engine.runtime import NativeModel, synchronize
+from model.errors import InputError
+from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+
+TIER_KINDS = ("disk", "host")
+TIER_FILE_PREFIX = "decode-lab-kv-"
+# why a disk tier could not be made, by the OS's error: the text key that says it
+UNWRITABLE = {errno.ENOENT: "tier.missing", errno.ENOTDIR: "tier.missing", errno.EACCES: "tier.read_only",
+              errno.EPERM: "tier.read_only", errno.EROFS: "tier.read_only", errno.ENOSPC: "tier.full",
+              errno.EDQUOT: "tier.full", errno.EFBIG: "tier.full"}
+CROSSOVER_MOST_POSITIONS = 512  # the longest recompute timed (a prefill of 512 positions: about a second of SmolLM2)
+CROSSOVER_REPEATS = 3           # each point's times: the median of this many
+
+
+def block_shape(layout: PagedLayout) -> tuple[int, ...]:
+    """One slot: K and V of a block, (2, group layers, KV heads, block size, head dim)."""
+    return 2, layout.group_layers, layout.n_kv_heads, layout.block_size, layout.d_head
+
+
+def digest(block: torch.Tensor) -> bytes:
+    """A block's bytes hashed (the bytes of any dtype, bfloat16's too)."""
+    return hashlib.blake2b(memoryview(block.contiguous().view(torch.uint8).numpy()), digest_size=16).digest()
+
+
+class Tier:
+    """`store` (slots, *block_shape) of the pool's dtype on the host; slots handed out from a free queue; the hash of
+    each held slot's bytes."""
+
+    def __init__(self, kind: str, store: torch.Tensor, path: Path | None):
+        self.kind, self.store, self.path = kind, store, path
+        self.free_slots: deque[int] = deque(range(store.shape[0]))
+        self.hashes: dict[int, bytes] = {}
+        # the file deleted when the tier is dropped without close() too (a page's session that ends)
+        self._deleted = weakref.finalize(self, unlink, path) if path is not None else None
+
+    @property
+    def nbytes(self) -> int:
+        return self.store.numel() * self.store.element_size()
+
+    @property
+    def n_slots(self) -> int:
+        return self.store.shape[0]
+
+    @property
+    def n_free(self) -> int:
+        return len(self.free_slots)
+
+    def write(self, blocks: torch.Tensor) -> list[int]:
+        """blocks (k, *block_shape) on the host into k free slots (the caller checked n_free); their slots."""
+        slots = [self.free_slots.popleft() for _ in range(blocks.shape[0])]
+        for slot, block in zip(slots, blocks):
+            self.hashes[slot] = digest(block)
+        self.store[torch.tensor(slots)] = blocks
+        return slots
+
+    def read(self, slots: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """A copy of the slots' blocks, and those of the slots whose bytes no longer match their hash."""
+        blocks = self.store[torch.tensor(slots)]
+        return blocks, [slot for slot, block in zip(slots, blocks) if digest(block) != self.hashes[slot]]
+
+    def free(self, slots: list[int]) -> None:
+        for slot in slots:
+            del self.hashes[slot]
+            self.free_slots.append(slot)
+
+    def close(self) -> None:
+        """The memory let go, and the disk tier's file deleted."""
+        self.store = torch.empty(0)
+        if self._deleted is not None:
+            self._deleted()
+
+
+def unlink(path: Path) -> None:
+    with suppress(FileNotFoundError):
+        path.unlink()
+
+
+def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
+    """A new file of `slots` blocks in `folder`, memory-mapped; InputError (tier_unwritable) when the folder is
+    missing, read-only or too full to reserve it (nothing is left behind)."""
+    shape = (slots, *block_shape(layout))
+    path = Path(folder) / f"{TIER_FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tier"
+    n_bytes = math.prod(shape) * dtype.itemsize
+    created = False
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+        try:
+            os.posix_fallocate(handle, 0, n_bytes)
+        finally:
+            os.close(handle)
+        store = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+    except OSError as failed:
+        if created:
+            unlink(path)
+        raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
+                         reason_text=UNWRITABLE.get(failed.errno, "tier.other")) from None
+    return Tier("disk", store, path)
+
+
+def host_tier(slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
+    """`slots` blocks of host memory, pinned where a GPU is there (its copies then run at the link's speed)."""
+    store = torch.empty((slots, *block_shape(layout)), dtype=dtype, pin_memory=torch.cuda.is_available())
+    return Tier("host", store, None)
+
+
+def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
+               dtype: torch.dtype) -> Callable[[], Tier]:
+    if kind == "disk":
+        return lambda: disk_tier(folder, slots, layout, dtype)
+    return lambda: host_tier(slots, layout, dtype)
+
+
+def check_tier(kind: str, device: torch.device) -> None:
+    """Host memory is a tier only below a GPU's memory: on a CPU the pool is in it already."""
+    if kind == "host" and device.type != "cuda":
+        raise InputError("offload_host_on_cpu")
+
+
+@dataclass(frozen=True)
+class TierView:
+    """The tier as a page draws it, slot by slot."""
+    holder: np.ndarray      # the request whose block the slot holds, −1 when free
+    went_out: np.ndarray    # written in the last step
+    came_back: np.ndarray   # the request the slot's block went back to in the last step (the slot now free), −1
+
+
+@dataclass
+class Moves:
+    """What went through the tier, counted since the run began."""
+    blocks_out: int = 0
+    blocks_in: int = 0
+    ms_out: float = 0.0
+    ms_in: float = 0.0
+
+
+class Offload:
+    """A pool's second tier (made by `make_tier`, at once so that a folder that cannot take it is said before any
+    step, and again after a reset at the first move out), the slots each moved-out request holds there, and the
+    moves."""
+
+    def __init__(self, make_tier: Callable[[], Tier], block_bytes: int, swap_from: int | None,
+                 crossover: Crossover | None = None):
+        self.make_tier, self.block_bytes = make_tier, block_bytes
+        self.swap_from, self.crossover = swap_from, crossover
+        self.tier: Tier | None = make_tier()
+        self.kind = self.tier.kind
+        self.out: dict[int, list[list[int | None]]] = {}  # request -> per group, per table place: its slot
+        self.moves = Moves()
+        self.failure: InputError | None = None            # why the tier could not be made again, once
+        self.went_out: dict[int, list[int]] = {}          # the last step's moves: request -> slots
+        self.came_back: dict[int, list[int]] = {}
+
+    def should_move(self, positions: int) -> bool:
+        return self.swap_from is not None and positions >= self.swap_from
+
+    def step_begins(self) -> None:
+        self.went_out, self.came_back = {}, {}
+
+    def move_out(self, cache: PagedCache, request: int) -> str | None:
+        """The request's blocks (every table, in order; None places stay None) copied into the tier; None when done,
+        else why not: "full" (too few free slots) or "unwritable" (the tier could not be made: self.failure)."""
+        if self.tier is None:
+            try:
+                self.tier = self.make_tier()
+            except InputError as failed:
+                self.failure = failed
+                return "unwritable"
+        tables = cache.tables[request]
+        ids = [b for table in tables for b in table if b is not None]
+        if len(ids) > self.tier.n_free:
+            return "full"
+        t0 = time.perf_counter()
+        at = torch.tensor(ids, device=cache.keys.device)
+        blocks = torch.stack((cache.keys[:, :, at], cache.values[:, :, at])).permute(3, 0, 1, 2, 4, 5).cpu()
+        slots = iter(self.tier.write(blocks))
+        self.out[request] = [[None if b is None else next(slots) for b in table] for table in tables]
+        self.moves.ms_out += (time.perf_counter() - t0) * 1000
+        self.moves.blocks_out += len(ids)
+        self.went_out[request] = [s for table in self.out[request] for s in table if s is not None]
+        return None
+
+    def blocks_held(self, request: int) -> int:
+        return sum(s is not None for table in self.out[request] for s in table)
+
+    def move_in(self, cache: PagedCache, request: int) -> list[list[int | None]] | None:
+        """The request's blocks read back, checked, into newly allocated blocks of the pool (the caller checked
+        n_free); its tables, or None when a block came back damaged (nothing allocated). Its slots are free after."""
+        out = self.out.pop(request)
+        slots = [s for table in out for s in table if s is not None]
+        t0 = time.perf_counter()
+        blocks, damaged = self.tier.read(slots)
+        self.tier.free(slots)
+        self.came_back[request] = slots
+        if damaged:
+            return None
+        tables = [[None if s is None else cache.pool.allocate(g) for s in table] for g, table in enumerate(out)]
+        at = torch.tensor([b for table in tables for b in table if b is not None], device=cache.keys.device)
+        blocks = blocks.to(cache.keys.device).permute(1, 2, 3, 0, 4, 5)  # (2, layers, n_kv, k, block_size, d_head)
+        cache.keys[:, :, at], cache.values[:, :, at] = blocks[0], blocks[1]
+        synchronize(cache.keys.device)
+        self.moves.ms_in += (time.perf_counter() - t0) * 1000
+        self.moves.blocks_in += len(slots)
+        return tables
+
+    def view(self) -> TierView:
+        n = 0 if self.tier is None else self.tier.n_slots
+        holder, went_out, came_back = np.full(n, -1), np.zeros(n, dtype=bool), np.full(n, -1)
+        for request, tables in self.out.items():
+            for table in tables:
+                for slot in table:
+                    if slot is not None:
+                        holder[slot] = request
+        for request, slots in self.went_out.items():
+            went_out[[s for s in slots if holder[s] == request]] = True
+        for request, slots in self.came_back.items():
+            came_back[[s for s in slots if holder[s] < 0]] = request
+        return TierView(holder, went_out, came_back)
+
+    def reset(self) -> None:
+        """Every slot free and the tier's file deleted (made again at the next move out)."""
+        if self.tier is not None:
+            self.tier.close()
+        self.tier, self.out, self.moves, self.failure = None, {}, Moves(), None
+        self.went_out, self.came_back = {}, {}
+
+    close = reset
+
+
+# -- the crossover ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CrossoverPoint:
+    positions: int
+    blocks: int          # the blocks those positions fill in every group's table
+    out_ms: float        # moving them out (medians)
+    in_ms: float         # and back
+    recompute_ms: float  # a prefill of the positions, one pass
+
+    @property
+    def round_trip_ms(self) -> float:
+        return self.out_ms + self.in_ms
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Times measured on this machine by positions, and what follows from them."""
+    points: tuple[CrossoverPoint, ...]
+    kind: str
+    block_bytes: int
+    block_size: int
+    conditions: dict = field(default_factory=dict)
+
+    def _per_block(self, ms: Callable[[CrossoverPoint], float]) -> float:
+        return statistics.median(ms(p) / p.blocks for p in self.points)
+
+    @property
+    def ms_per_block_out(self) -> float:
+        return self._per_block(lambda p: p.out_ms)
+
+    @property
+    def ms_per_block_in(self) -> float:
+        return self._per_block(lambda p: p.in_ms)
+
+    @property
+    def recompute_ms_per_block(self) -> float:
+        return self._per_block(lambda p: p.recompute_ms)
+
+    @property
+    def positions(self) -> int | None:
+        """The fewest measured positions from which a move out and back beat the recompute at every larger measured
+        point; None when it did not at the largest."""
+        found = None
+        for point in reversed(self.points):
+            if point.round_trip_ms >= point.recompute_ms:
+                break
+            found = point.positions
+        return found
+
+
+def crossover_positions(context_length: int, block_size: int) -> list[int]:
+    """One block, two, four... up to CROSSOVER_MOST_POSITIONS and the context − 1 (which a block may pass)."""
+    most = min(context_length - 1, CROSSOVER_MOST_POSITIONS)
+    points, n = [], block_size
+    while n < most:
+        points.append(n)
+        n *= 2
+    return points + [most]
+
+
+@torch.inference_mode()
+def measure_crossover(model: NativeModel, layout: PagedLayout, make_tier: Callable[[int], Tier]) -> Crossover:
+    """Each point's move out, move back (through a tier of its own from make_tier(slots), deleted after) and recompute
+    (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up."""
+    points = crossover_positions(model.info.context_length, layout.block_size)
+    blocks = layout.request_blocks(points[-1])
+    dtype, device = model.module.lm_head.weight.dtype, model.device
+    cache = PagedCache(layout, blocks, dtype, device)
+    offload = Offload(lambda: make_tier(blocks), layout.block_bytes, 0)
+    ids = torch.randint(4, model.info.vocab_size, (1, points[-1]), generator=torch.Generator().manual_seed(0))
+    measured = []
+    try:
+        for n in points:
+            cache.reset()
+            cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
+                               for g in range(len(layout.groups))]
+            times = {"out": [], "in": [], "recompute": []}
+            for repeat in range(CROSSOVER_REPEATS + 1):
+                paged = PagedPass(cache, [Row(0, 0, n, True, n)], device)
+                synchronize(device)
+                t0 = time.perf_counter()
+                model.module(ids[:, :n].to(device), paged, positions=paged.positions, keys=paged.row_keys,
+                             last_logits_only=True)
+                synchronize(device)
+                recompute_ms = (time.perf_counter() - t0) * 1000
+                before = (offload.moves.ms_out, offload.moves.ms_in)
+                offload.move_out(cache, 0)
+                cache.pool.free([b for table in cache.tables[0] for b in table])
+                cache.tables[0] = offload.move_in(cache, 0)
+                if repeat:  # the first: a warm-up
+                    times["recompute"].append(recompute_ms)
+                    times["out"].append(offload.moves.ms_out - before[0])
+                    times["in"].append(offload.moves.ms_in - before[1])
+            measured.append(CrossoverPoint(n, layout.request_blocks(n), statistics.median(times["out"]),
+                                           statistics.median(times["in"]), statistics.median(times["recompute"])))
+    finally:
+        offload.close()
+    return Crossover(tuple(measured), offload.kind, layout.block_bytes, layout.block_size,
+                     {"threads": torch.get_num_threads(), "device": str(device), "repeats": CROSSOVER_REPEATS})
