@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from test_batch import EXACT
 from test_paged import MB, least_budget, queue, serve_and_check, wide_gemma3  # noqa: F401  (wide_gemma3: the fixture)
 
@@ -37,11 +38,26 @@ def tier_files(folder) -> list[Path]:
     return sorted(Path(folder).glob(TIER_FILE_PREFIX + "*"))
 
 
+def scribbled_after_preemption(monkeypatch) -> None:
+    """Every free block's keys and values set to NaN after each preemption: a request moved back in reads only what
+    came back from the tier (a block the pool hands out again could otherwise hold its old bytes still)."""
+    preempt = PagedServer._preempt
+
+    def scribbled(self, seq, tier):
+        preempt(self, seq, tier)
+        free = torch.tensor(list(self.cache.pool.free_ids), dtype=torch.long)
+        self.cache.keys[:, :, free] = float("nan")
+        self.cache.values[:, :, free] = float("nan")
+
+    monkeypatch.setattr(PagedServer, "_preempt", scribbled)
+
+
 @pytest.mark.parametrize("name", ["small", "wide_gemma3"])
 def test_a_request_moved_out_and_back_is_its_solo_run(name, request, tmp_path, monkeypatch):
     """wide_gemma3's sliding groups let blocks go (None places in its tables), which stay None through the tier."""
     model = request.getfixturevalue(name)
     requests, settings = tight(model, tmp_path)
+    scribbled_after_preemption(monkeypatch)
     server = serve_and_check(model, requests, settings, monkeypatch, EXACT)
     moved = events(server)
     assert moved.count("out") >= 2 and moved.count("in") == moved.count("out") and "damaged" not in moved
