@@ -14,7 +14,10 @@ from model.tools import serve_queue
 REQUEST_KEYS = {"id", "arrival_step", "prompt_ids", "tokens", "ttft_ms", "itl_ms", "stop_reason", "preemptions"}
 KV_KEYS = {"layout", "block_size", "budget_bytes", "max_concurrent", "bytes_reserved_peak", "bytes_held_peak",
            "waste_fraction", "shared_blocks", "prefill_positions_computed", "preemptions", "prefix_cache", "chunk",
-           "pool_blocks", "block_bytes", "slots"}
+           "pool_blocks", "block_bytes", "slots", "offload"}
+OFFLOAD_KEYS = {"kind", "tier_bytes", "bytes", "blocks_out", "blocks_in", "ms_per_block_out", "ms_per_block_in",
+                "recompute_ms_per_block", "crossover_positions", "run_ms_per_block_out", "run_ms_per_block_in",
+                "recomputed", "points"}
 
 
 def served(run_cli, *options: str) -> dict:  # noqa: F811
@@ -67,14 +70,47 @@ def test_paged_runs_more_requests_at_once_than_padded_under_the_same_budget_with
                                                  "of 128 positions (it is 3)."),
     (["--queue", "mixed", "--block-size", "256"], "(it is 256)"),
     (["--queue", "long-join", "--chunk", "8"], "--chunk must be between 16 and 128; the value given is 8."),
-    (["--queue", "mixed", "--kv", "padded", "--prefix-cache"], "the prefix cache and chunked prefill need the paged"),
+    (["--queue", "mixed", "--kv", "padded", "--prefix-cache"],
+     "the prefix cache, chunked prefill and the second tier need the paged"),
     (["--queue", "mixed", "--batch", "2"], "--batch belongs to the step sweep"),
     (["--chunk", "64"], "--chunk belongs to a served queue"),
     (["--prefix-cache"], "--prefix-cache belongs to a served queue"),
+    (["--offload", "disk"], "--offload belongs to a served queue"),
+    (["--queue", "mixed", "--kv", "padded", "--offload", "disk"], "and the second tier need the paged layout"),
+    (["--queue", "mixed", "--offload", "host"], "on a CPU the pool is in host memory already"),
+    (["--queue", "mixed", "--offload", "disk", "--tier-dir", "/no/such/folder"],
+     "cannot be made in /no/such/folder: this folder does not exist."),
 ])
 def test_bad_queue_options_are_one_sentence(run_cli, options, said):  # noqa: F811
     out = run_cli("serve-bench", "--model", "small", *options)
     assert (out.returncode, out.stdout) == (2, "") and out.stderr.count("\n") == 1 and said in out.stderr, out.stderr
+
+
+def test_offload_moves_preempted_blocks_out_and_back_with_the_same_tokens_and_the_crossover_of_its_points(
+        run_cli, tmp_path):  # noqa: F811
+    """small's mixed queue under its default budget preempts; with the disk tier each victim's blocks go out to a
+    file in --tier-dir and come back (the crossover on small is one block: a round trip of a block's 32 KiB beats a
+    forward pass), the tokens those of the run without it; the file is gone at the end."""
+    on = served(run_cli, "--queue", "mixed", "--offload", "disk", "--tier-dir", str(tmp_path))
+    off = served(run_cli, "--queue", "mixed")
+    offload = on["kv"]["offload"]
+    assert off["kv"]["offload"] is None and set(offload) == OFFLOAD_KEYS and offload["kind"] == "disk"
+    assert [r["tokens"] for r in on["requests"]] == [r["tokens"] for r in off["requests"]]
+    assert on["kv"]["preemptions"] == off["kv"]["preemptions"] > 0
+    assert offload["blocks_in"] == offload["blocks_out"] > 0
+    assert offload["bytes"] == offload["blocks_out"] * on["kv"]["block_bytes"]
+    assert offload["tier_bytes"] == on["kv"]["pool_blocks"] * on["kv"]["block_bytes"]
+    # on this model the victims hold at least the crossover's positions: none is computed again
+    assert offload["recomputed"] == {"short": 0, "full": 0, "unwritable": 0, "damaged": 0}
+    # the crossover from the points: the fewest positions from which every larger point's round trip wins
+    points = offload["points"]
+    wins = [p["out_ms"] + p["in_ms"] < p["recompute_ms"] for p in points]
+    expected = next((p["positions"] for i, p in enumerate(points) if all(wins[i:])), None)
+    assert offload["crossover_positions"] == expected == points[0]["positions"] == 16
+    assert [p["positions"] for p in points] == [16, 32, 64, 127]
+    per_block = sorted(p["recompute_ms"] / p["blocks"] for p in points)
+    assert offload["recompute_ms_per_block"] == pytest.approx((per_block[1] + per_block[2]) / 2)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_budget_too_small_says_the_smallest_that_fits(run_cli, small):  # noqa: F811

@@ -209,8 +209,7 @@ def test_the_crossover_is_where_the_round_trip_wins_from_there_on():
 
 def test_measure_crossover_times_each_point_and_deletes_its_file(small, tmp_path):
     layout = PagedLayout.of(small.info, 16)
-    measured = measure_crossover(small, layout, lambda slots: disk_tier(str(tmp_path), slots, layout,
-                                                                        small.module.lm_head.weight.dtype))
+    measured = measure_crossover(small, layout, "disk", str(tmp_path))
     # small's context of 128: one block, two, four, and 127 positions (8 blocks of its one group)
     assert [(p.positions, p.blocks) for p in measured.points] == [(16, 1), (32, 2), (64, 4), (127, 8)]
     assert all(p.out_ms > 0 and p.in_ms > 0 and p.recompute_ms > 0 for p in measured.points)

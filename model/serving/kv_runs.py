@@ -15,9 +15,10 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.paged import PagedLayout
-from model.serving.paged_server import PagedServer, PagedSettings, mib_up
+from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
 from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
+from model.serving.tiers import Crossover, measure_crossover
 
 LAYOUTS = ("padded", "paged")
 DEFAULT_PADDED_SLOTS = 2  # the mixed queue's default budget: what the padded cache needs for this many of its longest
@@ -30,10 +31,14 @@ class KVSettings:
     budget_bytes: int = 0
     prefix_cache: bool = False
     chunk: int | None = None
+    offload: str | None = None      # a preempted request's blocks to a second tier (tiers.py): "disk" | "host"
+    tier_folder: str | None = None
+    tier_bytes: int | None = None
 
     @property
     def paged(self) -> PagedSettings:
-        return PagedSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk)
+        return PagedSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk, self.offload,
+                             self.tier_folder, self.tier_bytes)
 
 
 def longest(requests: list[Request]) -> int:
@@ -101,15 +106,23 @@ class Sample:
 
 
 class QueueRun:
-    """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept."""
+    """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept. With an
+    offload, the crossover is measured first on this machine, and a victim is moved out from that many positions."""
 
     def __init__(self, model: NativeModel, requests: list[Request], settings: KVSettings):
         self.model, self.settings = model, settings
         self.requests = [dataclasses.replace(r).restart() for r in requests]
+        self.crossover: Crossover | None = None
         if settings.layout == "paged":
-            self.server = PagedServer(model, self.requests, settings.paged)
+            paged = settings.paged
+            if settings.offload is not None:
+                check_paged(model, paged, self.requests)
+                self.crossover = measure_crossover(model, PagedLayout.of(model.info, settings.block_size),
+                                                   settings.offload, settings.tier_folder)
+                paged = dataclasses.replace(paged, swap_from=self.crossover.positions)
+            self.server = PagedServer(model, self.requests, paged)
         else:
-            if settings.prefix_cache or settings.chunk is not None:
+            if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
                 raise InputError("padded_no_paging")
             self.server = Server(model, padded_slots(model, requests, settings.budget_bytes), self.requests,
                                  settings.budget_bytes)
@@ -135,8 +148,14 @@ class QueueRun:
             self.step(report)
         return self
 
+    def close(self) -> None:
+        """The tier's file deleted (paged with an offload)."""
+        if self.settings.layout == "paged":
+            self.server.close()
+
     def reset(self) -> None:
-        """Back to before the first step: every block back in the pool (paged), every request waiting."""
+        """Back to before the first step: every block back in the pool (paged; the tier's file deleted), every
+        request waiting."""
         if self.settings.layout == "paged":
             self.server.reset()
         else:
@@ -177,6 +196,30 @@ class QueueRun:
             "itl_ms_from_start": itl_percentiles([gap for r in self.requests if r.arrival_step == 0
                                                   for gap in r.itl_ms]),
             "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
+            "offload": self.offload_summary(),
+        }
+
+    def offload_summary(self) -> dict | None:
+        """The tier: its kind and size, the bytes and blocks moved out and back in this run, the victims computed
+        again and why, and the crossover measured before the run (per block: each point's time over its blocks,
+        the median over the points)."""
+        if self.crossover is None:
+            return None
+        offload, crossover = self.server.offload, self.crossover
+        moves = offload.moves
+        said = [what for step in self.server.steps for _, what in step.tier]
+        return {
+            "kind": offload.kind, "tier_bytes": offload.tier_bytes,
+            "bytes": moves.blocks_out * offload.block_bytes, "blocks_out": moves.blocks_out,
+            "blocks_in": moves.blocks_in,
+            "ms_per_block_out": crossover.ms_per_block_out, "ms_per_block_in": crossover.ms_per_block_in,
+            "recompute_ms_per_block": crossover.recompute_ms_per_block,
+            "crossover_positions": crossover.positions,
+            "run_ms_per_block_out": moves.ms_out / moves.blocks_out if moves.blocks_out else None,
+            "run_ms_per_block_in": moves.ms_in / moves.blocks_in if moves.blocks_in else None,
+            "recomputed": {why: said.count(why) for why in ("short", "full", "unwritable", "damaged")},
+            "points": [{"positions": p.positions, "blocks": p.blocks, "out_ms": p.out_ms, "in_ms": p.in_ms,
+                        "recompute_ms": p.recompute_ms} for p in crossover.points],
         }
 
     def request_rows(self) -> list[dict]:

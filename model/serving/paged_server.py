@@ -29,7 +29,6 @@ the last bits of the logits (5e-5 on SmolLM2, its tokens the same).
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -57,7 +56,7 @@ class PagedSettings:
     prefix_cache: bool = False
     chunk: int | None = None  # positions of prompts a step prefills at most; None: every admitted prompt whole
     offload: str | None = None        # a preempted request's blocks to a second tier: "disk" | "host"; None: recompute
-    tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary folder)
+    tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary one)
     tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
 
@@ -200,8 +199,8 @@ class PagedServer:
         self.offload: Offload | None = None
         if settings.offload is not None:
             slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // self.layout.block_bytes
-            self.offload = Offload(tier_maker(settings.offload, settings.tier_folder or tempfile.gettempdir(), slots,
-                                              self.layout, self.cache.keys.dtype),
+            self.offload = Offload(tier_maker(settings.offload, settings.tier_folder, slots, self.layout,
+                                              self.cache.keys.dtype),
                                    self.layout.block_bytes, settings.swap_from)
 
     @property

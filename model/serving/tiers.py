@@ -29,6 +29,7 @@ import math
 import os
 import secrets
 import statistics
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -148,8 +149,9 @@ def host_tier(slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
 
 def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
                dtype: torch.dtype) -> Callable[[], Tier]:
+    """What makes the tier (again after a reset); the disk tier's folder by default the system's temporary one."""
     if kind == "disk":
-        return lambda: disk_tier(folder, slots, layout, dtype)
+        return lambda: disk_tier(folder or tempfile.gettempdir(), slots, layout, dtype)
     return lambda: host_tier(slots, layout, dtype)
 
 
@@ -186,7 +188,7 @@ class Offload:
         self.make_tier, self.block_bytes = make_tier, block_bytes
         self.swap_from, self.crossover = swap_from, crossover
         self.tier: Tier | None = make_tier()
-        self.kind = self.tier.kind
+        self.kind, self.tier_bytes = self.tier.kind, self.tier.nbytes
         self.out: dict[int, list[list[int | None]]] = {}  # request -> per group, per table place: its slot
         self.moves = Moves()
         self.failure: InputError | None = None            # why the tier could not be made again, once
@@ -259,14 +261,17 @@ class Offload:
             came_back[[s for s in slots if holder[s] < 0]] = request
         return TierView(holder, went_out, came_back)
 
-    def reset(self) -> None:
-        """Every slot free and the tier's file deleted (made again at the next move out)."""
+    def close(self) -> None:
+        """The tier's file deleted (made again at the next move out); what moved is still counted."""
         if self.tier is not None:
             self.tier.close()
-        self.tier, self.out, self.moves, self.failure = None, {}, Moves(), None
-        self.went_out, self.came_back = {}, {}
+        self.tier = None
 
-    close = reset
+    def reset(self) -> None:
+        """Every slot free, the file deleted, the counts at zero."""
+        self.close()
+        self.out, self.moves, self.failure = {}, Moves(), None
+        self.went_out, self.came_back = {}, {}
 
 
 # -- the crossover ---------------------------------------------------------------------------------------------------
@@ -332,14 +337,15 @@ def crossover_positions(context_length: int, block_size: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure_crossover(model: NativeModel, layout: PagedLayout, make_tier: Callable[[int], Tier]) -> Crossover:
-    """Each point's move out, move back (through a tier of its own from make_tier(slots), deleted after) and recompute
+def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None) -> Crossover:
+    """Each point's move out, move back (through a tier of its own, `kind` in `folder`, deleted after) and recompute
     (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up."""
+    check_tier(kind, model.device)
     points = crossover_positions(model.info.context_length, layout.block_size)
     blocks = layout.request_blocks(points[-1])
     dtype, device = model.module.lm_head.weight.dtype, model.device
     cache = PagedCache(layout, blocks, dtype, device)
-    offload = Offload(lambda: make_tier(blocks), layout.block_bytes, 0)
+    offload = Offload(tier_maker(kind, folder, blocks, layout, dtype), layout.block_bytes, 0)
     ids = torch.randint(4, model.info.vocab_size, (1, points[-1]), generator=torch.Generator().manual_seed(0))
     measured = []
     try:

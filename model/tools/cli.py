@@ -15,6 +15,7 @@ from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
 from model.serving.paged_server import MIN_CHUNK
 from model.serving.queues import QUEUES
 from model.serving.scheduler import MAX_SLOTS
+from model.serving.tiers import TIER_KINDS
 from model.speculative.decoding import MAX_GAMMA
 from model.tools.options import MAX_LIST_VALUES, check_option
 from model.tools.serve_bench import (
@@ -398,6 +399,13 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--chunk", type=int, default=None,
                     help=f"with --kv paged: prefill at most this many prompt positions a step, beside the decodes, "
                          f"between {MIN_CHUNK} and the model's context (default: each prompt whole)")
+    sb.add_argument("--offload", default=None, choices=TIER_KINDS,
+                    help="with --kv paged: a preempted request's blocks moved out to a second tier and back instead of "
+                         "computed again, from the positions where that is faster on this machine (measured before "
+                         "the run): disk, a memory-mapped file; host, host memory below a GPU's pool")
+    sb.add_argument("--tier-dir", default=None,
+                    help="with --offload disk: the folder of the tier's file, deleted at the end (default: the "
+                         "system's temporary folder)")
     sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting (with --queue: per "
                                                         "request and the run's kv)")

@@ -2,7 +2,7 @@
 what it measured (model/serving/kv_runs.py).
 
 python -m model serve-bench --model M --queue mixed|shared-prefix|long-join --kv padded|paged [--block-size N]
-    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--json]
+    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from model.tools.options import check_option
 
 # the step sweep's options, which a served queue does not take, and a served queue's, which the sweep does not
 SWEEP_ONLY = ("--batch", "--context", "--dtype", "--steps")
-QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk")
+QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk", "--offload", "--tier-dir")
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -44,7 +44,8 @@ def queue_settings(args, requests, model: NativeModel) -> KVSettings:
     block_size = args.block_size or DEFAULT_BLOCK_SIZE
     budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
               else int(args.kv_budget_mb * 2**20))
-    return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk)
+    return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk, args.offload,
+                      args.tier_dir)
 
 
 def run_queue(args) -> dict:
@@ -65,7 +66,11 @@ def run_queue(args) -> dict:
     kv = queue_settings(args, requests, model)
     if args.kv_budget_mb is None and kv.budget_bytes > session_budget_bytes():
         kv = dataclasses.replace(kv, budget_bytes=session_budget_bytes())
-    run = QueueRun(model, requests, kv).run()
+    run = QueueRun(model, requests, kv)
+    try:
+        run.run()
+    finally:
+        run.close()
     info = model.info
     summary = run.summary()
     return {
@@ -76,14 +81,15 @@ def run_queue(args) -> dict:
         "kv": {k: summary[k] for k in ("layout", "block_size", "budget_bytes", "max_concurrent", "bytes_reserved_peak",
                                        "bytes_held_peak", "waste_fraction", "shared_blocks",
                                        "prefill_positions_computed", "preemptions", "prefix_cache", "chunk",
-                                       "pool_blocks", "block_bytes", "slots")},
+                                       "pool_blocks", "block_bytes", "slots", "offload")},
         "steps": summary["steps"], "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
         "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
-                      "forward and draws, measured); request i draws with seed + i",
+                      "forward and draws, and with --offload its moves to and from the tier, measured); request i "
+                      "draws with seed + i",
     }
 
 
@@ -116,7 +122,25 @@ def print_report(report: dict) -> None:
     if joined is not None and start["p99"] is not None:
         print(f"requests there from the start: ITL p99 {ms(start['p99'])}, max {ms(start['max'])} ms; those that "
               f"arrived later: TTFT p50 {ms(joined)} ms")
+    if kv["offload"] is not None:
+        print_offload(kv["offload"], kv["block_bytes"])
     print(report["conditions"])
+
+
+def print_offload(offload: dict, block_bytes: int) -> None:
+    where = "a memory-mapped file on disk" if offload["kind"] == "disk" else "host memory below the GPU's pool"
+    print(f"second tier: {where}, {offload['tier_bytes'] / 2**20:.2f} MiB; measured before the run, per block of "
+          f"{block_bytes:,} B: out {offload['ms_per_block_out']:.3f} ms, back in {offload['ms_per_block_in']:.3f} ms, "
+          f"recomputed {offload['recompute_ms_per_block']:.3f} ms")
+    print(f"{'positions':>10}{'blocks':>7}{'out ms':>9}{'in ms':>9}{'recompute ms':>14}")
+    for p in offload["points"]:
+        print(f"{p['positions']:>10}{p['blocks']:>7}{p['out_ms']:>9.3f}{p['in_ms']:>9.3f}{p['recompute_ms']:>14.3f}")
+    crossover = offload["crossover_positions"]
+    print("moving out and back beats recomputing " + (f"from {crossover} positions on" if crossover is not None
+                                                      else "at no measured length: every victim is computed again"))
+    recomputed = ", ".join(f"{n} {why}" for why, n in offload["recomputed"].items() if n) or "none"
+    print(f"this run: {offload['blocks_out']} blocks moved out ({offload['bytes']:,} B), {offload['blocks_in']} back "
+          f"in; victims computed again instead: {recomputed}")
 
 
 def run_queue_cli(args) -> int:
