@@ -1,3 +1,4 @@
 from model.tools.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not again in a spawned worker (disaggregated.py), which imports this module first
+    raise SystemExit(main())

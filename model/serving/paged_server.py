@@ -85,7 +85,8 @@ class Span:
     request: int
     start: int
     stop: int
-    kind: str  # "prefill" (its prompt, first time), "recompute" (after a preemption), "decode"
+    kind: str  # "prefill" (its prompt, first time), "recompute" (after a preemption), "decode", "received" (its
+               # prompt prefilled by another worker, its keys and values written into its blocks: no rows here)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class PagedStep:
                                   # moved back in, or computed again because it held fewer positions than swap_from,
                                   # the tier was full, its file could not be made, or a block came back damaged
     tier_ms: float                # moving blocks out and in
+    received_ms: float            # waiting for and receiving prompts prefilled elsewhere (disaggregated.py)
     forward_ms: float             # the one forward pass
     draw_ms: float                # choosing the tokens
     tokens: int                   # new tokens the step produced
@@ -122,7 +124,7 @@ class PagedStep:
 
     @property
     def ms(self) -> float:
-        return self.tier_ms + self.forward_ms + self.draw_ms
+        return self.tier_ms + self.received_ms + self.forward_ms + self.draw_ms
 
     @property
     def prefill_positions(self) -> int:
@@ -197,6 +199,11 @@ class PagedServer:
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
+        # prompts prefilled by another worker (disaggregated.py): rid -> (the last position's logits, per group the
+        # keys and values of the positions it holds, (2, group layers, n_kv, positions, d_head)); None: every prompt
+        # is prefilled here
+        self.prefilled: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] | None = None
+        self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
             slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // self.layout.block_bytes
             self.offload = Offload(tier_maker(settings.offload, settings.tier_folder, slots, self.layout,
@@ -379,6 +386,19 @@ class PagedServer:
         while (not preempted and self.waiting and self.waiting[0].request.arrival_step <= index
                and len(self.running) < MAX_RUNNING):
             seq = self.waiting[0]
+            if self.prefilled is not None and seq.preemptions == 0 and self._prefilled_elsewhere(seq):
+                if seq.request.id not in self.prefilled or (self.layout.request_blocks(len(seq.tokens))
+                                                             > self.cache.pool.n_free):
+                    break  # its prompt not here yet, or its blocks not free
+                self._receive(seq)
+                self.waiting.popleft()
+                self.running.append(seq)
+                admitted.append(seq.request.id)
+                cached[seq.request.id] = 0
+                if seq.request.joined_step is None:
+                    seq.request.joined_step = index
+                spans.append(Span(seq.request.id, 0, seq.prompt_len, "received"))
+                continue
             if seq.swapped:
                 span = self._swap_in(seq, budget, tier)
                 if span is None:
@@ -418,6 +438,27 @@ class PagedServer:
                 budget -= stop - seq.computed
         return Plan(spans, admitted, preempted, cached, tier, self._moved_ms() - moved_ms)
 
+    def _prefilled_elsewhere(self, seq: Sequence) -> bool:
+        """Whether another worker prefills this request's prompt (disaggregated.py decides)."""
+        return False
+
+    def _receive(self, seq: Sequence) -> None:
+        """A prompt prefilled elsewhere into blocks of its own: per group, blocks for every position it has, a
+        sliding group's places before the first position received left empty, and the received keys and values
+        written at their positions."""
+        _, kv = self.prefilled[seq.request.id]
+        size, n = self.layout.block_size, seq.prompt_len
+        tables = self._tables(seq)
+        for g, (table, group_kv) in enumerate(zip(tables, kv)):
+            first = n - group_kv.shape[3]
+            table.extend(None if (j + 1) * size <= first else self.cache.pool.allocate(g)
+                         for j in range(self.layout.blocks(len(seq.tokens))))
+            at = torch.arange(first, n)
+            blocks = torch.tensor([table[p // size] for p in at.tolist()], device=self.cache.keys.device)
+            offsets = (at % size).to(self.cache.keys.device)
+            self.cache.keys[:, :, blocks, offsets] = group_kv[0].to(self.cache.keys.device)
+            self.cache.values[:, :, blocks, offsets] = group_kv[1].to(self.cache.keys.device)
+
     def _moved_ms(self) -> float:
         return 0.0 if self.offload is None else self.offload.moves.ms_out + self.offload.moves.ms_in
 
@@ -448,7 +489,8 @@ class PagedServer:
             self.plan = self._schedule(index)
         plan = self.plan
         by_id = {seq.request.id: seq for seq in self.running}
-        rows = [row for span in plan.spans for row in self._rows(span, by_id[span.request].prompt_len)]
+        rows = [row for span in plan.spans if span.kind != "received"
+                for row in self._rows(span, by_id[span.request].prompt_len)]
         progress = Progress(report, index, 0, 0, len(rows), self.info.n_layers)
         forward_ms, logits = 0.0, None
         if rows:
@@ -472,10 +514,13 @@ class PagedServer:
         for span in plan.spans:
             seq = by_id[span.request]
             seq.computed = span.stop
-            if span.stop == len(seq.tokens):
+            if span.kind == "received":
+                drawn[span.request] = seq.request.choose(self.prefilled.pop(span.request)[0].float())
+            elif span.stop == len(seq.tokens):
                 drawn[span.request] = seq.request.choose(logits[last_row[span.request]].float())
         draw_ms = (time.perf_counter() - t0) * 1000
-        self.clock_ms += plan.tier_ms + forward_ms + draw_ms
+        received_ms, self.received_ms = self.received_ms, 0.0
+        self.clock_ms += plan.tier_ms + received_ms + forward_ms + draw_ms
         for request_id, token in drawn.items():
             by_id[request_id].request.emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
         if self.settings.prefix_cache:
@@ -494,8 +539,8 @@ class PagedServer:
                 self._free(seq)
                 self.running.remove(seq)
         step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
-                         plan.tier_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left), held_blocks,
-                         shared, reserved, held)
+                         plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left),
+                         held_blocks, shared, reserved, held)
         self.steps.append(step)
         return step
 

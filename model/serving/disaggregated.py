@@ -1,0 +1,276 @@
+"""Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill, whose KV connector sends a
+prompt's KV cache from the prefill instance to the decode one): a prefill worker, a second process with the same
+model, computes each arriving prompt's keys and values and sends them with its last position's logits; this process,
+the decode worker, writes them into blocks of its pool and decodes (paged_server.PagedServer, its prompts
+"received").
+
+- Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
+  values and logits come back over torch.distributed (gloo on a CPU, NCCL between GPUs): `dist.send` / `dist.recv`,
+  rank 1 to rank 0, on a free port of 127.0.0.1 picked at run time. The pipe says when a prompt is ready, so that this
+  process only calls `recv` for a tensor already sent and never waits on a worker that is gone.
+- What is sent is what the cache formula counts (counting.cache_bytes_formula, ModelInfo.cache_bytes_formula): per
+  layer its keys and values of the prompt's positions, a sliding layer's last `window` of them (Gemma 3), the pool's
+  dtype: layers × 2 × KV heads × head dim × positions × bytes. Each transfer's bytes are counted from the tensors
+  received, beside the formula.
+- The prefill worker prefills a prompt as a solo run does (one masked row over the prompt, paged.PagedPass), so the
+  logits it sends and the keys and values are its solo run's bits; every request's tokens stay its solo run's.
+- A worker that fails to start (within STARTUP_S) or dies during the run: the run goes on in this process, every
+  prompt not yet received prefilled here, and says so (`failure`); a reset ends the worker (a new one starts at the
+  next step).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+from model.serving.paged_server import PagedServer, PagedSettings, PagedStep, Sequence
+from model.serving.scheduler import Request, StepProgress
+
+STARTUP_S = 180.0     # the worker's import and model load, at most
+TRANSFER_S = 60.0     # torch.distributed's timeout: a transfer that takes longer fails (the worker is taken as dead)
+POLL_S = 0.05
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def held_positions(layout: PagedLayout, n: int) -> list[int]:
+    """Per group, the positions of an n-position prompt the cache holds and the worker sends: all n, a sliding
+    group its last `window` (the formula's min(n, window))."""
+    return [n if group.window is None else min(n, group.window) for group in layout.groups]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    request: int
+    step: int             # the decode worker's step that received it
+    positions: int
+    bytes: int            # of the keys and values received
+    bytes_formula: int    # ModelInfo.cache_bytes_formula(positions)
+    ms: float             # this process's recv of them
+    prefill_ms: float     # the prefill worker's forward
+
+
+def prefill_worker(conn, port: int, model_name: str, device: str, block_size: int, threads: int) -> None:
+    """Rank 1: load the model, say "ready", join the group, then prefill each prompt it is sent."""
+    torch.set_num_threads(threads)
+    model = load_model(model_name, device)
+    conn.send(("ready",))
+    dist.init_process_group(backend(model.device), init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
+                            timeout=timedelta(seconds=TRANSFER_S))
+    layout = PagedLayout.of(model.info, block_size)
+    cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.module.lm_head.weight.dtype,
+                       model.device)
+    wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
+    try:
+        with torch.inference_mode():
+            while True:
+                message = conn.recv()
+                if message[0] == "stop":
+                    break
+                _, request, ids = message
+                n = len(ids)
+                cache.reset()
+                cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
+                                   for g in range(len(layout.groups))]
+                paged = PagedPass(cache, [Row(0, 0, n, True, n)], model.device)
+                t0 = time.perf_counter()
+                logits = model.module(torch.tensor([ids], device=model.device), paged, positions=paged.positions,
+                                      keys=paged.row_keys, last_logits_only=True).logits[0, 0].float()
+                prefill_ms = (time.perf_counter() - t0) * 1000
+                parts = []
+                for table, held in zip(cache.tables[0], held_positions(layout, n)):
+                    at = torch.tensor(table, device=model.device)
+                    keys, values = (store[:, :, at].flatten(2, 3)[:, :, n - held:n] for store in
+                                    (cache.keys, cache.values))       # (layers, n_kv, held, d_head)
+                    parts.append(torch.stack((keys, values)).flatten())
+                kv = torch.cat(parts)
+                conn.send(("prefilled", request, prefill_ms, n))
+                dist.send(logits.to(wire), dst=0)
+                dist.send(kv.to(wire), dst=0)
+    finally:
+        dist.destroy_process_group()
+
+
+class WorkerGone(Exception):
+    """The prefill worker did not start, or stopped answering."""
+
+
+class PrefillWorker:
+    """The prefill worker as this process sees it: started at once (WorkerGone when it cannot), prompts submitted,
+    their results received as the pipe says they are ready."""
+
+    def __init__(self, model: NativeModel, model_name: str, block_size: int):
+        self.model, self.layout = model, PagedLayout.of(model.info, block_size)
+        self.wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        port = free_port()
+        self.process = context.Process(target=prefill_worker, daemon=True, args=(
+            child, port, model_name, str(model.device), block_size, torch.get_num_threads()))
+        self.process.start()
+        child.close()
+        self.joined = False
+        try:
+            if self._next(STARTUP_S) != ("ready",):
+                raise WorkerGone
+            dist.init_process_group(backend(model.device), init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                    world_size=2, timeout=timedelta(seconds=TRANSFER_S))
+            self.joined = True
+        except (WorkerGone, OSError, RuntimeError, ValueError):
+            self.stop()
+            raise WorkerGone from None
+
+    def _next(self, timeout: float):
+        """The worker's next message, within `timeout` seconds; WorkerGone if it is dead or silent that long."""
+        end = time.monotonic() + timeout
+        while not self.conn.poll(POLL_S):
+            if not self.process.is_alive() or time.monotonic() > end:
+                raise WorkerGone
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            raise WorkerGone from None
+
+    def submit(self, request: int, ids: list[int]) -> None:
+        try:
+            self.conn.send(("prefill", request, ids))
+        except OSError:
+            raise WorkerGone from None
+
+    def receive(self, wait: bool) -> tuple[int, torch.Tensor, list[torch.Tensor], float, float] | None:
+        """The next prefilled prompt (request, logits, per group its (2, layers, n_kv, held, d_head), recv ms, the
+        worker's prefill ms); None when none is ready and `wait` is False."""
+        if not wait and not self.conn.poll():
+            if not self.process.is_alive():
+                raise WorkerGone
+            return None
+        _, request, prefill_ms, n = self._next(TRANSFER_S)
+        layout = self.layout
+        held = held_positions(layout, n)
+        per_position = 2 * layout.group_layers * layout.n_kv_heads * layout.d_head
+        logits = torch.empty(self.model.info.vocab_size, dtype=torch.float32, device=self.wire)
+        kv = torch.empty(sum(held) * per_position, dtype=self.model.module.lm_head.weight.dtype, device=self.wire)
+        t0 = time.perf_counter()
+        try:
+            dist.recv(logits, src=1)
+            dist.recv(kv, src=1)
+        except RuntimeError:
+            raise WorkerGone from None
+        ms = (time.perf_counter() - t0) * 1000
+        groups = [part.view(2, layout.group_layers, layout.n_kv_heads, size, layout.d_head)
+                  for part, size in zip(kv.split([size * per_position for size in held]), held)]
+        return request, logits, groups, ms, prefill_ms
+
+    def stop(self) -> None:
+        """The worker told to stop, then ended (killed if it does not within a few seconds); the group left."""
+        try:
+            self.conn.send(("stop",))
+        except OSError:
+            pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.conn.close()
+        if self.joined and dist.is_initialized():
+            dist.destroy_process_group()
+        self.joined = False
+
+
+class DisaggregatedServer(PagedServer):
+    """A PagedServer whose prompts a PrefillWorker prefills: each request is sent there when it arrives, admitted
+    here once its keys and values are received (in order of arrival, as any other) and its blocks free. A request
+    preempted here is computed again here. With nothing running and the next prompt not received yet, a step waits
+    for it (on the clock: its TTFT counts the wait)."""
+
+    def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings, model_name: str):
+        super().__init__(model, requests, settings)
+        self.model_name = model_name
+        self.prefilled = {}
+        self.transfers: list[Transfer] = []
+        self.failure: tuple[str, int] | None = None  # ("start" | "died", the step), once the run went on alone
+        self.worker: PrefillWorker | None = None
+        self.sent: set[int] = set()
+        self._start()
+
+    def _start(self) -> None:
+        try:
+            self.worker = PrefillWorker(self.model, self.model_name, self.settings.block_size)
+        except WorkerGone:
+            self._alone("start")
+
+    def _alone(self, why: str) -> None:
+        """The worker gone: every prompt it has not sent back is prefilled here from now on."""
+        if self.worker is not None:
+            self.worker.stop()
+        self.worker = None
+        self.failure = (why, len(self.steps))
+
+    def _prefilled_elsewhere(self, seq: Sequence) -> bool:
+        return seq.request.id in self.prefilled or (self.worker is not None and seq.request.id in self.sent)
+
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> PagedStep:
+        if self.plan is None and self.worker is None and self.failure is None:
+            self._start()  # after a reset
+        if self.plan is None and self.worker is not None:
+            self.received_ms += self._exchange(len(self.steps))
+        return super().step(report)
+
+    def _exchange(self, index: int) -> float:
+        """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing
+        could run without it); the ms spent waiting and receiving."""
+        t0 = time.perf_counter()
+        try:
+            for seq in self.waiting:
+                rid = seq.request.id
+                if seq.request.arrival_step <= index and rid not in self.sent and seq.preemptions == 0:
+                    self.worker.submit(rid, seq.request.prompt_ids)
+                    self.sent.add(rid)
+            head = self.waiting[0] if self.waiting else None
+            stalled = not self.running and head is not None and head.request.id in self.sent
+            while True:
+                waiting_for = stalled and head.request.id not in self.prefilled
+                got = self.worker.receive(wait=waiting_for)
+                if got is None:
+                    break
+                rid, logits, kv, ms, prefill_ms = got
+                self.prefilled[rid] = (logits, kv)
+                n = len(self.requests[rid].prompt_ids)
+                self.transfers.append(Transfer(rid, index, n, sum(t.numel() * t.element_size() for t in kv),
+                                               self.info.cache_bytes_formula(n), ms, prefill_ms))
+        except WorkerGone:
+            self._alone("died")
+        return (time.perf_counter() - t0) * 1000
+
+    def reset(self) -> None:
+        """As PagedServer.reset, and the worker ended (a new one starts at the next step)."""
+        if self.worker is not None:
+            self.worker.stop()
+        self.worker, self.failure, self.sent, self.transfers = None, None, set(), []
+        self.prefilled = {}
+        super().reset()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+            self.worker = None
+        super().close()

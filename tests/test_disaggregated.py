@@ -1,0 +1,77 @@
+"""Prefill and decode on two processes (model/serving/disaggregated.py): a prefill worker sends each prompt's keys,
+values and last logits over torch.distributed (gloo), this process decodes; the tokens are the one-process run's,
+the bytes sent the cache formula's; a worker that dies mid-run or fails to start leaves the run to this process,
+said, no request lost; a reset ends the worker."""
+
+import dataclasses
+
+import pytest
+
+from model.serving.disaggregated import DisaggregatedServer
+from model.serving.kv_runs import default_budget
+from model.serving.paged_server import PagedServer, PagedSettings
+from model.serving.queues import built_in_queue
+
+
+def served(server):
+    while not server.finished:
+        server.step()
+    return {r.id: r.new_ids for r in server.requests.values()}
+
+
+@pytest.fixture(scope="module")
+def one_process(small):
+    requests = built_in_queue(small, "mixed")
+    settings = PagedSettings(budget_bytes=default_budget(small, "mixed", requests, 16))
+    return requests, settings, served(PagedServer(small, [dataclasses.replace(r).restart() for r in requests],
+                                                  settings))
+
+
+def fresh(requests):
+    return [dataclasses.replace(r).restart() for r in requests]
+
+
+def test_two_workers_give_the_one_process_tokens_and_send_the_formula_s_bytes_and_reset_ends_the_worker(
+        small, one_process):
+    requests, settings, tokens = one_process
+    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        assert server.failure is None and server.worker.process.is_alive()
+        assert served(server) == tokens
+        assert server.failure is None and len(server.transfers) == len(requests)
+        # small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes = 2,048 B a position, every prompt position sent
+        for transfer in server.transfers:
+            assert transfer.bytes == transfer.bytes_formula == 2048 * len(requests[transfer.request].prompt_ids)
+            assert transfer.ms > 0 and transfer.prefill_ms > 0
+        assert sum(s.kind == "received" for step in server.steps for s in step.spans) == len(requests)
+        process = server.worker.process
+        server.reset()
+        assert not process.is_alive() and server.worker is None
+    finally:
+        server.close()
+
+
+def test_a_worker_killed_mid_run_leaves_the_run_to_this_process_and_no_request_is_lost(small, one_process):
+    requests, settings, tokens = one_process
+    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        while not server.transfers:
+            server.step()
+        server.worker.process.kill()
+        assert served(server) == tokens
+        why, step = server.failure
+        assert why == "died" and 0 < step < len(server.steps)
+        assert 0 < len(server.transfers) < len(requests)  # the rest prefilled here
+        assert any(s.kind == "prefill" for st in server.steps[step:] for s in st.spans)
+    finally:
+        server.close()
+
+
+def test_a_worker_that_fails_to_start_leaves_the_run_to_this_process(small, one_process):
+    requests, settings, tokens = one_process
+    server = DisaggregatedServer(small, fresh(requests), settings, "no-such-model")
+    try:
+        assert server.failure == ("start", 0) and server.worker is None
+        assert served(server) == tokens and server.transfers == []
+    finally:
+        server.close()
