@@ -76,6 +76,8 @@ def test_paged_runs_more_requests_at_once_than_padded_under_the_same_budget_with
     (["--chunk", "64"], "--chunk belongs to a served queue"),
     (["--prefix-cache"], "--prefix-cache belongs to a served queue"),
     (["--offload", "disk"], "--offload belongs to a served queue"),
+    (["--disaggregate"], "--disaggregate belongs to a served queue"),
+    (["--queue", "mixed", "--disaggregate", "--prefix-cache"], "without the prefix cache, chunked prefill or a second"),
     (["--queue", "mixed", "--kv", "padded", "--offload", "disk"], "and the second tier need the paged layout"),
     (["--queue", "mixed", "--offload", "host"], "on a CPU the pool is in host memory already"),
     (["--queue", "mixed", "--offload", "disk", "--tier-dir", "/no/such/folder"],
@@ -111,6 +113,17 @@ def test_offload_moves_preempted_blocks_out_and_back_with_the_same_tokens_and_th
     per_block = sorted(p["recompute_ms"] / p["blocks"] for p in points)
     assert offload["recompute_ms_per_block"] == pytest.approx((per_block[1] + per_block[2]) / 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_disaggregate_sends_the_formula_s_bytes_and_compares_with_one_process(run_cli):  # noqa: F811
+    report = served(run_cli, "--queue", "mixed", "--disaggregate")
+    transfer, one = report["transfer"], report["transfer"]["one_process"]
+    assert transfer["alone"] is None and transfer["backend"] == "gloo" and transfer["prompts"] == 16
+    # small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes a position, every prompt position of the 16 requests
+    prompts = sum(len(r["prompt_ids"]) for r in report["requests"])
+    assert transfer["bytes"] == transfer["bytes_formula"] == 2048 * prompts
+    assert transfer["ms"] > 0 and one["same_tokens"] is True and one["ttft_ms_p50"] > 0
+    assert served(run_cli, "--queue", "mixed")["transfer"] is None
 
 
 def test_a_budget_too_small_says_the_smallest_that_fits(run_cli, small):  # noqa: F811

@@ -14,6 +14,7 @@ import numpy as np
 
 from model.engine.runtime import NativeModel
 from model.errors import InputError
+from model.serving.disaggregated import DisaggregatedServer, backend
 from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
@@ -34,6 +35,8 @@ class KVSettings:
     offload: str | None = None      # a preempted request's blocks to a second tier (tiers.py): "disk" | "host"
     tier_folder: str | None = None
     tier_bytes: int | None = None
+    prefill_worker: str | None = None  # the model's name for a prefill worker of its own (disaggregated.py); None: one
+                                       # process
 
     @property
     def paged(self) -> PagedSettings:
@@ -120,9 +123,15 @@ class QueueRun:
                 self.crossover = measure_crossover(model, PagedLayout.of(model.info, settings.block_size),
                                                    settings.offload, settings.tier_folder)
                 paged = dataclasses.replace(paged, swap_from=self.crossover.positions)
-            self.server = PagedServer(model, self.requests, paged)
+            if settings.prefill_worker is not None:
+                if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
+                    raise InputError("disaggregate_alone")
+                self.server = DisaggregatedServer(model, self.requests, paged, settings.prefill_worker)
+            else:
+                self.server = PagedServer(model, self.requests, paged)
         else:
-            if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
+            if (settings.prefix_cache or settings.chunk is not None or settings.offload is not None
+                    or settings.prefill_worker is not None):
                 raise InputError("padded_no_paging")
             self.server = Server(model, padded_slots(model, requests, settings.budget_bytes), self.requests,
                                  settings.budget_bytes)
@@ -197,7 +206,19 @@ class QueueRun:
                                                   for gap in r.itl_ms]),
             "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
             "offload": self.offload_summary(),
+            "transfer": self.transfer_summary(),
         }
+
+    def transfer_summary(self) -> dict | None:
+        """Two workers: the bytes received (and the formula's), the time in recv, the prefill worker's forward
+        time, how many prompts came over, and why the run went on alone if it did."""
+        if self.settings.prefill_worker is None:
+            return None
+        transfers, failure = self.server.transfers, self.server.failure
+        return {"bytes": sum(t.bytes for t in transfers), "bytes_formula": sum(t.bytes_formula for t in transfers),
+                "ms": sum(t.ms for t in transfers), "prefill_ms": sum(t.prefill_ms for t in transfers),
+                "prompts": len(transfers), "backend": backend(self.model.device),
+                "alone": None if failure is None else {"why": failure[0], "step": failure[1]}}
 
     def offload_summary(self) -> dict | None:
         """The tier: its kind and size, the bytes and blocks moved out and back in this run, the victims computed

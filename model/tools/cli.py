@@ -403,6 +403,9 @@ def parser() -> argparse.ArgumentParser:
                     help="with --kv paged: a preempted request's blocks moved out to a second tier and back instead of "
                          "computed again, from the positions where that is faster on this machine (measured before "
                          "the run): disk, a memory-mapped file; host, host memory below a GPU's pool")
+    sb.add_argument("--disaggregate", action="store_true",
+                    help="with --kv paged: prompts prefilled by a second process (the prefill worker) and sent over "
+                         "torch.distributed, decoded here; the same queue is also served in one process to compare")
     sb.add_argument("--tier-dir", default=None,
                     help="with --offload disk: the folder of the tier's file, deleted at the end (default: the "
                          "system's temporary folder)")

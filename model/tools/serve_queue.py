@@ -2,7 +2,7 @@
 what it measured (model/serving/kv_runs.py).
 
 python -m model serve-bench --model M --queue mixed|shared-prefix|long-join --kv padded|paged [--block-size N]
-    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--json]
+    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--disaggregate] [--json]
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def given(args, options: tuple[str, ...]) -> list[str]:
 
 def check_not_queue_options(args) -> None:
     """The step sweep refuses a served queue's options (each needs --queue)."""
-    stray = given(args, QUEUE_ONLY) + (["--prefix-cache"] if args.prefix_cache else [])
+    stray = (given(args, QUEUE_ONLY) + (["--prefix-cache"] if args.prefix_cache else [])
+             + (["--disaggregate"] if args.disaggregate else []))
     if stray:
         raise InputError("queue_option_alone", option=stray[0])
 
@@ -45,7 +46,7 @@ def queue_settings(args, requests, model: NativeModel) -> KVSettings:
     budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
               else int(args.kv_budget_mb * 2**20))
     return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk, args.offload,
-                      args.tier_dir)
+                      args.tier_dir, prefill_worker=args.model if args.disaggregate else None)
 
 
 def run_queue(args) -> dict:
@@ -73,6 +74,12 @@ def run_queue(args) -> dict:
         run.close()
     info = model.info
     summary = run.summary()
+    if summary["transfer"] is not None:
+        alone = QueueRun(model, requests, dataclasses.replace(kv, prefill_worker=None)).run()
+        one = alone.summary()
+        summary["transfer"]["one_process"] = {
+            "ttft_ms_p50": one["ttft_ms_p50"], "itl_ms": one["itl_ms"], "tokens_per_s": one["tokens_per_s"],
+            "same_tokens": [r.new_ids for r in run.requests] == [r.new_ids for r in alone.requests]}
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_kv_heads": info.n_kv_heads, "d_head": info.d_head,
                   "sliding_window": info.window, "device": info.device, "dtype": info.dtype},
@@ -85,11 +92,12 @@ def run_queue(args) -> dict:
         "steps": summary["steps"], "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
         "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
+        "transfer": summary["transfer"],
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
-                      "forward and draws, and with --offload its moves to and from the tier, measured); request i "
-                      "draws with seed + i",
+                      "forward and draws, with --offload its moves to and from the tier, with --disaggregate its waits "
+                      "for and receipt of prompts from the prefill worker, measured); request i draws with seed + i",
     }
 
 
@@ -124,7 +132,23 @@ def print_report(report: dict) -> None:
               f"arrived later: TTFT p50 {ms(joined)} ms")
     if kv["offload"] is not None:
         print_offload(kv["offload"], kv["block_bytes"])
+    if report["transfer"] is not None:
+        print_transfer(report["transfer"], report["ttft_ms_p50"], report["itl_ms"])
     print(report["conditions"])
+
+
+def print_transfer(transfer: dict, ttft: float | None, itl: dict) -> None:
+    alone = transfer["alone"]
+    if alone is not None:
+        print(f"the prefill worker {'did not start' if alone['why'] == 'start' else 'stopped'} at step "
+              f"{alone['step']}: the run went on in this process, every request served")
+    print(f"two workers over torch.distributed ({transfer['backend']}): {transfer['prompts']} prompts' keys and values "
+          f"sent, {transfer['bytes']:,} B (the cache formula: {transfer['bytes_formula']:,} B), "
+          f"{transfer['ms']:.1f} ms in recv; the prefill worker's forwards {transfer['prefill_ms']:.1f} ms")
+    one = transfer["one_process"]
+    print(f"TTFT p50 {ms(ttft)} ms, ITL p50 {ms(itl['p50'])}, p99 {ms(itl['p99'])} ms; in one process on the same "
+          f"queue: TTFT p50 {ms(one['ttft_ms_p50'])} ms, ITL p50 {ms(one['itl_ms']['p50'])}, p99 "
+          f"{ms(one['itl_ms']['p99'])} ms; the same tokens: {'yes' if one['same_tokens'] else 'no'}")
 
 
 def print_offload(offload: dict, block_bytes: int) -> None:
