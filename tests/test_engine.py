@@ -303,42 +303,66 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
                                    atol=1e-5, rtol=0)
 
 
-def test_shared_model_multiplies_with_packed_weights_and_the_lm_head_stays_tied(tmp_path):
-    """The loader packs every Linear of the shared model (CPU, float32); the tied LM head is still the embedding's
-    tensor, save writes the file it was loaded from, and a copy (a trainer's, lowbit's) multiplies the plain way."""
+def test_the_shared_model_holds_each_matrix_once_packed_and_dense_ones_are_made_on_demand(tmp_path):
+    """Issue 38, item 1: the loader reads every Linear's matrix from the file straight into the decode kernels'
+    packed form (q, k, v in one product, gate and up in one); no dense weight stays beside it (each Linear's own is a
+    stand-in on the meta device), the tied embedding looks its rows up in the LM head's packed weights, and what
+    needs dense weights gets them made from the packed ones: save writes the file it was loaded from, dense_copy
+    multiplies the plain way; a plain deepcopy, which would copy stand-ins, is refused."""
     import copy
 
     from safetensors.torch import load_file
 
-    from model.engine.llama import Linear
+    from model.engine.llama import Linear, dense_copy
     from model.weights.catalog import resolve_path
 
     shared = load_model("small", "cpu").module
+    original = load_file(resolve_path("small") / "model.safetensors")
     linears = [m for m in shared.modules() if isinstance(m, Linear)]
-    assert linears and all(m.packed is not None for m in linears)
+    assert linears and all(m.packed is not None and m.weight.device.type == "meta" for m in linears)
     assert shared.lm_head.weight is shared.model.embed_tokens.weight
-    assert all(m.packed is None for m in copy.deepcopy(shared).modules() if isinstance(m, Linear))
-    assert all(m.packed is None for m in Llama.load(resolve_path("small")).modules() if isinstance(m, Linear))
+    attention, mlp = shared.model.layers[0].self_attn, shared.model.layers[0].mlp
+    assert attention.q_proj.packed is attention.k_proj.packed is attention.v_proj.packed
+    assert mlp.gate_proj.packed is mlp.up_proj.packed is not mlp.down_proj.packed
+    ids = torch.tensor([[0, 1, 7], [524, 300, 16]])
+    assert torch.equal(shared.model.embed_tokens(ids), original["model.embed_tokens.weight"][ids])
     shared.save(tmp_path)
-    saved, original = load_file(tmp_path / "model.safetensors"), load_file(resolve_path("small") / "model.safetensors")
+    saved = load_file(tmp_path / "model.safetensors")
     assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
+    plain = dense_copy(shared)
+    assert all(m.packed is None and torch.equal(m.weight, original.get(f"{n}.weight", original[
+        "model.embed_tokens.weight"])) for n, m in plain.named_modules() if isinstance(m, Linear))
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight and plain.model.embed_tokens.packed is None
+    torch.testing.assert_close(plain(ids).logits, shared(ids).logits, atol=1e-5, rtol=0)
+    with pytest.raises(TypeError, match="dense_copy"):
+        copy.deepcopy(shared)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("d_in,d_out", [(576, 576), (576, 1536), (1536, 576), (640, 2048), (2048, 640),
-                                        (576, 49152), (3000, 8)])
-def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out):
-    """PackedWeight: row 0 of 1 to 40 rows comes out bit for bit the same (MKL's sgemm, the plain F.linear, rounds it
-    differently at 1 row and at 8), and within float32's rounding of F.linear. The shapes: SmolLM2's and Gemma 3's
-    projections, its LM head, and an input longer than two parts."""
+                                        (576, 49152), (3001, 8), (48, 525)])
+def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, dtype):
+    """PackedWeight in each dtype: row 0 of 1 to 40 rows comes out bit for bit the same (MKL's sgemm, the plain
+    F.linear, rounds it differently at 1 row and at 8), and matrices stacked along the outputs give each matrix's
+    outputs alone; within the dtype's rounding of F.linear on the same numbers. The shapes: SmolLM2's and Gemma 3's
+    projections, an LM head, an odd input and outputs that do not fill a block of 16."""
+    from model.engine import kernels
     from model.engine.llama import PackedWeight
 
     torch.manual_seed(0)
-    weight, x = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(40, d_in)
-    packed = PackedWeight(weight)
+    weight, other = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(40, d_in) / d_in ** 0.5
+    x = torch.randn(40, d_in).to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    shapes = [[weight], [weight, other]]
+    arena = kernels.Arena(sum(PackedWeight.nbytes_of(s, getattr(torch, dtype)) for s in shapes))
+    packed, stacked = (PackedWeight(s, getattr(torch, dtype), arena) for s in shapes)
     alone = packed(x[:1])
     for rows in range(2, 41):
         assert torch.equal(packed(x[:rows])[:1], alone), rows
-    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), atol=1e-4, rtol=1e-5)
+    assert torch.equal(stacked(x)[:, :d_out], packed(x)) and stacked.outputs == (d_out, 40)
+    expected = torch.nn.functional.linear(x.float(), packed.dense().float())
+    tolerance = dict(atol=1e-2, rtol=2**-7) if dtype == "bfloat16" else dict(atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(packed(x).float(), expected, **tolerance)
+    assert torch.equal(packed.rows(torch.tensor([d_out - 1, 0])), packed.dense()[[d_out - 1, 0]])
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
@@ -381,20 +405,21 @@ def test_cli_bench_tiny_prints_every_table_with_its_conditions(run_cli):
     assert out.count("float32") >= 4 and "native / tf" in out and "model.engine.generate" in out
 
 
-def test_a_torch_that_cannot_pack_leaves_the_model_on_its_own_product(monkeypatch):
-    """On a build whose oneDNN refuses to pack (another CPU family, say), the loader keeps torch's F.linear: no
-    Linear half packed, the same logits within float32's rounding (breaks if the error escaped to the loader)."""
-    from model.engine import llama
+def test_where_the_kernels_do_not_build_the_model_runs_dense_on_torchs_product(no_kernels):
+    """On a machine without a C++ compiler the loader keeps the dense module and torch's F.linear: no Linear half
+    packed, the same logits within float32's rounding (breaks if the build's failure escaped to the loader); int8 is
+    refused in one sentence, bfloat16 runs as a bfloat16 copy."""
+    from model.engine import kernels, llama
+    from model.engine.lowbit import with_weights
     from model.weights.catalog import resolve_path
 
-    module = Llama.load(resolve_path("small"))
+    assert "did not build" in kernels.unavailable_reason()
+    model = load_model("small", "cpu")
+    assert not any(m.packed is not None for m in model.module.modules() if isinstance(m, llama.Linear))
+    assert model.facts.packed_bytes is None and model.facts.held_bytes == model.facts.memory_bytes
     ids = torch.tensor([[1, 5, 9, 12]])
-    plain = module(ids).logits
-
-    def refuse(*args):
-        raise RuntimeError("mkldnn: unsupported")
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
-    assert llama.pack_linears(module) is False
-    assert all(m.packed is None for m in module.modules() if isinstance(m, llama.Linear))
-    torch.testing.assert_close(module(ids).logits, plain)
+    torch.testing.assert_close(model.module(ids).logits, Llama.load(resolve_path("small"))(ids).logits)
+    with pytest.raises(InputError) as refused:
+        with_weights(model, "int8")
+    assert refused.value.code == "int8_no_kernels" and "C++" in refused.value.message("en")
+    assert with_weights(model, "bfloat16").info.dtype == "bfloat16"

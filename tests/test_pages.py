@@ -304,22 +304,19 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
 # -- cell 5A on the Prefill page: what memory holds (issue 36, M6) ----------------------------------------------
 
 @pytest.mark.parametrize(("packs", "lang", "said"), [
-    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears (the tied LM head too) 804,480 × 4 B packed again
-    (True, "vi", "3,2 MB; trọng số và bản sao này cộng lại: 6,4 MB"),
-    (True, "en", "3.2 MB; the weights and this copy together: 6.4 MB"),
+    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears packed in place of their dense weights (the tied LM head's
+    # 525 outputs padded to 528) and the norms: 3.2 MB held in all
+    (True, "vi", "3,2 MB; toàn bộ trọng số đang được giữ: 3,2 MB"),
+    (True, "en", "3.2 MB; all the weights as held: 3.2 MB"),
     (False, "vi", None),
 ])
-def test_the_load_table_shows_the_packed_copy_only_when_the_shared_model_holds_one(packs, lang, said, monkeypatch):
-    import torch
-
+def test_the_load_table_shows_the_packed_weights_only_when_the_shared_model_holds_them(packs, lang, said, monkeypatch,
+                                                                                      request):
     from ui import models as session
-
-    def refuse(*args):
-        raise RuntimeError("mkldnn: unsupported")
 
     monkeypatch.setattr(session, "_models", type(session._models)())  # small loaded afresh, packed or not
     if not packs:
-        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+        request.getfixturevalue("no_kernels")
     html = step_view_html(open_page("app_pages/prefill.py", model="small", lang=lang))
     assert escape(text("load.memory_bytes", lang)) in html
     assert (escape(text("load.packed_bytes", lang)) in html) is packs

@@ -9,7 +9,8 @@ import torch
 from test_engine import run_cli  # noqa: F401  (the fixture)
 from test_gemma3 import needs_model as needs_gemma3
 
-from model.engine.lowbit import Int8Linear, with_weights
+from model.engine.llama import packed_weights
+from model.engine.lowbit import with_weights
 from model.errors import InputError
 from model.serving import costs, measure, workload
 from model.serving.costs import matmul_params, weight_bytes
@@ -19,11 +20,13 @@ from model.serving.scheduler import Request, Server
 def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     """micro: hidden 8, MLP 16, 2 layers, 2 query heads over 1 KV head, d_head 4, vocabulary 8, LM head untied.
     Matmul weights per layer q 8×8 + k 8×4 + v 8×4 + o 8×8 + gate, up, down 8×16 each = 576; two layers and the
-    LM head 8×8: 1216 weights, 4864 B in float32. Norms 2 × 8 per layer + 8 final = 40 × 4 = 160 B; one embedding
-    row 32 B per row. A cached position is 64 B (2 × 2 layers × 1 × 4 × 4 B)."""
+    LM head 8×8: 1216 weights. Packed for the decode kernels in blocks of 16 outputs, a step reads per layer q, k, v
+    in one 16×8 product, o padded to 16×8, gate and up 32×8, down padded to 16×16 (768 weights), and the head padded
+    to 16×8: 1664 weights, 6656 B in float32. Norms 2 × 8 per layer + 8 final = 40 × 4 = 160 B; one embedding row
+    32 B per row. A cached position is 64 B (2 × 2 layers × 1 × 4 × 4 B)."""
     module = micro.module
     assert matmul_params(module) == 1216
-    assert weight_bytes(module, 1) == 4864 + 160 + 32
+    assert weight_bytes(module, 1) == 6656 + 160 + 32
     # two requests: prompts [1, 3] (2 positions, 3 after its first decode) and [1, 3, 4, 5] (4, then 5)
     requests = [Request(0, [1, 3], 2), Request(1, [1, 3, 4, 5], 2)]
     server = Server(micro, 2, requests, 2**20)
@@ -34,7 +37,7 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     second = server.step()                      # one decode row each over 3 and 5 keys
     assert second.decode_lengths == [3, 5]
     assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376
-    assert second.decode_bytes == 4864 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 5600
+    assert second.decode_bytes == 6656 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 7392
 
 
 def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
@@ -49,16 +52,19 @@ def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
 
 
 def test_int8_weights_are_a_quarter_and_close(small):
+    """int8 packs every matrix once in int8 (q, k, v in one product, gate and up in one, the tied head whose rows the
+    embedding reads), a quarter of the bytes; each weight within half a step of its output's scale."""
     int8 = with_weights(small, "int8")
-    linears = [m for m in int8.module.modules() if isinstance(m, Int8Linear)]
-    assert len(linears) == 4 * 7 + 1 and all(m.weight.dtype == torch.int8 for m in linears)
-    assert small.module.lm_head.weight.dtype == torch.float32  # the shared model is untouched
+    products = packed_weights(int8.module)
+    assert len(products) == 4 * 4 + 1 and all(p.blocks.dtype == torch.int8 for p in products)
+    assert all(p.blocks.dtype == torch.float32 for p in packed_weights(small.module))  # the shared model untouched
+    assert int8.module.model.embed_tokens.packed is int8.module.lm_head.packed
     float32_bytes, int8_bytes = weight_bytes(small.module, 1), weight_bytes(int8.module, 1)
     assert int8_bytes <= 0.3 * float32_bytes
     # per output channel: each row dequantises to within half a step of its own scale
-    original, quantized = small.module.model.layers[0].mlp.up_proj.weight, int8.module.model.layers[0].mlp.up_proj
-    error = (quantized.weight.float() * quantized.scale[:, None] - original).abs()
-    assert bool((error <= quantized.scale[:, None] / 2 + 1e-7).all())
+    original, quantized = small.module.model.layers[0].mlp.up_proj, int8.module.model.layers[0].mlp.up_proj
+    scale = quantized.packed.scale[quantized.packed.outputs[0]:][:quantized.out_features, None]
+    assert bool(((quantized.dense_weight() - original.dense_weight()).abs() <= scale / 2 + 1e-7).all())
     accuracy = measure.accuracy(small, int8, "int8")
     assert accuracy.greedy_total == measure.ACCURACY_PROMPTS * measure.ACCURACY_NEW_TOKENS
     assert 0 < accuracy.max_abs_logit_diff < 1 and accuracy.agreement >= 0.9

@@ -150,7 +150,7 @@ def decode_rows(module: DecoderOnly, cache: SlotCache, tokens: list[int],
     after_layer(i) runs once block i has: a caller may stop the pass there by raising, and the rows' lengths have not
     moved on yet, so the same pass can run again whole (it writes the same positions)."""
     rows = len(tokens)
-    device = module.lm_head.weight.device
+    device = module.device
     cache.make_room(rows)
     positions = torch.tensor(cache.lengths[:rows], device=device)[:, None]  # (rows, 1) each row's own position
     ids = torch.tensor(tokens, device=device)[:, None]                      # (rows, 1)
