@@ -359,10 +359,32 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
     for rows in range(2, 41):
         assert torch.equal(packed(x[:rows])[:1], alone), rows
     assert torch.equal(stacked(x)[:, :d_out], packed(x)) and stacked.outputs == (d_out, 40)
-    expected = torch.nn.functional.linear(x.float(), packed.dense().float())
-    tolerance = dict(atol=1e-2, rtol=2**-7) if dtype == "bfloat16" else dict(atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(packed(x).float(), expected, **tolerance)
+    if dtype != "int8":  # (int8 rounds the inputs too: test_the_int8_product_is_its_definition_bit_for_bit)
+        expected = torch.nn.functional.linear(x.float(), packed.dense().float())
+        tolerance = dict(atol=1e-2, rtol=2**-7) if dtype == "bfloat16" else dict(atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(packed(x).float(), expected, **tolerance)
     assert torch.equal(packed.rows(torch.tensor([d_out - 1, 0])), packed.dense()[[d_out - 1, 0]])
+
+
+@pytest.mark.parametrize("d_in,d_out", [(576, 960), (1536, 576), (2048, 640), (3001, 8), (48, 525)])
+def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
+    """Issue 38, item 2: int8 rounds each row's inputs to int8 with the row's own scale and multiplies them by the
+    int8 weights in whole numbers; computed here in torch from the definition (the whole numbers in float64, exact):
+    W_q = round(W / s), s = max|W_row| / 127; x_q = round(x · (127 / max|x_row|)); y = float32(x_q · W_qᵀ) ·
+    (max|x_row| / 127) · s, bit for bit, a row of zeros included."""
+    from model.engine import kernels
+    from model.engine.llama import PackedWeight
+
+    torch.manual_seed(1)
+    weight, x = torch.randn(d_out, d_in) / d_in ** 0.5, 3 * torch.randn(9, d_in)
+    x[4] = 0
+    packed = PackedWeight([weight], torch.int8, kernels.Arena(PackedWeight.nbytes_of([weight], torch.int8)))
+    s = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    weight_q = torch.round(weight / s[:, None]).clamp(-127, 127)
+    most = x.abs().amax(dim=1, keepdim=True)
+    x_q = torch.round(x * torch.where(most > 0, 127 / most, 0))
+    expected = (x_q.double() @ weight_q.double().T).float() * (most / 127) * s
+    assert torch.equal(packed(x), expected)
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):

@@ -480,15 +480,16 @@ def test_predict_mode_on_micro_to_the_end():
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_cache_page_says_what_serving_measures_from_the_run(lang):
     """micro after the prefill of [1, 3]: 2 positions × 64 B = 128 B per request; 8 requests 1,024 B; the weights
-    4,864 B of matmuls + 160 B of norms + 32 B per embedding row: 5,280 B for 8 rows, 5,056 B for one."""
+    as the decode kernels read them, 6,656 B of matmuls (blocks of 16 outputs: test_serve_bench's hand count) + 160 B
+    of norms + 32 B per embedding row: 7,072 B for 8 rows, 6,848 B for one."""
     at = click(open_page("app_pages/decode.py", lang=lang), "run_prefill")
     assert cache_len(at) == 2
     at.switch_page("app_pages/cache.py").run()
     assert not at.exception
     unit, sep = {"vi": ("byte", "."), "en": ("bytes", ",")}[lang]
-    note = next(m.value for m in at.markdown if f"5{sep}280" in m.value)
-    for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"5,280 + 1,024 = **6,304 {unit}**",
-                 f"8 × (5,056 + 128) = **41,472 {unit}**"):
+    note = next(m.value for m in at.markdown if f"7{sep}072" in m.value)
+    for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"7,072 + 1,024 = **8,096 {unit}**",
+                 f"8 × (6,848 + 128) = **55,808 {unit}**"):
         assert part.replace(",", sep) in note, part
 
 

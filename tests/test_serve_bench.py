@@ -56,14 +56,14 @@ def test_int8_weights_are_a_quarter_and_close(small):
     embedding reads), a quarter of the bytes; each weight within half a step of its output's scale."""
     int8 = with_weights(small, "int8")
     products = packed_weights(int8.module)
-    assert len(products) == 4 * 4 + 1 and all(p.blocks.dtype == torch.int8 for p in products)
-    assert all(p.blocks.dtype == torch.float32 for p in packed_weights(small.module))  # the shared model untouched
+    assert len(products) == 4 * 4 + 1 and all(p.matrix.flat.dtype == torch.int8 for p in products)
+    assert all(p.matrix.flat.dtype == torch.float32 for p in packed_weights(small.module))  # the shared model untouched
     assert int8.module.model.embed_tokens.packed is int8.module.lm_head.packed
     float32_bytes, int8_bytes = weight_bytes(small.module, 1), weight_bytes(int8.module, 1)
     assert int8_bytes <= 0.3 * float32_bytes
     # per output channel: each row dequantises to within half a step of its own scale
     original, quantized = small.module.model.layers[0].mlp.up_proj, int8.module.model.layers[0].mlp.up_proj
-    scale = quantized.packed.scale[quantized.packed.outputs[0]:][:quantized.out_features, None]
+    scale = quantized.packed.matrix.scale[quantized.packed.outputs[0]:][:quantized.out_features, None]
     assert bool(((quantized.dense_weight() - original.dense_weight()).abs() <= scale / 2 + 1e-7).all())
     accuracy = measure.accuracy(small, int8, "int8")
     assert accuracy.greedy_total == measure.ACCURACY_PROMPTS * measure.ACCURACY_NEW_TOKENS
@@ -180,10 +180,10 @@ def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():
 
 
 def test_the_roofs_of_int8_weights_are_their_kernels():
-    machine = measure.Machine("cpu", 1, 10.0, 50.0)
+    machine = measure.Machine("cpu", 1, 10.0, 12.0, 50.0)
     int8 = measure.with_matmul_peak(machine, "int8")
     assert (int8.copy_gb_s, int8.dtype) == (10.0, "int8") and int8.matmul_gflops > 0
-    assert "int8 weight-only matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
+    assert "by 1024×1024 int8 matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
 
 
 def test_the_sweep_and_the_profiler_report_between_their_passes(small):

@@ -38,7 +38,8 @@ def pin_roofs(monkeypatch, roofs_by_dtype: dict[str, tuple[float, float]]) -> li
 
     def machine(device, dtype="float32"):
         asked.append(dtype)
-        return measure.Machine(device, 1, *roofs_by_dtype[dtype], dtype)
+        copy_gb_s, matmul_gflops = roofs_by_dtype[dtype]
+        return measure.Machine(device, 1, copy_gb_s, 1.5 * copy_gb_s, matmul_gflops, dtype)
 
     monkeypatch.setattr(ui.serving_run, "machine", machine)
     return asked
@@ -160,18 +161,19 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
 
 def test_the_formulas_and_the_rows_sentence_stay_the_runs_until_reset(monkeypatch):
     """A bfloat16 run's formulas read its own weights and cache: small's 4 layers × K and V × 2 KV heads × 32 × 2 B
-    = 1,024 B a position (float32's page model has 2,048), 1,611,520 B of weights for one row. Weights switched to
-    float32 mid-run: the run stays bfloat16, the page says the choice applies from the next Start, and the formulas,
-    the sweep's help and the bit-for-bit sentence stay the run's until a new one starts."""
+    = 1,024 B a position (float32's page model has 2,048), 1,612,288 B of weights for one row (packed in bfloat16 for
+    the decode kernels: the LM head's 525 outputs filled up to 528). Weights switched to float32 mid-run: the run
+    stays bfloat16, the page says the choice applies from the next Start, and the formulas and the sweep's help stay
+    the run's until a new one starts; bfloat16 rows, as float32's, are their solo runs bit for bit."""
     pin_roofs(monkeypatch, {"float32": RIDGE_ABOVE_PREFILL, "bfloat16": RIDGE_ABOVE_PREFILL})
     at = click(open_page("en", serving_dtype="bfloat16"), "serving_start")
 
     def the_runs_own() -> None:
         markdown = " ".join(m.value for m in at.markdown)
-        assert "every weight once (1,611,520 B with one row)" in markdown
+        assert "every weight once (1,612,288 B with one row)" in markdown
         assert "each row's cache (1,024 B a position)" in markdown
         assert text("serving.sweep_help", "en").format(dtype="bfloat16", contexts="64") in captions(at)
-        assert text("serving.how_not_exact", "en") in [m.value for m in at.markdown]
+        assert text("serving.how_exact", "en") in [m.value for m in at.markdown]
 
     the_runs_own()
     at.selectbox(key="serving_dtype").set_value("float32").run()

@@ -109,8 +109,9 @@ class Gemma3Attention(Attention):
         self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def project(self, x):
-        q, k, v = super().project(x)
-        return self.q_norm(q), self.k_norm(k), v
+        qk, v = super().project(x)
+        q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)
+        return torch.cat((self.q_norm(q), self.k_norm(k)), dim=1), v
 
 
 class Gemma3Block(nn.Module):

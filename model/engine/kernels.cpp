@@ -1,55 +1,55 @@
 // Decode Lab's matrix products for the shared inference model on a CPU (model/engine/kernels.py builds this file
-// once per machine, plain C++ and OpenMP, no torch headers): y = x · Wᵀ, x (rows, K) and W (outputs, K) packed in blocks of 16 outputs.
+// once per machine, plain C++ and OpenMP, no torch headers): y = x · Wᵀ, x (rows, K) and W (outputs, K).
 //
-// Layout: block b holds outputs 16b .. 16b + 15 of every input k, k after k: float32 and int8 as (blocks, K, 16);
-// bfloat16 as (blocks, ⌈K/2⌉, 16, 2), the two inputs 2p and 2p + 1 of an output side by side, as the CPU's bf16
-// dot product (vdpbf16ps) reads them. One output's weights are 16 values apart: the tied embedding reads a row there.
+// Layout: W's outputs in blocks of 16 (the last one filled up with zeros), the blocks in panels of 4 (64 outputs; the
+// last panel may hold fewer). Within a panel the weights go input by input, and for each input the panel's 64
+// outputs side by side, so one row streams the panel's weights once, front to back. float32: per input k, 64 numbers;
+// bfloat16: per pair of inputs (2p, 2p + 1), each output's two side by side, as the CPU's bf16 dot product (vdpbf16ps)
+// reads them; int8: per four inputs, each output's four side by side, as its int8 dot product (vpdpbusd) reads them.
+// One output's weights are at a fixed stride there: the tied embedding looks its rows up in them.
 //
-// Order of the sums: every output of every row is summed over k = 0, 1, ..., K − 1 in turn, in runs of SPAN inputs
-// whose sums are added in turn, in float32, whatever the number of rows, the tile that computes it or the thread that
-// runs it. So a row comes
-// out with the same bits beside any other rows (a batched decode step gives each row its solo run's logits), and
-// the outputs of matrices stacked along the outputs (fused QKV, gate/up) are those of each matrix alone.
+// Order of the sums: float32 and bfloat16 sum every output of every row over k = 0, 1, ..., K − 1 in turn, in runs of
+// SPAN inputs whose sums are added in turn, in float32, whatever the number of rows, the tile that computes it or the
+// thread that runs it; int8 sums whole numbers, exactly, so any order gives the same. Either way a row comes out with
+// the same bits beside any other rows (a batched decode step gives each row its solo run's logits), and the outputs
+// of matrices stacked along the outputs (fused QKV, gate/up) are those of each matrix alone.
+//
+// int8 multiplies int8 weights (one float32 scale per output) by the row's inputs rounded to int8 with one scale per
+// row, max|x| / 127, so that the products are whole numbers; nothing from another row enters a row's numbers.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 typedef float f32x16 __attribute__((vector_size(64)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 
 constexpr int LANES = 16;   // outputs in a block
-constexpr int ROWS = 6;     // rows of x in a full tile: 6 × 4 accumulators and 4 weight vectors fill 28 of the
-constexpr int BLOCKS = 4;   // 32 AVX-512 registers; one row reads 4 streams of weights at once
+constexpr int BLOCKS = 4;   // blocks in a panel: one row reads 4 weight vectors per input
+constexpr int ROWS = 6;     // rows of x in a full tile: 6 × 4 accumulators and 4 weight vectors fill 28 of the 32
+                            // AVX-512 registers
 constexpr int SPAN = 64;    // inputs summed in one run before the run's sum joins the total: float32 rounding grows
                             // with a run's length, so runs of 64 err about as little as oneDNN's and MKL's sums
 
-static inline f32x16 lanes(const float* p) { f32x16 v; std::memcpy(&v, p, sizeof v); return v; }
-#if defined(__AVX512F__)  // (GCC 12 turns the generic conversion below into 16 scalar ones)
-static inline f32x16 lanes(const int8_t* p) {
-  return (f32x16)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-#else
-static inline f32x16 lanes(const int8_t* p) { i8x16 q; std::memcpy(&q, p, sizeof q); return __builtin_convertvector(q, f32x16); }
-#endif
 static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
 static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
 
-// float32 or int8 weights: sum[r][j] = Σ_k x[r][k] · W[j][k], k in turn within each span of SPAN inputs, the spans'
-// sums added in turn; int8 outputs times their scales last
-template <typename W, int R, int J>
-static void tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* scale, float* y, int64_t ldy) {
+// float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next
+template <int R, int J>
+static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
   f32x16 sum[R][J] = {};
   for (int64_t k0 = 0; k0 < K; k0 += SPAN) {
     const int64_t k1 = std::min(K, k0 + SPAN);
     f32x16 acc[R][J] = {};
     for (int64_t k = k0; k < k1; ++k) {
       f32x16 wk[J];
-      for (int j = 0; j < J; ++j) wk[j] = lanes(w + (j * K + k) * LANES);
+      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + k * ldw + j * LANES, sizeof wk[j]);
       for (int r = 0; r < R; ++r) {
         const float xk = x[r * ldx + k];
         for (int j = 0; j < J; ++j) acc[r][j] += xk * wk[j];
@@ -59,26 +59,23 @@ static void tile(const float* x, int64_t ldx, const W* w, int64_t K, const float
       for (int j = 0; j < J; ++j) sum[r][j] += acc[r][j];
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) {
-      f32x16 out = sum[r][j];
-      if (scale != nullptr) out *= lanes(scale + j * LANES);
-      std::memcpy(y + r * ldy + j * LANES, &out, sizeof out);
-    }
+    for (int j = 0; j < J; ++j) std::memcpy(y + r * ldy + j * LANES, &sum[r][j], sizeof sum[r][j]);
 }
 
 // bfloat16 inputs and weights, float32 sums: per pair, acc += x[2p+1]·W[2p+1], then acc += x[2p]·W[2p] (each product
-// of two bfloat16 numbers is exact in float32), the order vdpbf16ps adds them in; spans as above; the output rounded
-// to bfloat16
+// of two bfloat16 numbers is exact in float32), the order vdpbf16ps adds them in; spans as above; the outputs
+// rounded to bfloat16. ldw: 32-bit words (pairs) from one pair of inputs to the next
 template <int R, int J>
-static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t K, uint16_t* y, int64_t ldy) {
-  const int64_t pairs = K / 2, P = (K + 1) / 2;
+static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t ldw, int64_t K, uint16_t* y,
+                      int64_t ldy) {
+  const int64_t pairs = K / 2;
   f32x16 sum[R][J] = {};
   for (int64_t p0 = 0; p0 < pairs; p0 += SPAN / 2) {
     const int64_t p1 = std::min(pairs, p0 + SPAN / 2);
     f32x16 acc[R][J] = {};
     for (int64_t p = p0; p < p1; ++p) {
       u32x16 wk[J];
-      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + (j * P + p) * LANES, sizeof wk[j]);
+      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + p * ldw + j * LANES, sizeof wk[j]);
       for (int r = 0; r < R; ++r) {
         uint32_t xp;
         std::memcpy(&xp, x + r * ldx + 2 * p, 4);
@@ -99,7 +96,7 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < J; ++j) {
         u32x16 wk;
-        std::memcpy(&wk, w + (j * P + pairs) * LANES, sizeof wk);
+        std::memcpy(&wk, w + pairs * ldw + j * LANES, sizeof wk);
         sum[r][j] += bf16_value(x[r * ldx + K - 1]) * as_f32(wk << 16);
       }
   }
@@ -114,70 +111,134 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
     }
 }
 
-// One product over every row and block: the blocks in groups of BLOCKS, shared among `threads` threads; within a
-// group, the rows ROWS at a time (a group's weights stay in the cache while its rows pass)
+// int8: dot[r][j] = Σ_k u[r][k] · W[j][k] in int32, exact, u = the row's int8 inputs + 128 (unsigned, as vpdpbusd
+// takes them); dot − 128 · Σ_k W[j][k] is Σ_k q[r][k] · W[j][k], scaled back by the row's scale and the output's.
+// ldw: 32-bit words (fours of inputs) from one four to the next
+template <int R, int J>
+static void tile_int8(const uint8_t* u, int64_t ldu, const int32_t* w, int64_t ldw, int64_t fours, const float* sx,
+                      const float* scale, const int32_t* wsum, float* y, int64_t ldy) {
+  i32x16 dot[R][J] = {};
+  for (int64_t p = 0; p < fours; ++p) {
+    i32x16 wk[J];
+    for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + p * ldw + j * LANES, sizeof wk[j]);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, u + r * ldu + 4 * p, 4);
+      for (int j = 0; j < J; ++j) {
+#if defined(__AVX512VNNI__)
+        dot[r][j] = (i32x16)_mm512_dpbusd_epi32((__m512i)dot[r][j], _mm512_set1_epi32(four), (__m512i)wk[j]);
+#else
+        for (int t = 0; t < 4; ++t) {
+          const i32x16 weights = (wk[j] << (24 - 8 * t)) >> 24;  // byte t of each lane, its sign kept
+          dot[r][j] += int32_t((uint32_t(four) >> (8 * t)) & 0xFFu) * weights;
+        }
+#endif
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) {
+      i32x16 sums;
+      std::memcpy(&sums, wsum + j * LANES, sizeof sums);
+      f32x16 scales;
+      std::memcpy(&scales, scale + j * LANES, sizeof scales);
+      const f32x16 out = __builtin_convertvector(dot[r][j] - sums * 128, f32x16) * sx[r] * scales;
+      std::memcpy(y + r * ldy + j * LANES, &out, sizeof out);
+    }
+}
+
+// Every tile of one product: the panels shared among `threads` threads; within a panel the rows ROWS at a time (the
+// panel's weights stay in the cache while its rows pass), the rest a row, and a short last panel a block, at a time
+// (the same sums in the same order). tile(R, J, row, panel, block) runs one tile.
 template <typename Tile>
-static void each_tile(int64_t rows, int64_t nblocks, int threads, const Tile& run) {
-  const int64_t groups = (nblocks + BLOCKS - 1) / BLOCKS;
+static void each_tile(int64_t rows, int64_t blocks, int threads, const Tile& tile) {
+  const int64_t panels = (blocks + BLOCKS - 1) / BLOCKS;
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t b0 = g * BLOCKS;
-    const bool full = b0 + BLOCKS <= nblocks;
+  for (int64_t g = 0; g < panels; ++g) {
+    const int64_t in_panel = std::min<int64_t>(BLOCKS, blocks - g * BLOCKS);
     for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
       const int64_t n = std::min<int64_t>(ROWS, rows - r0);
-      if (full && n == ROWS) {
-        run.template operator()<ROWS, BLOCKS>(r0, b0);
+      if (in_panel == BLOCKS && n == ROWS) {
+        tile.template operator()<ROWS, BLOCKS>(r0, g, 0, in_panel);
         continue;
       }
-      for (int64_t r = r0; r < r0 + n; ++r) {  // the rest a row, or a row and a block, at a time: the same sums
-        if (full) run.template operator()<1, BLOCKS>(r, b0);
-        else for (int64_t b = b0; b < nblocks; ++b) run.template operator()<1, 1>(r, b);
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        if (in_panel == BLOCKS) tile.template operator()<1, BLOCKS>(r, g, 0, in_panel);
+        else for (int64_t j = 0; j < in_panel; ++j) tile.template operator()<1, 1>(r, g, j, in_panel);
       }
     }
   }
 }
 
-template <typename W>
-struct Product {
-  const float* x; int64_t K; const W* w; const float* scale; float* y; int64_t ldy;
-  template <int R, int J>
-  void operator()(int64_t r, int64_t b) const {
-    tile<W, R, J>(x + r * K, K, w + b * K * LANES, K, scale ? scale + b * LANES : nullptr, y + r * ldy + b * LANES, ldy);
-  }
+// The start of panel g: every panel before it is full, BLOCKS blocks of `per_block` numbers each
+struct Panels {
+  int64_t per_block;  // numbers of one block: 16 × the inputs (rounded up to the pair or the four)
+  int64_t start(int64_t g) const { return g * BLOCKS * per_block; }
 };
 
-struct ProductBf16 {
-  const uint16_t* x; int64_t K; const uint32_t* w; uint16_t* y; int64_t ldy;
-  template <int R, int J>
-  void operator()(int64_t r, int64_t b) const {
-    tile_bf16<R, J>(x + r * K, K, w + b * ((K + 1) / 2) * LANES, K, y + r * ldy + b * LANES, ldy);
-  }
-};
+extern "C" {
 
 // The products, called from Python (ctypes) on contiguous tensors: x (rows, K); w packed as above, `blocks` blocks;
 // y (rows, 16 · blocks), written whole
-extern "C" {
 
 // float32 x and weights -> float32 y
 void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t blocks, float* y, int threads) {
-  each_tile(rows, blocks, threads, Product<float>{x, K, w, nullptr, y, blocks * LANES});
-}
-
-// float32 x, int8 weights and one float32 scale per output -> float32 y
-void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const float* scale, int64_t blocks,
-                 float* y, int threads) {
-  each_tile(rows, blocks, threads, Product<int8_t>{x, K, w, scale, y, blocks * LANES});
+  const Panels panels{K * LANES};
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    tile_f32<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
+                   y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+  });
 }
 
 // bfloat16 x and weights -> bfloat16 y
 void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, int64_t blocks, uint16_t* y,
                  int threads) {
-  each_tile(rows, blocks, threads, ProductBf16{x, K, w, y, blocks * LANES});
+  const int64_t pairs = (K + 1) / 2;
+  const Panels panels{pairs * LANES};  // in 32-bit words, one per output and pair
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    tile_bf16<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
+                    y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+  });
 }
 
-// whether the bf16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
+// float32 x, int8 weights with a float32 scale and the sum of its int8 weights per output -> float32 y. Each row is
+// rounded to int8 first: q = round(x · 127 / max|x|), its scale max|x| / 127 (0 for a row of zeros)
+void matmul_int8(const float* x, int64_t rows, int64_t K, const int32_t* w, const float* scale, const int32_t* wsum,
+                 int64_t blocks, float* y, int threads) {
+  const int64_t fours = (K + 3) / 4;
+  std::vector<uint8_t> u(rows * fours * 4, 128);  // 128: an input of 0, where K is rounded up to a four
+  std::vector<float> sx(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float most = 0.0f;
+    for (int64_t k = 0; k < K; ++k) most = std::max(most, std::fabs(x[r * K + k]));
+    const float to_int = most > 0.0f ? 127.0f / most : 0.0f;
+    sx[r] = most / 127.0f;
+    for (int64_t k = 0; k < K; ++k) u[r * fours * 4 + k] = uint8_t(int(std::nearbyint(x[r * K + k] * to_int)) + 128);
+  }
+  const Panels panels{fours * LANES};  // in 32-bit words, one per output and four
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    const int64_t first = (g * BLOCKS + j) * LANES;  // the tile's first output
+    tile_int8<R, J>(u.data() + r * fours * 4, fours * 4, w + panels.start(g) + j * LANES, in_panel * LANES, fours,
+                    sx.data() + r, scale + first, wsum + first, y + r * ldy + first, ldy);
+  });
+}
+
+// whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
 int bf16_instructions() {
 #if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// whether the int8 product runs on the CPU's own int8 dot product (AVX-512 VNNI), else whole-number multiply-adds
+// (the same numbers either way)
+int int8_instructions() {
+#if defined(__AVX512VNNI__)
   return 1;
 #else
   return 0;

@@ -37,20 +37,21 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # this CPU's vector instructions; a*b + c as one fused multiply-add everywhere (the same bits in every tile)
-FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++20", "-fopenmp", "-shared", "-fPIC")
 BUILD_SECONDS = 300
 LANES = 16          # outputs in a block (kernels.cpp)
+BLOCKS = 4          # blocks in a panel
 ALIGN = 64          # bytes: each packed matrix starts on a cache line
 HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
 MADV_HUGEPAGE = 14  # linux/mman.h
-PACKED_DTYPES = (torch.float32, torch.bfloat16, torch.int8)
+PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: + float32, bfloat16, int8
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
-              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
+              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
-              "bf16_instructions": ()}
+              "bf16_instructions": (), "int8_instructions": ()}
 
 
 class KernelsUnavailable(RuntimeError):
@@ -112,7 +113,7 @@ def _built() -> ctypes.CDLL:
     built = ctypes.CDLL(str(library))
     for name, arguments in SIGNATURES.items():
         getattr(built, name).argtypes = arguments
-        getattr(built, name).restype = _int if name == "bf16_instructions" else None
+        getattr(built, name).restype = _int if name.endswith("_instructions") else None
     return built
 
 
@@ -131,25 +132,75 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def bf16_instructions() -> bool:
-    """Whether the bfloat16 product runs on the CPU's own bf16 dot product (else float32 multiply-adds)."""
-    return bool(kernels().bf16_instructions())
+def bf16_products() -> str:
+    """How a bfloat16 product runs on this machine: "avx512_bf16" (the decode kernels on the CPU's own bf16 dot
+    product, vdpbf16ps), "float32" (the decode kernels, each pair of bf16 numbers multiplied in float32 registers:
+    the CPU has no bf16 instruction, or the compiler did not use it), "torch" (the kernels do not build: torch's own
+    product)."""
+    if unavailable_reason() is not None:
+        return "torch"
+    return "avx512_bf16" if kernels().bf16_instructions() else "float32"
+
+
+def int8_products() -> str:
+    """How an int8 product runs on this machine: "avx512_vnni" (the decode kernels on the CPU's own int8 dot product,
+    vpdpbusd), "integer" (the decode kernels, whole-number multiply-adds: the same numbers, slower), "none" (the
+    kernels do not build: int8 is refused)."""
+    if unavailable_reason() is not None:
+        return "none"
+    return "avx512_vnni" if kernels().int8_instructions() else "integer"
 
 
 # -- the layout --------------------------------------------------------------------------------------------------
 
+# inputs side by side per output in the layout: float32 one, bfloat16 a pair (vdpbf16ps), int8 a four (vpdpbusd)
+SIDE_BY_SIDE = {torch.float32: 1, torch.bfloat16: 2, torch.int8: 4}
 
-def blocks_shape(outputs: int, inputs: int, dtype: torch.dtype) -> tuple[int, ...]:
-    """The packed weights of an (outputs, inputs) matrix: outputs padded to a multiple of LANES with zeros."""
-    blocks = -(-outputs // LANES)
-    return (blocks, -(-inputs // 2), LANES, 2) if dtype == torch.bfloat16 else (blocks, inputs, LANES)
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a packed (outputs, inputs) matrix's numbers lie (kernels.cpp): blocks of LANES outputs, panels of BLOCKS
+    blocks (the last panel may hold fewer), within a panel input by input (by `side` inputs side by side)."""
+    outputs: int
+    inputs: int
+    dtype: torch.dtype
+
+    @property
+    def side(self) -> int:
+        return SIDE_BY_SIDE[self.dtype]
+
+    @property
+    def steps(self) -> int:
+        """The inputs' steps of `side`, the last one filled up with zeros."""
+        return -(-self.inputs // self.side)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.outputs // LANES)
+
+    @property
+    def numel(self) -> int:
+        return self.blocks * LANES * self.steps * self.side
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed matrix, int8's scale and weight sum per output included, rounded up to ALIGN."""
+        extra = 2 * 4 * self.blocks * LANES if self.dtype == torch.int8 else 0
+        return -(-(self.numel * self.dtype.itemsize + extra) // ALIGN) * ALIGN
+
+    def panels(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The flat numbers as (panels, steps, blocks in a panel, LANES, side) views: the full panels, then the
+        short last one if any."""
+        full, rest = divmod(self.blocks, BLOCKS)
+        per_panel = BLOCKS * LANES * self.steps * self.side
+        views = [flat[:full * per_panel].view(full, self.steps, BLOCKS, LANES, self.side)]
+        if rest:
+            views.append(flat[full * per_panel:].view(1, self.steps, rest, LANES, self.side))
+        return views
 
 
 def packed_nbytes(outputs: int, inputs: int, dtype: torch.dtype) -> int:
-    """Bytes of the packed matrix, int8's float32 scales included, rounded up to ALIGN."""
-    shape = blocks_shape(outputs, inputs, dtype)
-    n = torch.Size(shape).numel() * dtype.itemsize + (shape[0] * LANES * 4 if dtype == torch.int8 else 0)
-    return -(-n // ALIGN) * ALIGN
+    return Shape(outputs, inputs, dtype).nbytes
 
 
 class Arena:
@@ -165,70 +216,102 @@ class Arena:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.madvise(ctypes.c_void_p(self.buffer.data_ptr()), ctypes.c_size_t(nbytes), MADV_HUGEPAGE)
 
-    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        n = torch.Size(shape).numel() * dtype.itemsize
-        piece = self.buffer[self.taken:self.taken + n].view(dtype).view(shape)
-        self.taken += -(-n // ALIGN) * ALIGN
+    def take(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """n numbers of `dtype`, starting on a cache line."""
+        if self.taken + n * dtype.itemsize > self.buffer.numel():
+            raise ValueError(f"the arena holds {self.buffer.numel():,} B; {self.taken + n * dtype.itemsize:,} asked")
+        piece = self.buffer[self.taken:self.taken + n * dtype.itemsize].view(dtype)
+        self.taken += -(-n * dtype.itemsize // ALIGN) * ALIGN
         return piece
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> tuple[torch.Tensor, torch.Tensor | None]:
+@dataclass
+class Packed:
+    """A packed matrix: its shape, its numbers (a flat view into an arena) and, for int8, each output's float32 scale
+    and the sum of its int8 weights."""
+    shape: Shape
+    flat: torch.Tensor
+    scale: torch.Tensor | None = None
+    weight_sum: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.flat, self.scale, self.weight_sum) if t is not None)
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> Packed:
     """weight (outputs, inputs) into the arena in `dtype`: float32 and bfloat16 as they round; int8 as round(W / s)
-    with one float32 scale per output, s = max|W_row| / 127. Returns the blocks and int8's scales (None otherwise)."""
-    outputs, inputs = weight.shape
-    shape = blocks_shape(outputs, inputs, dtype)
-    padded = torch.zeros(shape[0] * LANES, shape[1] * shape[3] if dtype == torch.bfloat16 else inputs)
-    padded[:outputs, :inputs] = weight
-    scale = None
+    with one float32 scale per output, s = max|W_row| / 127."""
+    shape = Shape(*weight.shape, dtype)
+    values = weight
+    if (shape.blocks * LANES, shape.steps * shape.side) != tuple(weight.shape):
+        values = weight.new_zeros(shape.blocks * LANES, shape.steps * shape.side)
+        values[:shape.outputs, :shape.inputs] = weight
+    scale = weight_sum = None
     if dtype == torch.int8:
-        scale = arena.take((shape[0] * LANES,), torch.float32)
-        scale.copy_((padded.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny))
-        padded = torch.round(padded / scale[:, None]).clamp(-127, 127)
-    blocks = arena.take(shape, dtype)
-    if dtype == torch.bfloat16:
-        blocks.copy_(padded.view(shape[0], LANES, shape[1], 2).permute(0, 2, 1, 3))
-    else:
-        blocks.copy_(padded.view(shape[0], LANES, inputs).transpose(1, 2))
-    return blocks, scale
+        scale = arena.take(shape.blocks * LANES, torch.float32)
+        weight_sum = arena.take(shape.blocks * LANES, torch.int32)
+        scale.copy_((values.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny))
+        values = torch.round(values / scale[:, None]).clamp_(-127, 127)
+        weight_sum.copy_(values.sum(dim=1))
+    flat = arena.take(shape.numel, dtype)
+    first = 0
+    for panel in shape.panels(flat):  # each (panels, steps, blocks, LANES, side) from the matrix's rows
+        n = panel.shape[0] * panel.shape[2] * LANES
+        panel.copy_(values[first:first + n].view(panel.shape[0], panel.shape[2], LANES, shape.steps, shape.side)
+                    .permute(0, 3, 1, 2, 4))
+        first += n
+    return Packed(shape, flat, scale, weight_sum)
 
 
-def unpack(blocks: torch.Tensor, scale: torch.Tensor | None, start: int, end: int, inputs: int) -> torch.Tensor:
+def unpack(packed: Packed, start: int, end: int) -> torch.Tensor:
     """Outputs start .. end − 1 of the packed matrix as a dense (end − start, inputs) tensor of its own: float32 and
     bfloat16 as stored, int8 as its float32 values q · s."""
-    first = start // LANES
-    part = blocks[first:-(-end // LANES)]
-    if part.dtype == torch.bfloat16:
-        dense = part.permute(0, 2, 1, 3).reshape(part.shape[0] * LANES, -1)
-    else:
-        dense = part.transpose(1, 2).reshape(part.shape[0] * LANES, inputs)
-    dense = dense[start - first * LANES:end - first * LANES, :inputs]
-    return dense * scale[start:end, None] if scale is not None else dense.contiguous()
+    shape = packed.shape
+    dense = torch.cat([panel.permute(0, 2, 3, 1, 4).reshape(-1, shape.steps * shape.side)
+                       for panel in shape.panels(packed.flat)])[start:end, :shape.inputs]
+    return dense * packed.scale[start:end, None] if packed.scale is not None else dense.contiguous()
 
 
-def gather_rows(blocks: torch.Tensor, scale: torch.Tensor | None, ids: torch.Tensor, inputs: int) -> torch.Tensor:
-    """Rows `ids` of the packed matrix, (…, inputs): an embedding lookup in a tied LM head's weights."""
-    flat = ids.reshape(-1)
-    if blocks.dtype == torch.bfloat16:
-        rows = blocks[flat // LANES, :, flat % LANES, :].reshape(flat.numel(), -1)[:, :inputs]
-    else:
-        rows = blocks[flat // LANES, :, flat % LANES]
-    if scale is not None:
-        rows = rows * scale[flat, None]
-    return rows.reshape(*ids.shape, inputs)
+def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the packed matrix, (…, inputs): an embedding lookup in a tied LM head's weights (int8: q · s)."""
+    shape, flat = packed.shape, ids.reshape(-1)
+    panels = shape.panels(packed.flat)
+    per_panel = BLOCKS * LANES
+    panel, block, lane = flat // per_panel, flat % per_panel // LANES, flat % LANES
+    if len(panels) == 1:
+        rows = panels[0][panel, :, block, lane]                               # (n, steps, side)
+    else:  # ids in the short last panel
+        rows = packed.flat.new_empty(flat.numel(), shape.steps, shape.side)
+        last = panel == panels[0].shape[0]
+        rows[~last] = panels[0][panel[~last], :, block[~last], lane[~last]]
+        rows[last] = panels[1][torch.zeros_like(block[last]), :, block[last], lane[last]]
+    rows = rows.reshape(flat.numel(), -1)[:, :shape.inputs]
+    if packed.scale is not None:
+        rows = rows * packed.scale[flat, None]
+    return rows.reshape(*ids.shape, shape.inputs)
 
 
-def matmul(x: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """x (rows, inputs), contiguous, times the packed matrix: (rows, padded outputs), in x's dtype, on torch's
-    threads."""
+def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """x (rows, inputs), contiguous, times the packed matrix: (rows, 16 · blocks), in x's dtype, on torch's threads.
+    Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
+            return _matmul(x, packed)
+    return _matmul(x, packed)
+
+
+def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     built = kernels()
     rows, inputs = x.shape
-    y = x.new_empty(rows, blocks.shape[0] * LANES)
+    blocks = packed.shape.blocks
+    y = x.new_empty(rows, blocks * LANES)
     threads = torch.get_num_threads()
-    if blocks.dtype == torch.bfloat16:
-        built.matmul_bf16(x.data_ptr(), rows, inputs, blocks.data_ptr(), blocks.shape[0], y.data_ptr(), threads)
-    elif blocks.dtype == torch.int8:
-        built.matmul_int8(x.data_ptr(), rows, inputs, blocks.data_ptr(), scale.data_ptr(), blocks.shape[0],
-                          y.data_ptr(), threads)
+    if packed.shape.dtype == torch.bfloat16:
+        built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
+    elif packed.shape.dtype == torch.int8:
+        built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(),
+                          packed.weight_sum.data_ptr(), blocks, y.data_ptr(), threads)
     else:
-        built.matmul_f32(x.data_ptr(), rows, inputs, blocks.data_ptr(), blocks.shape[0], y.data_ptr(), threads)
+        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     return y

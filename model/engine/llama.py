@@ -109,10 +109,13 @@ def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles at `positions` (…, n), (…, n, d_head) each."""
+    """cos and sin of the rotation angles at `positions` (…, n), (…, n, d_head) each, the sin's first half negated
+    (what apply_rope multiplies the half-turned input by)."""
     angles = positions.float()[..., None] * inv_freq         # (…, n, d_head/2)
     angles = torch.cat((angles, angles), dim=-1)             # (…, n, d_head)
-    return angles.cos(), angles.sin()
+    half = inv_freq.shape[0]
+    sign = torch.cat((-torch.ones(half), torch.ones(half))).to(angles.device)
+    return angles.cos(), angles.sin() * sign
 
 
 def over_heads(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -126,13 +129,11 @@ def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Te
     return rope_cos_sin(torch.arange(n_positions), inverse_frequencies(head_dim, theta))
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x, cos, sin):
-    return x * cos + rotate_half(x) * sin
+    """Each pair (i, i + d_head/2) of x turned by its angle: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁)
+    as transformers writes it. Here the halves swap places (roll) and sin's first half carries the minus sign
+    (rope_cos_sin): (−a)·b = a·(−b) exactly, so the same bits in two ops fewer."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,8 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
     n_heads·d_head), weights (B, n_heads, 1, S), zero outside a row's keys."""
     B, n_heads, T, d_head = q.shape
     spans = list(zip(rows.first, rows.end))
+    if set(spans) == {(0, k.shape[2])}:  # every row reads every key (one row, say): the plain attend, no copies
+        return attend(q, k, v, None, scale)
     out = q.new_empty(B, T, n_heads * d_head)
     weights = q.new_zeros(B, n_heads, T, k.shape[2])
     batches = [slice(0, B)] if len(set(spans)) == 1 else [slice(r, r + 1) for r in range(B)]  # views, no copy
@@ -187,14 +190,15 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
 class PackedWeight:
     """The weights of one product in the decode kernels' layout (model/engine/kernels.py): one Linear's matrix, or
     several stacked along the outputs (q, k and v; gate and up) so that one product reads them all, in float32,
-    bfloat16 or int8 with a scale per output; a view into the model's arena. The shared model holds its linears'
-    weights only here (pack_linears): a dense matrix is made from it when something needs one (dense_weight)."""
+    bfloat16 or int8 (a scale per output); a view into the model's arena. The shared model holds its linears' weights
+    only here (pack_linears): a dense matrix is made from it when something needs one (dense_weight)."""
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, arena: kernels.Arena):
         stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
         self.outputs = tuple(w.shape[0] for w in weights)      # each stacked matrix's outputs, in order
-        self.inputs = stacked.shape[1]
-        self.blocks, self.scale = kernels.pack(stacked, dtype, arena)
+        self.inputs, self.dtype = stacked.shape[1], dtype
+        self.matrix = kernels.pack(stacked, dtype, arena)
+        self.padded = self.matrix.shape.blocks * kernels.LANES != stacked.shape[0]  # outputs filled up to a block
 
     @staticmethod
     def nbytes_of(weights: list[torch.Tensor], dtype: torch.dtype) -> int:
@@ -202,24 +206,24 @@ class PackedWeight:
 
     @property
     def nbytes(self) -> int:
-        """What the process holds for these weights (int8's scales included)."""
-        scale = self.scale.numel() * 4 if self.scale is not None else 0
-        return self.blocks.numel() * self.blocks.element_size() + scale
+        """What the process holds for these weights (int8's scales and weight sums included)."""
+        return self.matrix.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
-        rows = x.reshape(-1, self.inputs).contiguous()                          # (rows, inputs)
-        y = kernels.matmul(rows, self.blocks, self.scale)[:, :sum(self.outputs)]  # (rows, outputs)
+        y = kernels.matmul(x.reshape(-1, self.inputs).contiguous(), self.matrix)  # (rows, outputs)
+        if self.padded:
+            y = y[:, :sum(self.outputs)]
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def dense(self, member: int = 0) -> torch.Tensor:
         """The member-th stacked matrix as a dense (outputs, inputs) tensor of its own (int8: its values q · s)."""
         start = sum(self.outputs[:member])
-        return kernels.unpack(self.blocks, self.scale, start, start + self.outputs[member], self.inputs)
+        return kernels.unpack(self.matrix, start, start + self.outputs[member])
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of the first matrix (…, inputs): a tied embedding's lookup in its LM head's weights."""
-        return kernels.gather_rows(self.blocks, self.scale, ids, self.inputs)
+        return kernels.gather_rows(self.matrix, ids)
 
     def __deepcopy__(self, memo):
         raise TypeError("a model whose weights are packed is copied with llama.dense_copy")
@@ -240,10 +244,12 @@ class Linear(nn.Linear):
         super().__init__(d_in, d_out, bias=False)
 
     def forward(self, x):
-        if self.packed is not None:
-            start = sum(self.packed.outputs[:self.member])
-            return self.packed(x)[..., start:start + self.out_features]
-        return F.linear(x, self.weight)
+        if self.packed is None:
+            return F.linear(x, self.weight)
+        if len(self.packed.outputs) == 1:
+            return self.packed(x)
+        start = sum(self.packed.outputs[:self.member])
+        return self.packed(x)[..., start:start + self.out_features]
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as a dense (out, in) tensor: the module's own, or made from the packed one."""
@@ -378,21 +384,21 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size)
 
     def project(self, x):
+        """The heads of q and k side by side, (B, n_heads + n_kv, T, d_head) (one RoPE turns them all), and v (B, n_kv,
+        T, d_head)."""
         B, T, _ = x.shape
         packed = getattr(self.q_proj, "packed", None)  # (a trainer's LoRA layer has none)
         if packed is not None and packed is self.k_proj.packed is self.v_proj.packed:  # one product (pack_linears)
-            q, k, v = packed(x).split(packed.outputs, dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
-        return q, k, v
+            heads = packed(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_heads + 2·n_kv, T, d_head)
+            return heads.split((self.n_heads + self.n_kv_heads, self.n_kv_heads), dim=1)
+        qk = torch.cat((self.q_proj(x), self.k_proj(x)), dim=-1)
+        return (qk.view(B, T, -1, self.head_dim).transpose(1, 2),
+                self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2))
 
     def forward(self, x, cos, sin, keys, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
         """keys: what attend() takes, built once per layer kind by the model's forward."""
-        q, k, v = self.project(x)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk, v = self.project(x)
+        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv, S, d_head): from the first key the queries see
         out, weights = attend(q, k, v, keys, self.scale)

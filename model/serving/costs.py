@@ -30,8 +30,8 @@ def lookup_bytes(embedding: Embedding) -> int:
     its scale)."""
     if embedding.packed is None:
         return embedding.weight.shape[1] * embedding.weight.element_size()
-    blocks, scale = embedding.packed.blocks, embedding.packed.scale
-    return embedding.packed.inputs * blocks.element_size() + (4 if scale is not None else 0)
+    packed = embedding.packed
+    return packed.inputs * packed.dtype.itemsize + (4 if packed.dtype == torch.int8 else 0)
 
 
 def matmul_params(module: torch.nn.Module) -> int:
