@@ -193,8 +193,8 @@ def test_gemma3_rows_equal_their_solo_runs_with_joins_and_leaves(gemma3):
 
 
 def check_fewer_bits_rows_exact(model, dtype: str, longest: int) -> None:
-    """Issue 38: the decode kernels sum each row alone in every dtype, and int8 rounds each row's inputs with the
-    row's own scale, nothing measured across the batch (torch's dynamic int8 products scale the inputs per tensor,
+    """Issue 38: the decode kernels sum each row alone in every dtype, and int8 rounds each row's inputs to int16 with
+    the row's own scale, nothing measured across the batch (torch's dynamic int8 products scale the inputs per tensor,
     which couples the rows): 9 requests of different lengths through 8 slots are their solo runs, bit for bit."""
     sizes = check_rows_equal_solo(with_weights(model, dtype), [5, 40, 17, 9, 33, 12, 3, 25, longest], new_tokens=3,
                                   slots=8, tol=EXACT)

@@ -368,10 +368,11 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
 
 @pytest.mark.parametrize("d_in,d_out", [(576, 960), (1536, 576), (2048, 640), (3001, 8), (48, 525)])
 def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
-    """Issue 38, item 2: int8 rounds each row's inputs to int8 with the row's own scale and multiplies them by the
-    int8 weights in whole numbers; computed here in torch from the definition (the whole numbers in float64, exact):
-    W_q = round(W / s), s = max|W_row| / 127; x_q = round(x · (127 / max|x_row|)); y = float32(x_q · W_qᵀ) ·
-    (max|x_row| / 127) · s, bit for bit, a row of zeros included."""
+    """Issue 38, item 2: int8 multiplies int8 weights by each row's inputs rounded to int16 with the row's own scale,
+    in whole numbers, runs of 256 inputs whose whole sums join a float32 total in turn; computed here in torch from
+    that definition (the whole numbers in float64, exact): W_q = round(W / s), s = max|W_row| / 127;
+    x_q = round(x · (32767 / max|x_row|)); y = Σ_runs float32(x_q · W_qᵀ) · (max|x_row| / 32767) · s, bit for bit, a
+    row of zeros included."""
     from model.engine import kernels
     from model.engine.llama import PackedWeight
 
@@ -380,11 +381,14 @@ def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
     x[4] = 0
     packed = PackedWeight([weight], torch.int8, kernels.Arena(PackedWeight.nbytes_of([weight], torch.int8)))
     s = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    weight_q = torch.round(weight / s[:, None]).clamp(-127, 127)
+    weight_q = torch.round(weight / s[:, None]).clamp(-127, 127).double()
     most = x.abs().amax(dim=1, keepdim=True)
-    x_q = torch.round(x * torch.where(most > 0, 127 / most, 0))
-    expected = (x_q.double() @ weight_q.double().T).float() * (most / 127) * s
-    assert torch.equal(packed(x), expected)
+    # (a number over a tensor is torch's reciprocal times the number, a float32 rounding apart from the division)
+    x_q = torch.round(x * torch.where(most > 0, torch.tensor(32767.0) / most, 0)).double()
+    total = torch.zeros(9, d_out)
+    for first in range(0, d_in, 256):
+        total += (x_q[:, first:first + 256] @ weight_q[:, first:first + 256].T).float()
+    assert torch.equal(packed(x), total * (most / 32767) * s)
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):

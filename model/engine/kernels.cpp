@@ -4,18 +4,19 @@
 // Layout: W's outputs in blocks of 16 (the last one filled up with zeros), the blocks in panels of 4 (64 outputs; the
 // last panel may hold fewer). Within a panel the weights go input by input, and for each input the panel's 64
 // outputs side by side, so one row streams the panel's weights once, front to back. float32: per input k, 64 numbers;
-// bfloat16: per pair of inputs (2p, 2p + 1), each output's two side by side, as the CPU's bf16 dot product (vdpbf16ps)
-// reads them; int8: per four inputs, each output's four side by side, as its int8 dot product (vpdpbusd) reads them.
+// bfloat16 and int8: per pair of inputs (2p, 2p + 1), each output's two side by side, as the CPU's bf16 dot product
+// (vdpbf16ps) and its int16 dot product (vpdpwssd) read them.
 // One output's weights are at a fixed stride there: the tied embedding looks its rows up in them.
 //
 // Order of the sums: float32 and bfloat16 sum every output of every row over k = 0, 1, ..., K − 1 in turn, in runs of
 // SPAN inputs whose sums are added in turn, in float32, whatever the number of rows, the tile that computes it or the
-// thread that runs it; int8 sums whole numbers, exactly, so any order gives the same. Either way a row comes out with
+// thread that runs it; int8 sums whole numbers, exactly, in runs of SPAN_INT inputs whose sums join a float32 total in
+// turn. Either way a row comes out with
 // the same bits beside any other rows (a batched decode step gives each row its solo run's logits), and the outputs
 // of matrices stacked along the outputs (fused QKV, gate/up) are those of each matrix alone.
 //
-// int8 multiplies int8 weights (one float32 scale per output) by the row's inputs rounded to int8 with one scale per
-// row, max|x| / 127, so that the products are whole numbers; nothing from another row enters a row's numbers.
+// int8 multiplies int8 weights (one float32 scale per output) by the row's inputs rounded to int16 with one scale per
+// row, max|x| / 32767, so that the products are whole numbers; nothing from another row enters a row's numbers.
 
 #include <algorithm>
 #include <cmath>
@@ -36,6 +37,7 @@ constexpr int ROWS = 6;     // rows of x in a full tile: 6 × 4 accumulators and
                             // AVX-512 registers
 constexpr int SPAN = 64;    // inputs summed in one run before the run's sum joins the total: float32 rounding grows
                             // with a run's length, so runs of 64 err about as little as oneDNN's and MKL's sums
+constexpr int SPAN_INT = 256;  // int8's runs of whole numbers: 256 · 32767 · 127 < 2³¹
 
 static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
 static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
@@ -111,38 +113,48 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
     }
 }
 
-// int8: dot[r][j] = Σ_k u[r][k] · W[j][k] in int32, exact, u = the row's int8 inputs + 128 (unsigned, as vpdpbusd
-// takes them); dot − 128 · Σ_k W[j][k] is Σ_k q[r][k] · W[j][k], scaled back by the row's scale and the output's.
-// ldw: 32-bit words (fours of inputs) from one four to the next
+// int8: each row's inputs as int16 (q = round(x · 32767 / max|x|), one scale per row), the weights int8: per pair of
+// inputs acc += q[2p]·W[2p] + q[2p+1]·W[2p+1] in int32 (vpdpwssd), whole numbers, exact; every SPAN_INT inputs the
+// run's whole sum joins the float32 total (runs short enough that 32767 · 127 · SPAN_INT fits in int32), in turn;
+// the total scaled back by the row's scale and the output's. ldw: bytes from one pair of inputs to the next
 template <int R, int J>
-static void tile_int8(const uint8_t* u, int64_t ldu, const int32_t* w, int64_t ldw, int64_t fours, const float* sx,
-                      const float* scale, const int32_t* wsum, float* y, int64_t ldy) {
-  i32x16 dot[R][J] = {};
-  for (int64_t p = 0; p < fours; ++p) {
-    i32x16 wk[J];
-    for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + p * ldw + j * LANES, sizeof wk[j]);
-    for (int r = 0; r < R; ++r) {
-      int32_t four;
-      std::memcpy(&four, u + r * ldu + 4 * p, 4);
-      for (int j = 0; j < J; ++j) {
+static void tile_int8(const int16_t* q, int64_t ldq, const int8_t* w, int64_t ldw, int64_t K, const float* sx,
+                      const float* scale, float* y, int64_t ldy) {
+  const int64_t pairs = (K + 1) / 2;  // q is filled up with a 0 to an even length
+  f32x16 sum[R][J] = {};
+  for (int64_t p0 = 0; p0 < pairs; p0 += SPAN_INT / 2) {
+    const int64_t p1 = std::min(pairs, p0 + SPAN_INT / 2);
+    i32x16 acc[R][J] = {};
+    for (int64_t p = p0; p < p1; ++p) {
 #if defined(__AVX512VNNI__)
-        dot[r][j] = (i32x16)_mm512_dpbusd_epi32((__m512i)dot[r][j], _mm512_set1_epi32(four), (__m512i)wk[j]);
+      __m512i wk[J];
+      for (int j = 0; j < J; ++j)
+        wk[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * ldw + j * 2 * LANES)));
 #else
-        for (int t = 0; t < 4; ++t) {
-          const i32x16 weights = (wk[j] << (24 - 8 * t)) >> 24;  // byte t of each lane, its sign kept
-          dot[r][j] += int32_t((uint32_t(four) >> (8 * t)) & 0xFFu) * weights;
-        }
+      int8_t wk[J][2 * LANES];
+      for (int j = 0; j < J; ++j) std::memcpy(wk[j], w + p * ldw + j * 2 * LANES, sizeof wk[j]);
 #endif
+      for (int r = 0; r < R; ++r) {
+        int32_t two;
+        std::memcpy(&two, q + r * ldq + 2 * p, 4);
+        for (int j = 0; j < J; ++j) {
+#if defined(__AVX512VNNI__)
+          acc[r][j] = (i32x16)_mm512_dpwssd_epi32((__m512i)acc[r][j], _mm512_set1_epi32(two), wk[j]);
+#else
+          const int32_t x0 = int16_t(two & 0xFFFF), x1 = int16_t(uint32_t(two) >> 16);
+          for (int l = 0; l < LANES; ++l) acc[r][j][l] += x0 * wk[j][2 * l] + x1 * wk[j][2 * l + 1];
+#endif
+        }
       }
     }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) sum[r][j] += __builtin_convertvector(acc[r][j], f32x16);
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) {
-      i32x16 sums;
-      std::memcpy(&sums, wsum + j * LANES, sizeof sums);
       f32x16 scales;
       std::memcpy(&scales, scale + j * LANES, sizeof scales);
-      const f32x16 out = __builtin_convertvector(dot[r][j] - sums * 128, f32x16) * sx[r] * scales;
+      const f32x16 out = sum[r][j] * sx[r] * scales;
       std::memcpy(y + r * ldy + j * LANES, &out, sizeof out);
     }
 }
@@ -203,26 +215,26 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, 
   });
 }
 
-// float32 x, int8 weights with a float32 scale and the sum of its int8 weights per output -> float32 y. Each row is
-// rounded to int8 first: q = round(x · 127 / max|x|), its scale max|x| / 127 (0 for a row of zeros)
-void matmul_int8(const float* x, int64_t rows, int64_t K, const int32_t* w, const float* scale, const int32_t* wsum,
-                 int64_t blocks, float* y, int threads) {
-  const int64_t fours = (K + 3) / 4;
-  std::vector<uint8_t> u(rows * fours * 4, 128);  // 128: an input of 0, where K is rounded up to a four
+// float32 x, int8 weights with a float32 scale per output -> float32 y. Each row is turned into int16 first:
+// q = round(x · 32767 / max|x|), its scale max|x| / 32767 (0 for a row of zeros)
+void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const float* scale, int64_t blocks,
+                 float* y, int threads) {
+  const int64_t pairs = (K + 1) / 2;
+  std::vector<int16_t> q(rows * pairs * 2, 0);
   std::vector<float> sx(rows);
   for (int64_t r = 0; r < rows; ++r) {
     float most = 0.0f;
     for (int64_t k = 0; k < K; ++k) most = std::max(most, std::fabs(x[r * K + k]));
-    const float to_int = most > 0.0f ? 127.0f / most : 0.0f;
-    sx[r] = most / 127.0f;
-    for (int64_t k = 0; k < K; ++k) u[r * fours * 4 + k] = uint8_t(int(std::nearbyint(x[r * K + k] * to_int)) + 128);
+    const float to_int = most > 0.0f ? 32767.0f / most : 0.0f;
+    sx[r] = most / 32767.0f;
+    for (int64_t k = 0; k < K; ++k) q[r * pairs * 2 + k] = int16_t(std::nearbyint(x[r * K + k] * to_int));
   }
-  const Panels panels{fours * LANES};  // in 32-bit words, one per output and four
+  const Panels panels{pairs * 2 * LANES};  // in bytes, two per output and pair
   const int64_t ldy = blocks * LANES;
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
     const int64_t first = (g * BLOCKS + j) * LANES;  // the tile's first output
-    tile_int8<R, J>(u.data() + r * fours * 4, fours * 4, w + panels.start(g) + j * LANES, in_panel * LANES, fours,
-                    sx.data() + r, scale + first, wsum + first, y + r * ldy + first, ldy);
+    tile_int8<R, J>(q.data() + r * pairs * 2, pairs * 2, w + panels.start(g) + j * 2 * LANES, in_panel * 2 * LANES,
+                    K, sx.data() + r, scale + first, y + r * ldy + first, ldy);
   });
 }
 
@@ -235,8 +247,8 @@ int bf16_instructions() {
 #endif
 }
 
-// whether the int8 product runs on the CPU's own int8 dot product (AVX-512 VNNI), else whole-number multiply-adds
-// (the same numbers either way)
+// whether the int8 product runs on the CPU's own int16 dot product (AVX-512 VNNI's vpdpwssd), else whole-number
+// multiply-adds (the same numbers either way)
 int int8_instructions() {
 #if defined(__AVX512VNNI__)
   return 1;

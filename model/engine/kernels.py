@@ -49,7 +49,7 @@ PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: +
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
-              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _int),
+              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
               "bf16_instructions": (), "int8_instructions": ()}
 
@@ -64,7 +64,7 @@ class CpuFeatures:
     vector: str                 # torch's widest vector kernels here: "AVX512", "AVX2", "DEFAULT", ...
     avx512_bf16: bool | None    # a bfloat16 dot product in AVX-512 registers (vdpbf16ps)
     amx_bf16: bool | None       # AMX tiles with a bfloat16 matrix multiply (Sapphire Rapids and later)
-    avx512_vnni: bool | None    # int8 dot products (vpdpbusd)
+    avx512_vnni: bool | None    # int8 and int16 dot products (vpdpbusd, vpdpwssd)
 
 
 def cpu_features() -> CpuFeatures:
@@ -143,8 +143,8 @@ def bf16_products() -> str:
 
 
 def int8_products() -> str:
-    """How an int8 product runs on this machine: "avx512_vnni" (the decode kernels on the CPU's own int8 dot product,
-    vpdpbusd), "integer" (the decode kernels, whole-number multiply-adds: the same numbers, slower), "none" (the
+    """How an int8 product runs on this machine: "avx512_vnni" (the decode kernels on the CPU's own int16 dot product,
+    vpdpwssd), "integer" (the decode kernels, whole-number multiply-adds: the same numbers, slower), "none" (the
     kernels do not build: int8 is refused)."""
     if unavailable_reason() is not None:
         return "none"
@@ -153,8 +153,8 @@ def int8_products() -> str:
 
 # -- the layout --------------------------------------------------------------------------------------------------
 
-# inputs side by side per output in the layout: float32 one, bfloat16 a pair (vdpbf16ps), int8 a four (vpdpbusd)
-SIDE_BY_SIDE = {torch.float32: 1, torch.bfloat16: 2, torch.int8: 4}
+# inputs side by side per output in the layout: float32 one, bfloat16 and int8 a pair (vdpbf16ps, vpdpwssd)
+SIDE_BY_SIDE = {torch.float32: 1, torch.bfloat16: 2, torch.int8: 2}
 
 
 @dataclass(frozen=True)
@@ -184,8 +184,8 @@ class Shape:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the packed matrix, int8's scale and weight sum per output included, rounded up to ALIGN."""
-        extra = 2 * 4 * self.blocks * LANES if self.dtype == torch.int8 else 0
+        """Bytes of the packed matrix, int8's scale per output included, rounded up to ALIGN."""
+        extra = 4 * self.blocks * LANES if self.dtype == torch.int8 else 0
         return -(-(self.numel * self.dtype.itemsize + extra) // ALIGN) * ALIGN
 
     def panels(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -227,16 +227,15 @@ class Arena:
 
 @dataclass
 class Packed:
-    """A packed matrix: its shape, its numbers (a flat view into an arena) and, for int8, each output's float32 scale
-    and the sum of its int8 weights."""
+    """A packed matrix: its shape, its numbers (a flat view into an arena) and, for int8, each output's float32
+    scale."""
     shape: Shape
     flat: torch.Tensor
     scale: torch.Tensor | None = None
-    weight_sum: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.flat, self.scale, self.weight_sum) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.flat, self.scale) if t is not None)
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> Packed:
@@ -247,13 +246,11 @@ def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> Packed:
     if (shape.blocks * LANES, shape.steps * shape.side) != tuple(weight.shape):
         values = weight.new_zeros(shape.blocks * LANES, shape.steps * shape.side)
         values[:shape.outputs, :shape.inputs] = weight
-    scale = weight_sum = None
+    scale = None
     if dtype == torch.int8:
         scale = arena.take(shape.blocks * LANES, torch.float32)
-        weight_sum = arena.take(shape.blocks * LANES, torch.int32)
         scale.copy_((values.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny))
         values = torch.round(values / scale[:, None]).clamp_(-127, 127)
-        weight_sum.copy_(values.sum(dim=1))
     flat = arena.take(shape.numel, dtype)
     first = 0
     for panel in shape.panels(flat):  # each (panels, steps, blocks, LANES, side) from the matrix's rows
@@ -261,7 +258,7 @@ def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> Packed:
         panel.copy_(values[first:first + n].view(panel.shape[0], panel.shape[2], LANES, shape.steps, shape.side)
                     .permute(0, 3, 1, 2, 4))
         first += n
-    return Packed(shape, flat, scale, weight_sum)
+    return Packed(shape, flat, scale)
 
 
 def unpack(packed: Packed, start: int, end: int) -> torch.Tensor:
@@ -310,8 +307,8 @@ def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     if packed.shape.dtype == torch.bfloat16:
         built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     elif packed.shape.dtype == torch.int8:
-        built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(),
-                          packed.weight_sum.data_ptr(), blocks, y.data_ptr(), threads)
+        built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(), blocks,
+                          y.data_ptr(), threads)
     else:
         built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     return y

@@ -52,7 +52,7 @@ class Machine:
 
     @property
     def how(self) -> str:
-        product = (f"{INT8_PEAK_ROWS}×1024 float32 (rounded to int8 per row) by 1024×1024 int8 matmul"
+        product = (f"{INT8_PEAK_ROWS}×1024 float32 (rounded to int16 per row) by 1024×1024 int8 matmul"
                    if self.dtype == "int8" else f"1024×1024 {self.dtype} matmul")
         return (f"copy of a 256 MiB float32 tensor (read + write counted), sum over a 1 GiB float32 tensor held as the "
                 f"packed weights are, {product}; median of 5 after a warm-up, {self.threads} thread(s) on "

@@ -100,7 +100,7 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
 def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
     """Operations per second of an (n × n) · (n × n) matmul in `dtype`, 2n³ operations, the median of `repeats` after
     a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" is the decode kernels' int8
-    product the int8 weights run in (model/engine/kernels.py): float32 rows (rounded to int8 inside) times an int8
+    product the int8 weights run in (model/engine/kernels.py): float32 rows (rounded to int16 inside) times an int8
     (n × n) weight, over INT8_PEAK_ROWS rows."""
     if dtype == "int8":
         packed = kernels.pack(torch.randn(n, n), torch.int8, kernels.Arena(kernels.packed_nbytes(n, n, torch.int8)))
