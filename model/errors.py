@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from model.texts import text
+from model.texts import number_in, text
 
 
 class InputError(ValueError):
@@ -12,8 +12,17 @@ class InputError(ValueError):
         super().__init__(self.message("en"))
 
     def details_in(self, lang: str) -> dict:
-        """The details, a detail named `x_text` (a text key, such as a setting's label) said as `x` in `lang`."""
-        return {k.removesuffix("_text"): text(v, lang) if k.endswith("_text") else v for k, v in self.details.items()}
+        """The details, a detail named `x_text` (a text key, such as a setting's label) said as `x` in `lang`, one
+        named `x_number` written as `lang` writes numbers (a float with 2 decimals)."""
+        said = {}
+        for k, v in self.details.items():
+            if k.endswith("_text"):
+                said[k.removesuffix("_text")] = text(v, lang)
+            elif k.endswith("_number"):
+                said[k.removesuffix("_number")] = number_in(v, lang, ",.2f" if isinstance(v, float) else None)
+            else:
+                said[k] = v
+        return said
 
     def message(self, lang: str) -> str:
         return text("error." + self.code, lang).format(**self.details_in(lang))

@@ -26,6 +26,21 @@ def strings() -> dict[str, dict[str, str]]:
     return merged
 
 
+# Vietnamese groups thousands with a dot and writes the decimal comma
+VIETNAMESE_MARKS = str.maketrans(",.", ".,")
+
+
+def number_in(value: float, lang: str, spec: str | None = None) -> str:
+    """A number as `lang` writes it: 6,144 and 6.5625 in English, 6.144 and 6,5625 in Vietnamese. spec: a format
+    spec with English marks (".4f" writes 0.6931 as 0,6931 in Vietnamese); without one, a float with the shortest
+    digits that give it back, a whole one without its .0."""
+    if spec is not None:
+        written = format(value, spec)
+    else:
+        written = f"{value:,}" if value != int(value) else f"{int(value):,}"
+    return written.translate(VIETNAMESE_MARKS) if lang == "vi" else written
+
+
 def text(key: str, lang: str) -> str:
     entry = strings().get(key)
     if entry is None:

@@ -23,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,29 @@ def small():
     )
 
     return load_model("small", "cpu")
+
+
+def packed(module):
+    """A random model as the loader gives the shared one: eval, no gradients, its linears packed."""
+    from model.engine.llama import pack_linears
+
+    module.eval().requires_grad_(False)
+    pack_linears(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_gqa():
+    """A random Llama: 3 layers, 6 query heads over 2 KV heads, d_head 8, no tokenizer (ids only)."""
+    import torch
+
+    from model.engine.llama import Llama, LlamaConfig
+    from model.engine.runtime import NativeModel
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    return NativeModel("tiny-gqa", packed(Llama(cfg)), None, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -166,6 +190,28 @@ IDLE_JS = """([quiet, call]) => {
 def wait_idle(page, timeout_ms: int = 60_000) -> None:
     """Waits until no script run is going on or about to start (QUIET_MS of quiet)."""
     page.wait_for_function(IDLE_JS, arg=[QUIET_MS, uuid.uuid4().hex], polling=50, timeout=timeout_ms)
+
+
+SETTLED_JS = """() => document.fonts.ready.then(() => new Promise(done =>
+    requestAnimationFrame(() => requestAnimationFrame(() => done(true)))))"""
+
+
+def settled(page) -> None:
+    """The fonts loaded and two frames painted since: a layout (a resize, a toggle's CSS) has been applied."""
+    page.evaluate(SETTLED_JS)
+
+
+def retried(action, done, what: str, tries: int = 3) -> int:
+    """action() until done() holds, at most `tries` times: a click that lands while a rerun is still drawing can
+    be lost under load. Returns the tries it took and says so when more than one; fails, naming `what`, after
+    the last."""
+    for attempt in range(1, tries + 1):
+        action()
+        if done():
+            if attempt > 1:
+                warnings.warn(f"{what}: took {attempt} tries", stacklevel=2)
+            return attempt
+    raise AssertionError(f"{what}: still not done after {tries} tries")
 
 
 def choose_sidebar_model(page, label: str) -> None:

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import packed
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model
 
@@ -15,7 +16,6 @@ from model.engine import kernels
 from model.engine.cache import CROP_MARGIN
 from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from model.engine.generate import run_to_end, start
-from model.engine.llama import Llama, LlamaConfig, pack_linears
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel
@@ -34,22 +34,6 @@ TOL = 1e-5  # the issue's bound
 # place in a batch of rows: 1e-7 apart there.
 EXACT = 0.0 if kernels.unavailable_reason() is None else TOL
 BUDGET = 256 * 2**20
-
-
-@pytest.fixture(scope="module")
-def tiny_gqa():
-    """A random Llama: 3 layers, 6 query heads over 2 KV heads, d_head 8, no tokenizer (ids only)."""
-    torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
-                      num_attention_heads=6, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    return NativeModel("tiny-gqa", packed(Llama(cfg)), None, torch.device("cpu"))
-
-
-def packed(module):
-    """A random model as the loader gives the shared one: eval, no gradients, its linears packed."""
-    module.eval().requires_grad_(False)
-    pack_linears(module)
-    return module
 
 
 GEMMA3_WINDOW = 4

@@ -5,14 +5,15 @@ import re
 import pytest
 from conftest import wait_for_charts, wait_idle
 
+from model.texts import text
+
 pytestmark = pytest.mark.browser
 
-LABELS = {
-    "vi": {"prefill": "Chạy prefill", "next": "Bước tiếp", "back": "Lùi lại", "cache": r"cache: (\d+) vị trí",
-           "measure": "Đo ngay"},
-    "en": {"prefill": "Run prefill", "next": "Next", "back": "Back", "cache": r"cache: (\d+) positions",
-           "measure": "Measure now"},
-}
+# the buttons as the app labels them; the step summary's cache length as decode.step_summary writes it
+LABELS = {lang: {"prefill": text("prompt.run_prefill", lang), "next": text("decode.next", lang),
+                 "back": text("decode.back", lang), "measure": text("cache.measure", lang),
+                 "cache": {"vi": r"cache: (\d+) vị trí", "en": r"cache: (\d+) positions"}[lang]}
+          for lang in ("vi", "en")}
 
 
 def cache_positions(page, lang: str) -> int:
@@ -101,9 +102,7 @@ def test_rapid_sampling_changes_only_redraw_the_current_step(app_server, browser
     slider.focus()
     for _ in range(20):
         slider.press("ArrowRight")
-    wait_idle(page)
-    page.wait_for_timeout(1500)
-    wait_idle(page)
+    wait_idle(page)  # a redraw the slider started keeps the script running: idle means it is done
     summary = page.get_by_text(re.compile(r"fed .* at position \d+")).first.inner_text()
     assert summary.split(" at position")[0] == fed_before.split(" at position")[0]
     fed, position = re.search(r"fed (.+) at position (\d+)", summary).groups()
@@ -130,8 +129,7 @@ def test_arrow_keys_step_and_go_back_but_not_while_typing(app_server, browser_pa
     box.click()
     for key in ("ArrowLeft", "ArrowRight", "ArrowRight"):
         box.press(key)
-    page.wait_for_timeout(1500)  # a step, had one started, shows well within this
-    wait_idle(page)
+    wait_idle(page)  # a step, had one started, would keep the script running
     assert cache_positions(page, "en") == start + 1
     assert page.locator("[data-testid='stException']").count() == 0
 
@@ -150,9 +148,7 @@ def test_arrow_keys_pressed_at_once_are_taken_in_order(app_server, browser_page)
     for keys, ends_at in (("→←", start), ("→→←←←→", start + 1)):
         for key in keys:
             page.keyboard.press(arrows[key])
-        page.wait_for_timeout(300 * len(keys))
-        wait_idle(page)
-        page.wait_for_timeout(500)
-        wait_idle(page)
+        wait_for_cache(page, "en", ends_at)
+        wait_idle(page)  # the queue has nothing left to press: the strip stays where it ended
         assert cache_positions(page, "en") == ends_at, keys
     assert page.locator("[data-testid='stException']").count() == 0

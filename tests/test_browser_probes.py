@@ -2,7 +2,7 @@
 (Decode, Cache)."""
 
 import pytest
-from conftest import wait_idle
+from conftest import retried, wait_idle
 
 from model.texts import text
 
@@ -26,13 +26,13 @@ def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, arti
     wait_idle(page)
     page.get_by_text(text("lens.title", lang)).first.wait_for(timeout=60_000)
     page.set_viewport_size({"width": 1440, "height": 2600})  # room below the box for its drop-down
-    for _ in range(3):  # under load an option's click can be lost while the drop-down opens: no run follows it
+    def choose_head() -> None:  # under load an option's click can be lost while the drop-down opens
         page.locator(".st-key-heads_off").first.click()
         page.get_by_role("option", name="1.2", exact=True).click()
         wait_idle(page)
         page.keyboard.press("Escape")
-        if page.locator(".st-key-heads_off [data-tag]").count():
-            break
+
+    retried(choose_head, lambda: page.locator(".st-key-heads_off [data-tag]").count() > 0, "heads off 1.2 chosen")
     page.get_by_text(text("ablation.title", lang).format(heads="1.2")).first.wait_for(timeout=60_000)
     # small has 4 layers: one row each in the lens table, after the header
     rows = page.locator("table.mini-table").filter(has_text=text("lens.layer", lang)).locator("tbody tr")
@@ -55,12 +55,13 @@ def whole_number(written: str) -> int:
 
 def type_number(page, key: str, value: int) -> None:
     box = page.locator(f".st-key-{key} input")
-    for _ in range(3):  # the rerun of the box typed before can redraw this one over what was just typed
+
+    def type_it() -> None:  # the rerun of the box typed before can redraw this one over what was just typed
         box.fill(str(value))
         box.press("Enter")
         wait_idle(page)
-        if box.input_value() == str(value):
-            return
+
+    retried(type_it, lambda: box.input_value() == str(value), f"{value} typed into {key}")
 
 
 @pytest.mark.parametrize("lang", ["vi", "en"])

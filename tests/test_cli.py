@@ -201,7 +201,7 @@ def test_serve_bench_and_profile_defaults_fit_every_listed_model(name):
     profile_context = min(serve_bench.PROFILE_CONTEXT, context_length - 1)
     assert contexts and all(1 <= c < context_length for c in [*contexts, profile_context])
     shape = cache_shape(config)
-    batches = [int(b) for b in cli.parser().parse_args(["serve-bench"]).batch.split(",")]
+    batches = [int(b) for b in serve_bench.DEFAULT_BATCHES.split(",")]  # the sweep's, when --batch is not given
     assert max(batches) <= MAX_SLOTS
     assert 2 * max(batches) * shape.cache_bytes(max(contexts) + 1) <= generate.session_budget_bytes()
 

@@ -153,6 +153,7 @@ def test_lora_merged_equals_unmerged_and_peft_loads_the_adapter(tmp_path):
         ours = trainer.module(ids).logits
         merged = trainer.merged()(ids).logits
     assert (ours - merged).abs().max() <= 1e-5
+    assert trainer.merge_difference() <= 1e-5  # what the page's Merge button says: the same comparison
     files = dict(trainer.save(tmp_path / "out"))
     assert {"model.safetensors", "config.json", "tokenizer.json", "adapter/adapter_config.json",
             "adapter/adapter_model.safetensors"} <= set(files)

@@ -202,7 +202,7 @@ def test_decode_on_gemma3_in_vietnamese_in_a_real_browser(app_server, browser_pa
 
 @pytest.mark.browser
 def test_finetune_lora_one_step_on_gemma3_in_english_in_a_real_browser(app_server, browser_page, artifacts):
-    from conftest import wait_idle
+    from conftest import retried, wait_idle
     from playwright.sync_api import expect
 
     from model.texts import text
@@ -217,11 +217,11 @@ def test_finetune_lora_one_step_on_gemma3_in_english_in_a_real_browser(app_serve
     expect(panel.locator(".st-key-ft_lora_batch input")).to_have_value("4", timeout=120_000)  # gemma3's batch
     wait_idle(page)
     button, waiting = panel.locator(".st-key-ft_lora_one button"), panel.get_by_text(text("finetune.press_step", "en"))
-    for _ in range(3):  # a click that lands while the model's rerun is still drawing can be lost: click again
+    def step() -> None:  # a click that lands while the model's rerun is still drawing can be lost
         button.click()
         wait_idle(page, 300_000)
-        if not waiting.count():
-            break
+
+    retried(step, lambda: not waiting.count(), "LoRA's first step on gemma3")
     panel.get_by_text("gemma3 · step 1/").first.wait_for(timeout=300_000)
     panel.get_by_text("184,320").first.wait_for()
     assert page.locator("[data-testid='stException']").count() == 0

@@ -198,6 +198,28 @@ def prompt(n: int) -> list[int]:
     return [1] + [4 + (7 * i) % 36 for i in range(n - 1)]
 
 
+def test_tiny_forward_gives_hidden_and_checkpointing_changes_nothing(tiny):
+    """The shared forward fills `hidden` on Gemma 3 too (a reward model's head reads it: model/training/rlhf.py),
+    and activation checkpointing recomputes the same blocks: the same logits and the same gradients."""
+    ours, _ = tiny
+    module = ours.module
+    ids = torch.tensor([prompt(12)])
+    out = module(ids)
+    assert out.hidden is not None and out.hidden.shape == (1, 12, module.config.hidden_size)
+    assert torch.equal(module.lm_head(out.hidden), out.logits)
+    module.requires_grad_(True)
+    try:
+        grads = []
+        for checkpointing in (False, True):
+            module.zero_grad()
+            logits = module(ids, activation_checkpointing=checkpointing).logits
+            logits.sum().backward()
+            grads.append((logits.detach(), module.model.layers[0].mlp.up_proj.weight.grad.clone()))
+    finally:
+        module.requires_grad_(False)
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.allclose(grads[0][1], grads[1][1], atol=1e-6)
+
+
 def test_tiny_logits_equal_transformers_past_the_window(tiny):
     ours, theirs = tiny
     assert ours.info.layer_windows == (WINDOW,) * 5 + (None,) and ours.info.architecture == "gemma3_text"

@@ -13,6 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from conftest import settled
 from streamlit.testing.v1 import AppTest
 
 from model.texts import text
@@ -312,16 +313,16 @@ def open_map(page, base: str, lang: str, size: tuple[int, int]):
     page.goto(f"{base}/?lang={lang}")
     page.locator(".dlm-cell[data-cell='5C']").wait_for()
     page.locator(".dlm-svg").wait_for(state="attached")  # the script ran and drew the arrows
-    page.wait_for_timeout(300)
+    settled(page)
 
 
 def full_map_screenshot(page, path: Path, size: tuple[int, int]):
     """Streamlit scrolls inside its own container: a tall viewport of the same width shows the whole map."""
     page.set_viewport_size({"width": size[0], "height": 1800})
-    page.wait_for_timeout(400)
+    settled(page)
     page.screenshot(path=str(path))
     page.set_viewport_size({"width": size[0], "height": size[1]})
-    page.wait_for_timeout(200)
+    settled(page)
 
 
 @pytest.mark.browser
@@ -431,7 +432,7 @@ def test_band_filter_and_hide_overlay_in_the_browser(app_server, browser_page, a
 
     page.get_by_text(text("map.hide_overlay", "vi")).click()
     page.locator(".dlm-overlay-off").wait_for(state="attached")
-    page.wait_for_timeout(300)
+    settled(page)
     assert page.locator(".dlm-svg").count() == 0 and page.locator(".dlm-arrow-label").count() == 0
     assert page.locator(".dlm-frame").count() == 0 and page.locator(".dlm-head").count() == 0
     assert page.locator(".dlm-cell").count() == 22 and page.locator(".dlm-cell.hl").count() == 5

@@ -22,6 +22,7 @@ from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.texts import text
 
+pytestmark = pytest.mark.slow  # each test starts Streamlit servers of its own
 BURST_SESSIONS = 12
 BURST_SPREAD_S = 0.5
 ISOLATION_PROMPTS = ["the dog", "my mother", "con mèo", "the cat eats"]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from model.texts import LANGUAGES, text
+from model.texts import LANGUAGES, number_in, text
 
 DEFAULT_LANG = "vi"
-VIETNAMESE_MARKS = str.maketrans(",.", ".,")  # Vietnamese groups thousands with a dot and writes the decimal comma
 
 
 def lang() -> str:
@@ -33,14 +32,9 @@ def labels(prefix: str, options) -> dict:
 
 
 def number(value: float, spec: str | None = None) -> str:
-    """A number as the session's language writes it: 6,144 and 6.5625 in English, 6.144 and 6,5625 in Vietnamese.
-    spec: a format spec with English marks (number(0.6931, ".4f") is 0,6931 in Vietnamese); without one, a float
-    with the shortest digits that give it back, a whole one without its .0."""
-    if spec is not None:
-        written = format(value, spec)
-    else:
-        written = f"{value:,}" if value != int(value) else f"{int(value):,}"
-    return written.translate(VIETNAMESE_MARKS) if lang() == "vi" else written
+    """A number as the session's language writes it (texts.number_in): 6,144 and 6.5625 in English, 6.144 and
+    6,5625 in Vietnamese."""
+    return number_in(value, lang(), spec)
 
 
 def decimal(value: float, places: int = 1) -> str:

@@ -14,6 +14,7 @@ import torch
 
 from model.engine.runtime import LoadedModel
 from model.serving import measure, workload
+from model.serving.kv_runs import QueueRun
 from model.serving.scheduler import Server, StepProgress
 from ui.errors import attempt
 from ui.i18n import t
@@ -72,6 +73,47 @@ def run_steps(server: Server, to_end: bool) -> str | None:
         if not to_end:
             break
     bar.stop_bar.clear()
+    return error
+
+
+def run_queue_steps(run: QueueRun, to_end: bool) -> str | None:
+    """The Paged KV page's run: one step (one pass over every row), or steps until every request is served, under a
+    Stop bar; the sentence saying why a step failed, or None."""
+    bar = StopBar("paged_stop", t("serving.running"))
+    total = len(run.requests)
+
+    def show(progress: StepProgress) -> None:
+        text = t("paged.progress", step=progress.step, rows=progress.rows, layer=progress.layer,
+                 layers=progress.layers)
+        done = progress.done
+        if to_end:
+            served = sum(r.left_step is not None for r in run.requests)
+            text, done = t("serving.progress_served", served=served, total=total) + " · " + text, served / total
+        bar.draw(done, text)
+
+    error = None
+    while not run.finished and error is None:
+        _, error = attempt(lambda: run.step(show))
+        if not to_end:
+            break
+    bar.clear()
+    return error
+
+
+def run_variants(runs: list[QueueRun], names: list[str]) -> str | None:
+    """Each run to its end under one Stop bar (names[k]: what the bar says it is); a Stop drops the run under way
+    (the ones done stay done). The sentence saying why one failed, or None."""
+    bar = StopBar("paged_compare_stop", t("paged.comparing"))
+    error = None
+    for run, name in zip(runs, names):
+        def show(progress: StepProgress, run=run, name=name) -> None:
+            served, total = sum(r.left_step is not None for r in run.requests), len(run.requests)
+            bar.draw(served / total, t("paged.comparing_variant", variant=name, served=served, total=total))
+
+        _, error = attempt(lambda run=run, show=show: run.run(show))
+        if error is not None:
+            break
+    bar.clear()
     return error
 
 

@@ -433,6 +433,76 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
     return _svg(width, height, description, parts)
 
 
+FREE_BLOCK, SPAN_COLOURS = "#e9ecef", {"prefill": "#225ea8", "recompute": "#d95f02", "decode": "#a6d854",
+                                       "waiting": "#dee2e6"}
+BLOCK_PX, BLOCK_COLUMNS = 16, 40  # a block's side in the pool grid, and blocks per row at most
+
+
+def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sliding: np.ndarray,
+                   filled: np.ndarray, block_size: int, tips: list[str], description: str) -> str:
+    """The block pool, a square per block in id order: a held block in its first holder's lane colour, filled from
+    the bottom as far as the positions it holds (the rest of a last block is the waste), framed dark where more
+    than one request holds it, crossed by a white stripe where a sliding group holds it; a free block grey, with a
+    dashed outline while the prefix cache can still find it. tips[b]: block b's tooltip."""
+    n = len(holder)
+    columns = max(1, min(BLOCK_COLUMNS, n))
+    rows = -(-n // columns)
+    cell = BLOCK_PX + 2
+    width, height = columns * cell + 2, rows * cell + 2
+    parts = []
+    for b in range(n):
+        x, y = 1 + (b % columns) * cell, 1 + (b // columns) * cell
+        tip = f"<title>{escape(tips[b])}</title>"
+        if holder[b] < 0:
+            outline = f' stroke="{MUTED_INK}" stroke-dasharray="3,2"' if cached[b] else ""
+            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{FREE_BLOCK}"'
+                         f"{outline}>{tip}</rect>")
+            continue
+        colour = LANE_COLOURS[int(holder[b]) % len(LANE_COLOURS)]
+        level = BLOCK_PX * int(filled[b]) / block_size
+        frame = f' stroke="{INK}" stroke-width="2"' if refs[b] > 1 else f' stroke="{colour}"'
+        parts.append(f'<g>{tip}<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="white"{frame}/>'
+                     f'<rect x="{x}" y="{y + BLOCK_PX - level:.1f}" width="{BLOCK_PX}" height="{level:.1f}" '
+                     f'fill="{colour}"/>'
+                     + (f'<line x1="{x}" y1="{y + BLOCK_PX}" x2="{x + BLOCK_PX}" y2="{y}" stroke="white" '
+                        f'stroke-width="2"/>' if sliding[b] else "") + "</g>")
+    return _svg(width, height, description, parts)
+
+
+def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], preempted: list[list[bool]],
+                   step_title: str, row_title: str, description: str) -> str:
+    """What each request did at each step: cells[r][step] is (kind, tooltip) with kind a key of SPAN_COLOURS
+    (a prompt's chunk, its positions computed again after a preemption, a decode, waiting for blocks), None before
+    it arrives and after it leaves; a red cross where it was preempted."""
+    steps = len(cells[0]) if cells else 0
+    left_px, top, cell_h = 44, 8, 14 if len(rows) <= 24 else 8
+    cell_w = max(2.0, min(18.0, 640 / max(1, steps)))
+    width, height = round(left_px + steps * cell_w + 12), top + len(rows) * cell_h + 42
+    parts = []
+    for r, rid in enumerate(rows):
+        y = top + r * cell_h
+        if cell_h >= 12:
+            parts.append(f'<text x="{left_px - 6}" y="{y + cell_h / 2:.1f}" text-anchor="end" '
+                         f'dominant-baseline="middle" font-size="11">{rid}</text>')
+        for step, cell in enumerate(cells[r]):
+            x = left_px + step * cell_w
+            if cell is not None:
+                kind, tip = cell
+                parts.append(f'<rect x="{x:.1f}" y="{y + 1}" width="{max(1.0, cell_w - 1):.1f}" height="{cell_h - 2}" '
+                             f'fill="{SPAN_COLOURS[kind]}"><title>{escape(tip)}</title></rect>')
+            if preempted[r][step]:
+                parts.append(f'<path d="M{x:.1f},{y + 1} l{cell_w - 1:.1f},{cell_h - 2} M{x:.1f},{y + cell_h - 1} '
+                             f'l{cell_w - 1:.1f},{-(cell_h - 2)}" stroke="#c92a2a" stroke-width="2"/>')
+    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
+    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{top + len(rows) * cell_h + 16}" '
+              f'text-anchor="middle">{v:g}</text>' for v in ticks]
+    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+                 f"{escape(step_title)}</text>"
+                 f'<text transform="translate(14,{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
+                 f'text-anchor="middle">{escape(row_title)}</text>')
+    return _svg(width, height, description, parts)
+
+
 LABEL_CHAR_PX, LABEL_LINE_PX = 7, 13  # a 12-pixel label's width per character and its height
 
 

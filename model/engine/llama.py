@@ -9,6 +9,7 @@ load in transformers and give the same logits. The model never holds a KV cache:
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -145,6 +146,16 @@ class RowKeys:
     depend on how long the others are."""
     first: tuple[int, ...]
     end: tuple[int, ...]
+    # a flattened pass (model/serving/paged.py): the rows lie side by side in one sequence, row r with queries[r]
+    # new positions from buffer index starts[r] (its keys may run past them: a prompt's chunk reads as many keys as
+    # its whole prompt's prefill, the later ones masked); None: one query per row of the batch, its last key
+    queries: tuple[int, ...] | None = None
+    starts: tuple[int, ...] | None = None
+    window: int | None = None  # of a flattened pass's sliding layers, for their masks
+
+    def last_queries(self) -> list[int]:
+        """Where each row's last query lies in a flattened pass."""
+        return list(itertools.accumulate(self.queries, initial=-1))[1:]
 
 
 def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float):
@@ -173,6 +184,8 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
     """attend for a batched decode, each row over its own keys (RowKeys); rows that read the same keys share one
     product. q (B, n_heads, 1, d_head), k and v (B, n_kv, S, d_head), S the longest row's keys -> out (B, 1,
     n_heads·d_head), weights (B, n_heads, 1, S), zero outside a row's keys."""
+    if rows.queries is not None:
+        return attend_flat(q, k, v, rows, scale)
     B, n_heads, T, d_head = q.shape
     spans = list(zip(rows.first, rows.end))
     if set(spans) == {(0, k.shape[2])}:  # every row reads every key (one row, say): the plain attend, no copies
@@ -185,6 +198,21 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
         out[batch], weights[batch, :, :, first:end] = attend(q[batch], k[batch, :, first:end], v[batch, :, first:end],
                                                              None, scale)
     return out, weights
+
+
+def attend_flat(q, k, v, rows: RowKeys, scale: float):
+    """attend for a flattened pass (RowKeys.queries): q (1, n_heads, N, d_head), N = Σ queries, and per row its own
+    keys and values k[r], v[r] (1, n_kv, S_r, d_head), of which it reads first[r] .. end[r] − 1, exactly those its
+    solo run's pass reads, masked as there: a prompt's chunk as rows of its prompt's one prefill, a decode over its
+    keys alone. -> out (1, N, n_heads·d_head), no weights (no view draws such a pass)."""
+    out = q.new_empty(1, q.shape[2], q.shape[1] * q.shape[3])
+    at = 0
+    for n, start, first, end, k_row, v_row in zip(rows.queries, rows.starts, rows.first, rows.end, k, v):
+        mask = causal_mask(n, start, q.device, q.dtype, rows.window, first, end)
+        out[:, at:at + n] = attend(q[:, :, at:at + n], k_row[:, :, first:end], v_row[:, :, first:end], mask,
+                                   scale)[0]
+        at += n
+    return out, None
 
 
 class PackedWeight:
@@ -440,15 +468,15 @@ class Block(nn.Module):
 
 
 def causal_mask(n_new: int, n_past: int, device, dtype, window: int | None = None,
-                first_key: int = 0) -> torch.Tensor | None:
-    """(n_new, n_past + n_new − first_key) additive mask over the keys at positions first_key .. n_past + n_new − 1:
-    new position i sees the keys at positions ≤ i; with a sliding window only the `window` latest (its own
-    included). None where every query sees every key (one new query over a full cache)."""
-    if n_new == 1 and window is None:
-        return None
+                first_key: int = 0, end: int | None = None) -> torch.Tensor | None:
+    """(n_new, end − first_key) additive mask over the keys at positions first_key .. end − 1 (by default up to the
+    last new one, n_past + n_new − 1): new position i sees the keys at positions ≤ i; with a sliding window only the
+    `window` latest (its own included). None where every query sees every key (one new query over a full cache)."""
     total = n_past + n_new
+    if n_new == 1 and window is None and end in (None, total):
+        return None
     queries = torch.arange(n_past, total, device=device)[:, None]  # (n_new, 1)
-    keys = torch.arange(first_key, total, device=device)[None, :]  # (1, keys)
+    keys = torch.arange(first_key, total if end is None else end, device=device)[None, :]  # (1, keys)
     allowed = keys <= queries
     if window is not None:
         allowed &= keys > queries - window
@@ -517,10 +545,13 @@ class DecoderOnly(nn.Module):
         One sequence: positions (T,), by default the T positions after what the cache holds; each layer kind's
         causal mask is built once (a sliding kind from the first key its cache layer still holds).
         A batched decode over a slotted cache (model/serving): positions (B, 1), each row at its own, and `keys`, per
-        layer kind, the keys each row reads in its own slot (RowKeys), in place of the mask.
+        layer kind, the keys each row reads in its own slot (RowKeys), in place of the mask. A flattened pass over a
+        paged cache (model/serving/paged.py): ids (1, N) and positions (N,) of rows of different lengths side by
+        side, `keys` RowKeys with each row's query count; the cache gives each row its own keys.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which saves T − 1
-        rows of vocab-sized logits. activation_checkpointing (training, no cache): each block's inner activations
-        are not kept for backward but recomputed there, block by block; the outputs are the same.
+        rows of vocab-sized logits; in a flattened pass on each row's last. activation_checkpointing (training, no
+        cache): each block's inner activations are not kept for backward but recomputed there, block by block; the
+        outputs are the same.
         probe: what to keep for the lessons (attention weights, one layer's q, k, v, the residual stream) and the
         lessons' changes (heads switched off, only the first n blocks).
         after_layer: called with each block's index once it has run: a caller may stop a long pass there by raising
@@ -560,7 +591,8 @@ class DecoderOnly(nn.Module):
             if after_layer is not None:
                 after_layer(i)
         if last_logits_only:
-            x = x[:, -1:]
+            flat = next((k for k in keys.values() if isinstance(k, RowKeys) and k.queries is not None), None)
+            x = x[:, -1:] if flat is None else x[:, flat.last_queries()]
         hidden = self.model.norm(x)                              # (B, T or 1, hidden)
         logits = self.lm_head(hidden)                            # (B, T or 1, vocab)
         return ForwardOutput(logits, attentions, qkv, hidden, hidden_states)

@@ -49,6 +49,25 @@ class Request:
     stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens"
     # greedy by default; otherwise temperature → top-k → top-p with the request's own seed, as its solo run draws
     settings: SamplingSettings = field(default_factory=SamplingSettings)
+    arrival_step: int = 0                                 # the step it reaches the server at: none before waits for it
+    arrived_ms: float | None = None                       # the engine clock when that step began
+    ignore_eos: bool = False                              # run to its token budget (a benchmark's fixed lengths)
+
+    def restart(self) -> Request:
+        """Back to not served: no tokens, no slot, not arrived."""
+        self.slot = self.joined_step = self.left_step = self.stop_reason = self.arrived_ms = None
+        self.new_ids, self.token_steps, self.token_ms = [], [], []
+        return self
+
+    def emit(self, token: int, step: int, clock_ms: float, eos_id: int | None, context_length: int) -> None:
+        """A new token, the step it came out of and the clock; whether that ends the request (the one stop rule)."""
+        self.new_ids.append(token)
+        self.token_steps.append(step)
+        self.token_ms.append(clock_ms)
+        # every token but the one just chosen has been fed
+        self.stop_reason = stop_reason(token, None if self.ignore_eos else eos_id,
+                                       len(self.prompt_ids) + len(self.new_ids) - 1, context_length, len(self.new_ids),
+                                       self.max_new_tokens)
 
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
@@ -59,8 +78,9 @@ class Request:
 
     @property
     def ttft_ms(self) -> float | None:
-        """Time to first token: from the run's start (every request is there from the beginning) to its first."""
-        return self.token_ms[0] if self.token_ms else None
+        """Time to first token: from its arrival (the run's start for a request there from the beginning) to its
+        first."""
+        return self.token_ms[0] - (self.arrived_ms or 0.0) if self.token_ms else None
 
     @property
     def itl_ms(self) -> list[float]:
@@ -182,12 +202,19 @@ class Server:
         return not self.waiting and all(h is None for h in self.holders)
 
     def _emit(self, request: Request, token: int, step: int) -> None:
-        request.new_ids.append(token)
-        request.token_steps.append(step)
-        request.token_ms.append(self.clock_ms)
-        # every token but the one just chosen has been fed
-        request.stop_reason = stop_reason(token, self.info.eos_id, len(request.prompt_ids) + len(request.new_ids) - 1,
-                                          self.info.context_length, len(request.new_ids), request.max_new_tokens)
+        request.emit(token, step, self.clock_ms, self.info.eos_id, self.info.context_length)
+
+    def _arrived(self, step: int) -> int:
+        """Waiting requests that have reached the server by `step` (the first ones: the queue is in arrival order),
+        their arrival clock set when they first are."""
+        arrived = 0
+        for request in self.waiting:
+            if request.arrival_step > step:
+                break
+            if request.arrived_ms is None:
+                request.arrived_ms = self.clock_ms
+            arrived += 1
+        return arrived
 
     @torch.inference_mode()
     def step(self, report: Callable[[StepProgress], None] | None = None) -> ServeStep:
@@ -201,10 +228,11 @@ class Server:
         decoding = [h is not None and h.id not in joining and h.stop_reason is None for h in self.holders]
         rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
         free = sum(h is None for h in self.holders)
-        prefills = len(self.joining) + min(free, len(self.waiting))
+        arrived = self._arrived(index)
+        prefills = len(self.joining) + min(free, arrived)
         progress = Progress(report, index, len(self.joining), prefills, rows, self.info.n_layers)
         for slot, holder in enumerate(self.holders):
-            if holder is None and self.waiting:
+            if holder is None and self.waiting and self.waiting[0].arrival_step <= index:
                 request = self.waiting[0]
                 synchronize(device)
                 t0 = progress.clock()

@@ -11,12 +11,23 @@ from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
 from model.engine.sampling import MAX_SEED
 from model.errors import InputError
+from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
+from model.serving.paged_server import MIN_CHUNK
 from model.serving.quality import MAX_TOKENS as MAX_QUALITY_TOKENS
 from model.serving.quality import MIN_TOKENS as MIN_QUALITY_TOKENS
+from model.serving.queues import QUEUES
 from model.serving.scheduler import MAX_SLOTS
 from model.speculative.decoding import MAX_GAMMA
 from model.tools.options import MAX_LIST_VALUES, check_option
-from model.tools.serve_bench import BENCH_CONTEXTS, MAX_BENCH_STEPS, MAX_PROFILE_STEPS, PROFILE_CONTEXT
+from model.tools.serve_bench import (
+    BENCH_CONTEXTS,
+    DEFAULT_BATCHES,
+    DEFAULT_BENCH_STEPS,
+    DEFAULT_DTYPES,
+    MAX_BENCH_STEPS,
+    MAX_PROFILE_STEPS,
+    PROFILE_CONTEXT,
+)
 from model.training.train import MAX_CLIP, MAX_LR, MAX_STEPS, limits
 
 MAX_COUNT = 10**9  # count's N and T: its formula's numbers stay printable (Python prints at most 4,300 digits)
@@ -364,20 +375,43 @@ def parser() -> argparse.ArgumentParser:
                        help="one model (e.g. smollm2): native step vs transformers step, same weights")
     bench.set_defaults(run=cmd_bench)
 
-    sb = sub.add_parser("serve-bench", help="batched decode steps: time, bytes read, FLOPs, float32/bfloat16/int8")
+    sb = sub.add_parser("serve-bench", help="batched decode steps: time, bytes read, FLOPs, float32/bfloat16/int8; "
+                        "with --queue, a queue served to its end under a padded or paged KV cache")
     sb.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
     listed = f"comma-separated, {MAX_LIST_VALUES} different values at most"
-    sb.add_argument("--batch", default="1,2,4,8", help=f"batch sizes, each between 1 and {MAX_SLOTS}; {listed}")
+    sb.add_argument("--batch", default=None,
+                    help=f"batch sizes, each between 1 and {MAX_SLOTS}; {listed} (default: {DEFAULT_BATCHES})")
     sb.add_argument("--context", default=None,
                     help=f"positions cached per row, each between 1 and the model's context - 1; {listed} (default: "
                          f"{','.join(map(str, BENCH_CONTEXTS))}, those below the model's context, else its context - "
                          "1); a batch's KV cache at a context within DECODE_LAB_SESSION_MB")
-    sb.add_argument("--dtype", default="float32,bfloat16,int8", help=f"float32, bfloat16, int8; {listed}")
-    sb.add_argument("--steps", type=int, default=20,
-                    help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS}")
+    sb.add_argument("--dtype", default=None, help=f"float32, bfloat16, int8; {listed} (default: {DEFAULT_DTYPES})")
+    sb.add_argument("--steps", type=int, default=None,
+                    help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS} (default: "
+                         f"{DEFAULT_BENCH_STEPS})")
+    sb.add_argument("--queue", default=None, choices=QUEUES,
+                    help="serve a built-in queue to its end instead of timing steps (docs/serving.md): mixed "
+                         "lengths, a shared prefix, or a long prompt joining running decodes")
+    sb.add_argument("--kv", default=None, choices=LAYOUTS,
+                    help="with --queue: the KV cache, padded slots or paged blocks (default: paged)")
+    sb.add_argument("--block-size", type=int, default=None,
+                    help="with --kv paged: positions per block, a power of 2 between 1 and the model's context "
+                         "(default: 16)")
+    sb.add_argument("--kv-budget-mb", type=float, default=None,
+                    help="with --queue: the KV cache's memory in MiB, between 0.01 and DECODE_LAB_SESSION_MB (default, "
+                         f"within DECODE_LAB_SESSION_MB: mixed, what the padded cache needs for {DEFAULT_PADDED_SLOTS} "
+                         "of its longest requests; the others, blocks for every request at once)")
+    sb.add_argument("--prefix-cache", action="store_true",
+                    help="with --kv paged: share full prompt blocks between requests with the same prefix")
+    sb.add_argument("--chunk", type=int, default=None,
+                    help=f"with --kv paged: prefill at most this many prompt positions a step, beside the decodes, "
+                         f"between {MIN_CHUNK} and the model's context (default: each prompt whole)")
     sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
-    sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting")
-    add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} - (the largest --batch - 1)")
+    sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting (with --queue: per "
+                                                        "request and the run's kv)")
+    add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} - (the largest --batch - 1); "
+                               "with --queue request i draws with seed + i, and the queue's requests take the place "
+                               "of --batch")
     sb.set_defaults(run=cmd_serve_bench)
 
     pr = sub.add_parser("profile", help="torch.profiler over a few batched decode steps, a Chrome-trace JSON")

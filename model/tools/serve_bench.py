@@ -33,8 +33,10 @@ from model.serving.measure import (
 from model.serving.scheduler import MAX_SLOTS
 from model.serving.timing import percentile
 from model.tools.options import check_list, check_option, file_target, written_at_end
+from model.tools.serve_queue import check_not_queue_options, run_queue_cli
 
 BENCH_CONTEXTS = (64, 256)  # serve-bench's contexts: those below the model's context, else its context - 1
+DEFAULT_BATCHES, DEFAULT_DTYPES, DEFAULT_BENCH_STEPS = "1,2,4,8", "float32,bfloat16,int8", 20
 MAX_BENCH_STEPS = 1000      # serve-bench --steps: timed steps per setting
 PROFILE_CONTEXT = 64        # profile's context, or the model's context - 1 where that is shorter
 # profile --steps: the profiler holds every event of every step in memory, about 4.7 MB a step of small and 34 MB
@@ -159,10 +161,14 @@ def cpu_line(cpu: dict, bf16: str) -> str:
 
 
 def run_cli(args) -> int:
-    check_option("--steps", args.steps, 1, MAX_BENCH_STEPS)
-    batches = parse_list(args.batch, int, "--batch")
+    if args.queue is not None:
+        return run_queue_cli(args)
+    check_not_queue_options(args)
+    steps = DEFAULT_BENCH_STEPS if args.steps is None else args.steps
+    check_option("--steps", steps, 1, MAX_BENCH_STEPS)
+    batches = parse_list(args.batch or DEFAULT_BATCHES, int, "--batch")
     contexts = None if args.context is None else parse_list(args.context, int, "--context")
-    dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    dtypes = parse_list(args.dtype or DEFAULT_DTYPES, str.strip, "--dtype")
     for option, values in (("--batch", batches), ("--context", contexts), ("--dtype", dtypes)):
         if values is not None:
             check_list(option, values)
@@ -170,7 +176,7 @@ def run_cli(args) -> int:
         check_option("--batch", batch, 1, MAX_SLOTS)
     check_option("--seed", args.seed, 0, MAX_SEED - (max(batches) - 1))  # row r draws with seed + r
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
-    report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, args.steps, settings)
+    report = run_serve_bench(args.model, batches, contexts, dtypes, args.device, steps, settings)
     if args.json:
         print(json.dumps(report))
     else:

@@ -1,0 +1,244 @@
+"""Paged KV: the KV cache as a server's memory. A built-in queue served step by step on a paged cache (its block pool,
+a request's block table, the lanes of prompt chunks beside decode rows), then served again under what it is compared
+with (padded slots, no prefix cache, no chunks), side by side. The engine's work is model/serving/ (paged.py,
+paged_server.py, kv_runs.py)."""
+
+import streamlit as st
+
+from model.engine.generate import session_budget_bytes
+from model.engine.llama import is_packed
+from model.serving import kv_runs, queues
+from model.serving.paged import ALIGN
+from ui import svg
+from ui.errors import callback_error_here, guarded, guarded_in_callback
+from ui.i18n import decimal, labels, number, t
+from ui.models import page_start
+from ui.serving_run import run_queue_steps, run_variants
+from ui.state import keep_across_pages
+from ui.widgets import NEXT_KEY, legend_html, table_html
+
+# paged_wanted: what the last click asked for, run by this script where Stop reaches it ("one" step, or to the "end")
+PAGE_DEFAULTS = {"paged_run": None, "paged_for": None, "paged_queue": "mixed", "paged_block_size": 16,
+                 "paged_budget_mb": 1.0, "paged_budget_for": None, "paged_wanted": None, "paged_running": False,
+                 "paged_compared": None, "paged_table_request": None}
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIB = 2**20
+
+keep_across_pages(PAGE_DEFAULTS)
+
+model = page_start("paged")
+info = model.info
+state = st.session_state
+if state.paged_for is not None and state.paged_for[0] != (info.name, info.device):
+    state.paged_run, state.paged_compared = None, None
+
+
+def requests():
+    return queues.built_in_queue(model, state.paged_queue)
+
+
+def session_mib() -> float:
+    return session_budget_bytes() / MIB
+
+
+# a queue's default budget (kv_runs.default_budget, within the session's), set again when the model, the queue or
+# the block size changes
+if state.paged_budget_for != (info.name, state.paged_queue, state.paged_block_size):
+    default = guarded(lambda: kv_runs.default_budget(model, state.paged_queue, requests(),
+                                                     int(state.paged_block_size)))
+    if default is not None:
+        state.paged_budget_mb = round(min(-(-default * 100 // MIB) / 100, session_mib()), 2)
+        state.paged_budget_for = (info.name, state.paged_queue, state.paged_block_size)
+
+
+def chosen_variants() -> list[kv_runs.Variant]:
+    return kv_runs.variants(state.paged_queue, info.context_length, int(state.paged_block_size),
+                            int(float(state.paged_budget_mb) * MIB))
+
+
+def variant_name(variant: kv_runs.Variant) -> str:
+    return t("paged.variant_" + variant.name, chunk=variant.chunk)
+
+
+def start() -> None:
+    """A new run of the queue's first variant; its first step runs in the page's script, as every step does."""
+    live = chosen_variants()[0]
+    run = guarded_in_callback(lambda: kv_runs.QueueRun(model, requests(), live.settings))
+    if run is not None:
+        state.paged_run, state.paged_compared, state.paged_wanted = run, None, "one"
+        state.paged_for = ((info.name, info.device), state.paged_queue, live)
+
+
+def next_step() -> None:
+    state.paged_wanted = "one"
+
+
+def request_run() -> None:
+    state.paged_wanted = "end"
+
+
+def reset() -> None:
+    """Every block back in the pool, every request waiting again: the run starts over on the same settings."""
+    state.paged_run.reset()
+    state.paged_compared, state.paged_wanted = None, None
+
+
+# -- the settings ------------------------------------------------------------------------------------------------
+with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
+    st.selectbox(t("paged.queue"), queues.QUEUES, key="paged_queue", width=220,
+                 format_func=labels("paged.queue_", queues.QUEUES).get,
+                 help=t("paged.queue_help", mixed=queues.MIXED_REQUESTS, shared=queues.SHARED_REQUESTS,
+                        filler=queues.SHARED_FILLER, short=queues.LONG_JOIN_SHORT, step=queues.LONG_JOIN_STEP))
+    sizes = [b for b in BLOCK_SIZES if b <= info.context_length]
+    st.selectbox(t("paged.block_size"), sizes, key="paged_block_size", width=140, help=t("paged.block_size_help"))
+    st.number_input(t("paged.budget"), min_value=0.01, max_value=session_mib(), step=0.25, format="%.2f",
+                    key="paged_budget_mb", width=180,
+                    help=t("paged.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS, session=decimal(session_mib())))
+compared = chosen_variants()
+st.caption(t("paged.compares", live=variant_name(compared[0]),
+             others=", ".join(variant_name(v) for v in compared[1:])))
+
+# -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
+run = state.paged_run
+wanted, state.paged_wanted = state.paged_wanted, None
+stopped = state.paged_running and run is not None and not run.finished  # the last run was cut short
+state.paged_running = False
+if wanted is not None and run is not None and not run.finished:
+    state.paged_running, stopped = True, False
+    error = run_queue_steps(run, to_end=wanted == "end")
+    state.paged_running = False
+    if error is not None:
+        state.callback_error = error
+with st.container(horizontal=True):
+    st.button(t("paged.start"), key="paged_start", type="primary" if run is None else "secondary",
+              icon=":material/play_arrow:", on_click=start)
+    if run is not None:
+        st.button(t("serving.next"), key="paged_next", type="primary", icon=":material/skip_next:",
+                  disabled=run.finished, on_click=next_step, shortcut=NEXT_KEY)
+        st.button(t("serving.run"), key="paged_run_button", icon=":material/fast_forward:", disabled=run.finished,
+                  on_click=request_run)
+        st.button(t("serving.reset"), key="paged_reset", icon=":material/restart_alt:", on_click=reset)
+callback_error_here()
+if run is None:
+    st.info(t("paged.press_start"))
+    st.stop()
+if stopped:
+    st.info(t("paged.stopped", steps=len(run.samples)))
+_, run_queue, live = state.paged_for
+server = run.server
+if run.settings != live.settings or run_queue != state.paged_queue:
+    st.caption(t("paged.settings_next_run"))
+
+# -- the pool ----------------------------------------------------------------------------------------------------
+pool = server.pool_view()
+n_blocks = len(pool.holder)
+free = int((pool.holder < 0).sum())
+steps = server.steps
+with st.container(horizontal=True):
+    st.metric(t("serving.steps"), len(steps))
+    st.metric(t("paged.running_now"), len(server.running))
+    st.metric(t("paged.free_blocks"), f"{number(free)} / {number(n_blocks)}")
+    st.metric(t("paged.shared_now"), int((pool.refs > 1).sum()))
+    st.metric(t("paged.preemptions"), sum(len(s.preempted) for s in steps))
+layout = server.layout
+st.subheader(t("paged.pool"))
+groups = len(layout.groups)
+sliding_groups = sum(w is not None for w in pool.windows)
+st.markdown(t("paged.pool_text", blocks=number(n_blocks), size=layout.block_size, layers=layout.group_layers,
+              block_bytes=number(layout.block_bytes), budget=decimal(run.settings.budget_bytes / MIB, 2))
+            + (" " + t("paged.pool_groups", groups=groups, sliding=sliding_groups, full=groups - sliding_groups,
+                       window=number(info.window)) if sliding_groups else ""))
+tips = []
+for b in range(n_blocks):
+    if pool.holder[b] < 0:
+        tips.append(t("paged.tip_free_cached" if pool.cached[b] else "paged.tip_free", block=b))
+    else:
+        tips.append(t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
+                      size=layout.block_size, refs=int(pool.refs[b])))
+st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size, tips,
+                           t("paged.pool_alt", blocks=n_blocks, free=free)))
+st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
+                    outlined=True))
+st.caption(t("paged.pool_caption"))
+
+holders = sorted(pool.tables)
+if holders:
+    if state.paged_table_request not in holders:
+        state.paged_table_request = holders[0]
+    st.selectbox(t("paged.table_request"), holders, key="paged_table_request", width=200)
+    tables = pool.tables[state.paged_table_request]
+    width = max(len(table) for table in tables)
+    kinds = [t("paged.kind_sliding") if w is not None else t("paged.kind_full") for w in pool.windows]
+    st.html(table_html([t("paged.col_group")] + [str(j) for j in range(width)],
+                       [[f"{g} ({kind})"] + ["—" if b < 0 else b for b in table] + [""] * (width - len(table))
+                        for g, (kind, table) in enumerate(zip(kinds, tables))]))
+    st.caption(t("paged.table_caption", size=layout.block_size))
+
+if not steps:  # reset, or the first step stopped: the pool as it stands, nothing run yet
+    st.stop()
+
+# -- the lanes: prompt chunks beside decode rows -----------------------------------------------------------------
+st.subheader(t("paged.lanes"))
+ids = sorted(server.requests)
+cells = {rid: [None] * len(steps) for rid in ids}
+marks = {rid: [False] * len(steps) for rid in ids}
+for step in steps:
+    done = {span.request for span in step.spans}
+    for span in step.spans:
+        cells[span.request][step.index] = (span.kind, t("paged.tip_" + span.kind, request=span.request,
+                                                         step=step.index, start=span.start, stop=span.stop - 1))
+    for rid in step.preempted:
+        marks[rid][step.index] = True
+    for rid in ids:
+        request = server.requests[rid]
+        arrived = request.arrival_step <= step.index
+        left = request.left_step is not None and request.left_step < step.index
+        if rid not in done and arrived and not left:
+            cells[rid][step.index] = ("waiting", t("paged.tip_waiting", request=rid, step=step.index))
+st.html(svg.span_lanes_svg(ids, [cells[rid] for rid in ids], [marks[rid] for rid in ids], t("serving.axis_step"),
+                           t("paged.axis_request"), t("paged.lanes_alt")))
+st.html(legend_html({t("paged.legend_" + kind): colour for kind, colour in svg.SPAN_COLOURS.items()}))
+st.caption(t("paged.lanes_caption"))
+st.html(svg.line_chart_svg(list(range(len(run.samples))),
+                           {t("paged.reserved_mib"): [s.reserved / MIB for s in run.samples],
+                            t("paged.held_mib"): [s.held / MIB for s in run.samples]},
+                           t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: f"{v:g}"))
+st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
+                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: f"{v:g}"))
+
+# -- the comparison: the same queue under the settings it is compared with ------------------------------------------
+st.subheader(t("paged.comparison"))
+if run.finished and state.paged_compared is None and wanted is not None:
+    others = [kv_runs.QueueRun(model, list(run.requests), v.settings) for v in compared[1:]]
+    names = [variant_name(v) for v in compared[1:]]
+    error = run_variants(others, names)
+    if error is not None:
+        st.error(error)
+    if all(o.finished for o in others):  # what they measured and wrote, not their pools
+        state.paged_compared = [(name, o.summary(), [r.new_ids for r in o.requests]) for name, o in zip(names, others)]
+if state.paged_compared is None:
+    st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
+    if run.finished:
+        st.button(t("paged.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=request_run)
+else:
+    mine = [r.new_ids for r in run.requests]
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else decimal(value)
+
+    rows = []
+    for name, kv, tokens in [(variant_name(live), run.summary(), mine)] + state.paged_compared:
+        rows.append([name, kv["max_concurrent"], decimal(kv["bytes_reserved_peak"] / MIB, 2),
+                     decimal(kv["bytes_held_peak"] / MIB, 2), f"{decimal(100 * kv['waste_fraction'])} %",
+                     number(kv["prefill_positions_computed"]), kv["shared_blocks"], kv["preemptions"],
+                     ms(kv["ttft_ms_p50"]), ms(kv["itl_ms_from_start"]["p99"]), ms(kv["itl_ms_from_start"]["max"]),
+                     ms(kv["ttft_ms_joined_p50"]), decimal(kv["tokens_per_s"]),
+                     t("paged.same" if tokens == mine else "paged.not_same")])
+    st.html(table_html([t("paged.col_variant"), t("paged.col_at_once"), t("paged.col_reserved"), t("paged.col_held"),
+                        t("paged.col_waste"), t("paged.col_prefill"), t("paged.col_shared"), t("paged.col_preempted"),
+                        t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
+                        t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
+    st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue)))
+with st.expander(t("paged.how")):
+    st.markdown(t("paged.how_text"))
+    st.markdown(t("paged.how_exact", align=ALIGN) if is_packed(model.module) else t("paged.how_not_exact"))

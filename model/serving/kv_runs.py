@@ -1,0 +1,197 @@
+"""A queue served to its end under one KV cache setting, padded (scheduler.Server over today's SlotCache) or paged
+(paged_server.PagedServer), and what that run measured: requests at once, bytes reserved and held, the waste,
+prefill positions, preemptions, tokens per second, each request's TTFT and ITL. serve-bench --queue and the Paged KV
+page both read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from model.engine.runtime import NativeModel
+from model.errors import InputError
+from model.serving.paged import PagedLayout
+from model.serving.paged_server import PagedServer, PagedSettings, mib_up
+from model.serving.queues import compared_chunks
+from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
+
+LAYOUTS = ("padded", "paged")
+DEFAULT_PADDED_SLOTS = 2  # the mixed queue's default budget: what the padded cache needs for this many of its longest
+
+
+@dataclass(frozen=True)
+class KVSettings:
+    layout: str = "paged"          # "padded" | "paged"
+    block_size: int = 16
+    budget_bytes: int = 0
+    prefix_cache: bool = False
+    chunk: int | None = None
+
+    @property
+    def paged(self) -> PagedSettings:
+        return PagedSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk)
+
+
+def longest(requests: list[Request]) -> int:
+    return max(len(r.prompt_ids) + r.max_new_tokens for r in requests)
+
+
+def padded_slot_bytes(model: NativeModel, requests: list[Request]) -> int:
+    """What a padded slot of the longest request may reserve: the SlotCache's buffers double ahead, so twice its
+    cache (scheduler.check_batch's rule)."""
+    return 2 * model.info.cache_bytes_formula(longest(requests))
+
+
+def default_budget(model: NativeModel, queue: str, requests: list[Request], block_size: int) -> int:
+    """mixed (padded against paged: a budget the padded cache runs short of): what DEFAULT_PADDED_SLOTS padded
+    slots of its longest request need; the others (the prefix cache, chunks: not about memory): blocks for every
+    request whole at once, so that none is preempted."""
+    if queue == "mixed":
+        return DEFAULT_PADDED_SLOTS * padded_slot_bytes(model, requests)
+    layout = PagedLayout.of(model.info, block_size)
+    return sum(layout.request_blocks(len(r.prompt_ids) + r.max_new_tokens - 1) for r in requests) * layout.block_bytes
+
+
+def padded_slots(model: NativeModel, requests: list[Request], budget_bytes: int) -> int:
+    """The most slots the budget holds (MAX_SLOTS at most), each reserving padded_slot_bytes; refused under one."""
+    slot = padded_slot_bytes(model, requests)
+    if budget_bytes < slot:
+        raise InputError("padded_budget", budget_number=round(budget_bytes / 2**20, 2),
+                         least_number=mib_up(slot))
+    return min(MAX_SLOTS, budget_bytes // slot)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One setting a queue is compared under: `name` says which (paged, padded, prefix, no_prefix, chunks, whole),
+    `chunk` its chunk size where it has one."""
+    name: str
+    settings: KVSettings
+    chunk: int | None = None
+
+
+def variants(queue: str, context_length: int, block_size: int, budget_bytes: int) -> list[Variant]:
+    """What a built-in queue is there to compare, the first the one switched on: mixed, paged against padded;
+    shared-prefix, the prefix cache against none; long-join, chunks of the smaller compared size, no chunks, chunks
+    of the larger (queues.compared_chunks)."""
+    paged = KVSettings("paged", block_size, budget_bytes)
+    if queue == "mixed":
+        return [Variant("paged", paged), Variant("padded", dataclasses.replace(paged, layout="padded"))]
+    if queue == "shared-prefix":
+        return [Variant("prefix", dataclasses.replace(paged, prefix_cache=True)), Variant("no_prefix", paged)]
+    small, large = compared_chunks(context_length)
+    return [Variant("chunks", dataclasses.replace(paged, chunk=small), small), Variant("whole", paged),
+            Variant("chunks", dataclasses.replace(paged, chunk=large), large)]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One step, as both servers tell it."""
+    running: int         # requests holding cache during the step
+    reserved: int        # bytes set aside for them
+    held: int            # bytes their positions fill
+    shared: int          # blocks held by more than one request
+    prefill_positions: int
+    tokens: int
+    ms: float
+
+
+class QueueRun:
+    """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept."""
+
+    def __init__(self, model: NativeModel, requests: list[Request], settings: KVSettings):
+        self.model, self.settings = model, settings
+        self.requests = [dataclasses.replace(r).restart() for r in requests]
+        if settings.layout == "paged":
+            self.server = PagedServer(model, self.requests, settings.paged)
+        else:
+            if settings.prefix_cache or settings.chunk is not None:
+                raise InputError("padded_no_paging")
+            self.server = Server(model, padded_slots(model, requests, settings.budget_bytes), self.requests,
+                                 settings.budget_bytes)
+        self.samples: list[Sample] = []
+
+    @property
+    def finished(self) -> bool:
+        return self.server.finished
+
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> None:
+        step = self.server.step(report)
+        if self.settings.layout == "paged":
+            self.samples.append(Sample(step.running, step.bytes_reserved, step.bytes_held, step.blocks_shared,
+                                       step.prefill_positions, step.tokens, step.ms))
+            return
+        running = [self.server.requests[rid] for rid in step.slots if rid is not None]
+        held = sum(self.model.info.cache_bytes_formula(len(r.prompt_ids) + len(r.new_ids) - 1) for r in running)
+        self.samples.append(Sample(len(running), self.server.cache.nbytes_reserved(), held, 0,
+                                   step.prefill_tokens, step.tokens, step.ms))
+
+    def run(self, report: Callable[[StepProgress], None] | None = None) -> QueueRun:
+        while not self.finished:
+            self.step(report)
+        return self
+
+    def reset(self) -> None:
+        """Back to before the first step: every block back in the pool (paged), every request waiting."""
+        if self.settings.layout == "paged":
+            self.server.reset()
+        else:
+            self.server = Server(self.model, len(self.server.holders), [r.restart() for r in self.requests],
+                                 self.settings.budget_bytes)
+        self.samples = []
+
+    def summary(self) -> dict:
+        """The run's `kv` object (serve-bench --json) with its tokens per second and TTFT / ITL percentiles."""
+        samples, settings = self.samples, self.settings
+        reserved = sum(s.reserved for s in samples)
+        paged = settings.layout == "paged"
+        server = self.server
+        clock_s = server.clock_ms / 1000
+        ttfts = [r.ttft_ms for r in self.requests if r.ttft_ms is not None]
+        itls = [gap for r in self.requests for gap in r.itl_ms]
+        joined = [r.ttft_ms for r in self.requests if r.arrival_step > 0 and r.ttft_ms is not None]
+        return {
+            "layout": settings.layout, "block_size": settings.block_size if paged else None,
+            "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
+            "pool_blocks": server.cache.n_blocks if paged else None,
+            "block_bytes": server.layout.block_bytes if paged else None,
+            "slots": None if paged else len(server.holders),
+            "max_concurrent": max((s.running for s in samples), default=0),
+            "bytes_reserved_peak": max((s.reserved for s in samples), default=0),
+            "bytes_held_peak": max((s.held for s in samples), default=0),
+            "waste_fraction": (reserved - sum(s.held for s in samples)) / reserved if reserved else 0.0,
+            "shared_blocks": max((s.shared for s in samples), default=0),
+            "prefill_positions_computed": sum(s.prefill_positions for s in samples),
+            "preemptions": sum(len(s.preempted) for s in server.steps) if paged else 0,
+            "steps": len(samples),
+            "tokens": sum(s.tokens for s in samples),
+            "tokens_per_s": sum(s.tokens for s in samples) / clock_s if clock_s else 0.0,
+            "ttft_ms_p50": float(np.percentile(ttfts, 50)) if ttfts else None,
+            "itl_ms": itl_percentiles(itls),
+            # the requests there from the start, and the TTFT of those that arrived later (long-join: the decodes
+            # running when the long prompt joins, and that prompt's)
+            "itl_ms_from_start": itl_percentiles([gap for r in self.requests if r.arrival_step == 0
+                                                  for gap in r.itl_ms]),
+            "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
+        }
+
+    def request_rows(self) -> list[dict]:
+        """Each request: its prompt ids, the tokens it wrote, TTFT and ITL (p50, p95, p99, max), why it stopped."""
+        preempted = {}
+        if self.settings.layout == "paged":
+            for step in self.server.steps:
+                for rid in step.preempted:
+                    preempted[rid] = preempted.get(rid, 0) + 1
+        return [{"id": r.id, "arrival_step": r.arrival_step, "prompt_ids": r.prompt_ids, "tokens": r.new_ids,
+                 "ttft_ms": r.ttft_ms, "itl_ms": itl_percentiles(r.itl_ms), "stop_reason": r.stop_reason,
+                 "preemptions": preempted.get(r.id, 0)} for r in self.requests]
+
+
+def itl_percentiles(gaps: list[float]) -> dict[str, float | None]:
+    if not gaps:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    return {**{f"p{q}": float(np.percentile(gaps, q)) for q in (50, 95, 99)}, "max": float(max(gaps))}

@@ -1,0 +1,187 @@
+"""The paged KV cache (vLLM's PagedAttention): the cache memory as one pool of fixed-size blocks, a block table per
+request, and one forward pass over rows of different lengths side by side, each row reading its keys through its
+table.
+
+- Layers in groups (vLLM's hybrid allocator, vllm/v1/core/kv_cache_coordinator.py): a group is g layers of one
+  kind, g the greatest common divisor of the kinds' layer counts (a Llama: one group of every layer; Gemma 3 270M:
+  its 3 full layers and 5 groups of 3 of its 15 sliding ones), so that a block, block_size positions of one group's
+  layers, has the same bytes whichever kind holds it, and a block a sliding group frees serves any other. Each
+  request holds one block table per group.
+- A pass (PagedPass) writes each new position's K and V into its block, then gives each row its keys and values
+  gathered from its table's blocks (a copy, (1, n_kv, positions, d_head), the layout of a solo cache's buffer), and
+  llama.attend_flat attends each row over exactly the keys its solo run's pass attends over.
+- Bit for bit (float32 on a CPU, the packed linears): each row is attended as its solo run's pass attends it. A
+  prompt's chunk (chunked prefill, the rest after a prefix-cache hit) reads the keys of its whole prompt, the ones
+  not computed yet masked, so that its rows take the same softmax and the same products over as many keys as in the
+  prompt's one prefill (over fewer, a row rounds differently: MKL's float32 product sums 208 to 368 keys in one part
+  and more in parts of 192, measured). A prefix-cache hit is a multiple of ALIGN positions: a block computed in a
+  shorter prompt's prefill would otherwise sit where the softmax's vector loop finishes that row one key at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from model.engine.llama import RowKeys
+from model.engine.runtime import ModelInfo
+from model.serving.blocks import BlockPool
+
+# positions: a prefix-cache hit is a multiple of this, 16 float32 filling one AVX-512 vector (a multiple of every
+# narrower one): hits of 8 and 9 positions, which a 12-position prompt's prefill had computed in its softmax's tail,
+# rounded SmolLM2's logits 5e-5 away from the solo run's
+ALIGN = 16
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    window: int | None       # the kind: its sliding window, None for full attention
+    layers: tuple[int, ...]
+
+
+def layer_groups(windows: tuple[int | None, ...]) -> tuple[LayerGroup, ...]:
+    """The model's layers in groups of one kind, all of the same size (the kinds' layer counts' greatest common
+    divisor), in the order of their first layers."""
+    kinds: dict[int | None, list[int]] = {}
+    for layer, window in enumerate(windows):
+        kinds.setdefault(window, []).append(layer)
+    size = math.gcd(*(len(layers) for layers in kinds.values()))
+    groups = [LayerGroup(window, tuple(layers[i:i + size])) for window, layers in kinds.items()
+              for i in range(0, len(layers), size)]
+    return tuple(sorted(groups, key=lambda g: g.layers[0]))
+
+
+def first_seen(window: int | None, position: int) -> int:
+    """The first key a query at `position` reads (cache.FullLayer / SlidingLayer.first_seen from position 0)."""
+    return 0 if window is None else max(0, position - window + 1)
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    groups: tuple[LayerGroup, ...]
+    block_size: int
+    n_kv_heads: int
+    d_head: int
+    bytes_per_element: int
+
+    @classmethod
+    def of(cls, info: ModelInfo, block_size: int) -> PagedLayout:
+        return cls(layer_groups(info.layer_windows), block_size, info.n_kv_heads, info.d_head, info.bytes_per_element)
+
+    @property
+    def group_layers(self) -> int:
+        return len(self.groups[0].layers)
+
+    @property
+    def position_bytes(self) -> int:
+        """One position of one group: K and V of each of its layers, 2 × g × n_kv × d_head × bytes."""
+        return 2 * self.group_layers * self.n_kv_heads * self.d_head * self.bytes_per_element
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.position_bytes
+
+    def blocks(self, positions: int) -> int:
+        """Blocks one group's table needs for `positions` positions."""
+        return -(-positions // self.block_size)
+
+    def request_blocks(self, positions: int) -> int:
+        """The most blocks a request of `positions` positions holds at once: every group's table, a sliding one's
+        too (its prompt is prefilled over every position)."""
+        return len(self.groups) * self.blocks(positions)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a pass: `queries` new positions of one request from `start`, reading keys up to `keys_end`. A
+    prompt's chunk (`masked`) reads the keys of its whole prompt from position 0, those it does not see (later ones,
+    not computed yet) masked, as the prefill of the whole prompt does; any other row is one query over exactly the
+    keys it sees, as a decode step does."""
+    request: int
+    start: int
+    queries: int
+    masked: bool
+    keys_end: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.queries
+
+
+class PagedCache:
+    """The pool's memory and bookkeeping: per layer of a group (its index i there), K and V (n_kv, n_blocks,
+    block_size, d_head) in keys[i] and values[i], block b holding block_size positions of the layers of the group
+    that holds it; the BlockPool; and each request's tables, per group a list of block ids by position // block_size
+    (None where a sliding group freed a block its window passed)."""
+
+    def __init__(self, layout: PagedLayout, n_blocks: int, dtype: torch.dtype, device: torch.device):
+        self.layout, self.n_blocks = layout, n_blocks
+        shape = (layout.group_layers, layout.n_kv_heads, n_blocks, layout.block_size, layout.d_head)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.pool = BlockPool(n_blocks)
+        self.tables: dict[int, list[list[int | None]]] = {}
+        self.where = {layer: (g, i) for g, group in enumerate(layout.groups) for i, layer in enumerate(group.layers)}
+
+    @property
+    def nbytes_reserved(self) -> int:
+        """The pool's memory, every block: what the budget bought."""
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    def held_blocks(self) -> list[int]:
+        """Blocks some request holds."""
+        return [b.id for b in self.pool.blocks if b.refs > 0]
+
+    def reset(self) -> None:
+        self.pool.reset()
+        self.tables.clear()
+
+
+class PagedPass:
+    """One forward's writes and reads over a PagedCache: `rows` side by side, each request's rows reading its own
+    tables (the blocks of every position a row writes are in them already)."""
+
+    def __init__(self, cache: PagedCache, rows: list[Row], device: torch.device):
+        self.cache, self.rows = cache, rows
+        layout, size = cache.layout, cache.layout.block_size
+        positions = [p for row in rows for p in range(row.start, row.end)]
+        owners = [row.request for row in rows for _ in range(row.queries)]
+        self.positions = torch.tensor(positions, device=device)                               # (N,)
+        self.offsets = torch.tensor([p % size for p in positions], device=device)             # (N,)
+        self.write_blocks = [torch.tensor([cache.tables[r][g][p // size] for r, p in zip(owners, positions)],
+                                          device=device) for g in range(len(layout.groups))]  # per group (N,)
+        # per request and kind, the first block its rows read (0 under a prompt's chunk) and the blocks up to its last
+        # row's end: each request's keys are gathered once per layer for all its rows
+        self.spans: dict[tuple[int, int | None], tuple[int, int]] = {}
+        for row in rows:
+            for window in {g.window for g in layout.groups}:
+                first = 0 if row.masked else first_seen(window, row.start) // size
+                low, high = self.spans.get((row.request, window), (first, 0))
+                self.spans[(row.request, window)] = (min(low, first), max(high, layout.blocks(row.keys_end)))
+
+        def at(row: Row, window: int | None, position: int) -> int:  # a position's index among the gathered keys
+            return position - self.spans[(row.request, window)][0] * size
+
+        self.row_keys = {window: RowKeys(
+            tuple(at(row, window, 0 if row.masked else first_seen(window, row.start)) for row in rows),
+            tuple(at(row, window, row.keys_end) for row in rows), tuple(row.queries for row in rows),
+            tuple(at(row, window, row.start) for row in rows), window) for window in {g.window for g in layout.groups}}
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """The new positions' K, V (1, n_kv, N, d_head) into their blocks; returns per row its request's keys and
+        values (1, n_kv, positions, d_head), from the first block its rows read: what row_keys index."""
+        group, i = self.cache.where[layer]
+        window = self.cache.layout.groups[group].window
+        keys, values = self.cache.keys[i], self.cache.values[i]
+        keys[:, self.write_blocks[group], self.offsets] = k[0]     # (n_kv, N, d_head)
+        values[:, self.write_blocks[group], self.offsets] = v[0]
+        gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for request in dict.fromkeys(row.request for row in self.rows):
+            low, high = self.spans[(request, window)]
+            ids = torch.tensor(self.cache.tables[request][group][low:high], device=k.device)
+            n_kv, d_head = keys.shape[0], keys.shape[-1]
+            gathered[request] = tuple(store[:, ids].view(1, n_kv, -1, d_head) for store in (keys, values))
+        return (tuple(gathered[row.request][0] for row in self.rows),
+                tuple(gathered[row.request][1] for row in self.rows))

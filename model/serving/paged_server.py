@@ -1,0 +1,440 @@
+"""A server over a paged KV cache (paged.py): admission when blocks are free, preemption by recompute when a growing
+request finds none, a prefix cache of full prompt blocks, and chunked prefill; every step one forward pass of the
+model's own, its rows (prompt chunks and decodes) side by side.
+
+The scheduling follows nano-vllm's Scheduler (nanovllm/engine/scheduler.py) and vLLM's (vllm/v1/core/sched/
+scheduler.py): each step the running requests first, in the order they were admitted (a decode needs one more
+block when its position starts one; when none is free, the latest admitted request is preempted: its blocks freed,
+back to the front of the queue, its positions computed again when it is admitted again, its tokens kept), then
+the waiting ones in order of arrival, each admitted only when the blocks of every position it already has (its
+prompt, after a preemption its tokens too) are free, less those the prefix cache gives it. A request's prompt is
+prefilled whole in the step it is admitted, or with chunked prefill (Sarathi-Serve, vLLM's default) `chunk`
+positions a step at most, together with the decode rows of that step.
+
+Every request's tokens are its solo run's (float32 on a CPU: its logits bit for bit; tests/test_paged.py): a prompt's
+chunk is a masked row over the keys of its whole prompt (paged.py), of two positions at least (one query over a whole
+prompt's keys rounds unlike that row of the prompt's one prefill), and any other position (a decode, and after a
+preemption each token it had written) is a row of one query over exactly its keys, as its solo run computed it. So
+a prefix-cache hit is a multiple of paged.ALIGN positions, and only prompt blocks are cached (a written token's keys
+come from a decode step, not a prefill). One limit, measured: a hit past 192 positions, computed in another
+request's prefill whose prompt is on the other side of MKL's 368-key line (paged.py), can differ from the solo run in
+the last bits of the logits (5e-5 on SmolLM2, its tokens the same).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from model.engine.runtime import NativeModel, synchronize
+from model.engine.sampling import check_settings_or_refuse
+from model.errors import InputError
+from model.serving.blocks import block_hash
+from model.serving.paged import ALIGN, PagedCache, PagedLayout, PagedPass, Row, first_seen
+from model.serving.scheduler import Progress, Request, StepProgress
+
+MIN_CHUNK = 16     # positions of a prefill chunk at least
+MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow (vLLM's max_num_seqs)
+
+
+@dataclass(frozen=True)
+class PagedSettings:
+    block_size: int = 16
+    budget_bytes: int = 64 * 2**20
+    prefix_cache: bool = False
+    chunk: int | None = None  # positions of prompts a step prefills at most; None: every admitted prompt whole
+
+
+@dataclass
+class Sequence:
+    """A request's place in the paged server: its block tables live in the cache's `tables` under its id."""
+    request: Request
+    computed: int = 0                                 # positions whose keys and values its blocks hold
+    hashes: list[int] = field(default_factory=list)   # chained hashes of its prompt's full blocks cached so far
+    preemptions: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.request.prompt_ids + self.request.new_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+
+@dataclass(frozen=True)
+class Span:
+    """What a step computes for one request: positions start .. stop − 1."""
+    request: int
+    start: int
+    stop: int
+    kind: str  # "prefill" (its prompt, first time), "recompute" (after a preemption), "decode"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A step's schedule, made once: a step stopped midway runs the same plan again (its blocks stay allocated)."""
+    spans: list[Span]
+    admitted: list[int]
+    preempted: list[int]
+    cached_positions: dict[int, int]  # per admitted request, the positions the prefix cache gave it
+
+
+@dataclass(frozen=True)
+class PagedStep:
+    index: int
+    spans: list[Span]
+    admitted: list[int]           # requests given blocks this step
+    preempted: list[int]          # requests whose blocks were taken back this step, to compute again later
+    left: list[int]               # requests that finished this step and freed their blocks
+    cached_positions: dict[int, int]
+    forward_ms: float             # the one forward pass
+    draw_ms: float                # choosing the tokens
+    tokens: int                   # new tokens the step produced
+    running: int                  # requests holding blocks after the step
+    blocks_held: int              # blocks some request holds after the step
+    blocks_shared: int            # of them, held by more than one request
+    bytes_reserved: int           # blocks held × block bytes, at the step's peak (before the finished left)
+    bytes_held: int               # positions those blocks hold × bytes per position, then
+
+    @property
+    def ms(self) -> float:
+        return self.forward_ms + self.draw_ms
+
+    @property
+    def prefill_positions(self) -> int:
+        return sum(s.stop - s.start for s in self.spans if s.kind != "decode")
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The pool as a page draws it, block by block (numpy arrays of n_blocks), and each request's tables."""
+    holder: np.ndarray    # the first request (lowest id) holding the block, −1 when free
+    refs: np.ndarray      # requests holding it
+    cached: np.ndarray    # the prefix cache can find it (held, or free and not handed out again yet)
+    sliding: np.ndarray   # a sliding group holds it
+    filled: np.ndarray    # positions it holds (its holders' computed positions in it), of block_size
+    block_size: int
+    tables: dict[int, list[list[int]]]   # per request, per group its block ids, −1 where its window let one go
+    windows: list[int | None]            # per group, its kind
+
+
+def smallest_budget(layout: PagedLayout, requests: list[Request]) -> int:
+    """The bytes of the blocks the longest request holds at its longest (every position but its last token)."""
+    longest = max(len(r.prompt_ids) + r.max_new_tokens - 1 for r in requests)
+    return layout.request_blocks(longest) * layout.block_bytes
+
+
+def check_paged(model: NativeModel, settings: PagedSettings, requests: list[Request]) -> None:
+    """A block size that is a power of two within the context, a chunk of MIN_CHUNK positions to the context, and
+    a budget that holds the longest request whole (else it could never run to its end), each refused in one
+    sentence."""
+    if not isinstance(model, NativeModel):
+        raise InputError("serving_needs_native", model=model.info.name)
+    size, context = settings.block_size, model.info.context_length
+    if size < 1 or size & (size - 1) or size > context:
+        raise InputError("paged_block_size", size=size, context=context)
+    if settings.chunk is not None and not MIN_CHUNK <= settings.chunk <= context:
+        raise InputError("paged_chunk", chunk=settings.chunk, least=MIN_CHUNK, context=context)
+    for request in requests:
+        if len(request.prompt_ids) >= context:
+            raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
+    layout = PagedLayout.of(model.info, size)
+    least = smallest_budget(layout, requests)
+    if settings.budget_bytes < least:
+        raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
+                         least_number=mib_up(least))
+    for request in requests:
+        check_settings_or_refuse(request.settings)
+
+
+def mib_up(n_bytes: int) -> float:
+    """Bytes as MiB, rounded up to 2 decimals (a budget of that many MiB holds them)."""
+    return -(-n_bytes * 100 // 2**20) / 100
+
+
+class PagedServer:
+    """Iteration-level scheduling over one PagedCache of settings.budget_bytes; `step()` runs one iteration."""
+
+    def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings):
+        check_paged(model, settings, requests)
+        self.model, self.info, self.settings = model, model.info, settings
+        self.layout = PagedLayout.of(model.info, settings.block_size)
+        n_blocks = settings.budget_bytes // self.layout.block_bytes
+        self.cache = PagedCache(self.layout, n_blocks, model.module.lm_head.weight.dtype, model.device)
+        self.requests = {r.id: r for r in requests}
+        self.waiting: deque[Sequence] = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
+        self.running: list[Sequence] = []
+        self.steps: list[PagedStep] = []
+        self.plan: Plan | None = None
+        self.clock_ms = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def reset(self) -> None:
+        """Every block back in the pool, every request waiting again from its start."""
+        self.cache.reset()
+        requests = [r.restart() for r in self.requests.values()]
+        self.waiting = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
+        self.running, self.steps, self.plan, self.clock_ms = [], [], None, 0.0
+
+    # -- blocks ----------------------------------------------------------------------------------------------------
+
+    def _tables(self, seq: Sequence) -> list[list[int | None]]:
+        return self.cache.tables.setdefault(seq.request.id, [[] for _ in self.layout.groups])
+
+    def _grow(self, seq: Sequence, positions: int) -> bool:
+        """Blocks for `positions` positions in every group's table; False (nothing taken) when too few are free."""
+        tables = self._tables(seq)
+        needed = sum(max(0, self.layout.blocks(positions) - len(table)) for table in tables)
+        if needed > self.cache.pool.n_free:
+            return False
+        for g, table in enumerate(tables):
+            while len(table) < self.layout.blocks(positions):
+                table.append(self.cache.pool.allocate(g))
+        return True
+
+    def _free(self, seq: Sequence) -> None:
+        """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
+        prefix's later blocks are handed out again before its first ones)."""
+        for table in self.cache.tables.pop(seq.request.id, []):
+            self.cache.pool.free([b for b in reversed(table) if b is not None])
+        seq.hashes = []
+
+    def _cache_hit(self, seq: Sequence) -> list[list[int]]:
+        """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
+        every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
+        logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
+        size, tokens = self.layout.block_size, seq.tokens
+        most = min(seq.prompt_len, len(tokens) - 1) // size
+        found: list[list[int]] = [[] for _ in self.layout.groups]
+        previous = None
+        for j in range(most):
+            block_tokens = tokens[j * size:(j + 1) * size]
+            previous = block_hash(previous, block_tokens)
+            ids = [self.cache.pool.lookup(g, previous, block_tokens) for g in range(len(self.layout.groups))]
+            if None in ids:
+                break
+            for table, block_id in zip(found, ids):
+                table.append(block_id)
+        keep = len(found[0]) * size // ALIGN * ALIGN // size  # a hit of a multiple of ALIGN positions
+        if keep * size == seq.prompt_len - 1:
+            keep = (keep * size - 1) // ALIGN * ALIGN // size  # two positions of the prompt at least (_chunk_end)
+        return [table[:keep] for table in found]
+
+    def _cache_blocks(self, seq: Sequence) -> None:
+        """Let the prefix cache find the request's prompt blocks that are full and computed."""
+        size, tokens = self.layout.block_size, seq.request.prompt_ids
+        tables = self._tables(seq)
+        for j in range(len(seq.hashes), min(seq.computed, seq.prompt_len) // size):
+            block_tokens = tokens[j * size:(j + 1) * size]
+            seq.hashes.append(block_hash(seq.hashes[-1] if seq.hashes else None, block_tokens))
+            for table in tables:
+                self.cache.pool.cache(table[j], seq.hashes[-1], block_tokens)
+
+    def _free_out_of_window(self, seq: Sequence) -> None:
+        """A sliding group's blocks that every later query passes (its prompt done: no chunk reads from 0 again)."""
+        if seq.computed < seq.prompt_len:
+            return
+        size = self.layout.block_size
+        for group, table in zip(self.layout.groups, self._tables(seq)):
+            if group.window is None:
+                continue
+            for j in range(first_seen(group.window, seq.computed) // size):
+                if table[j] is not None:
+                    self.cache.pool.free([table[j]])
+                    table[j] = None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._free(seq)
+        seq.computed = 0
+        seq.preemptions += 1
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+
+    # -- scheduling --------------------------------------------------------------------------------------------------
+
+    def _chunk_end(self, seq: Sequence, budget: int | None) -> int | None:
+        """Where the request's next span ends within `budget` positions (None: no limit), its prompt's part at least
+        two positions (unless the prompt is one): a chunk of one query over a whole prompt's keys rounds differently
+        from that row of the prompt's one prefill (measured on SmolLM2). None when the budget leaves no such end."""
+        start, prompt, end = seq.computed, seq.prompt_len, len(seq.tokens)
+        stop = end if budget is None else min(end, start + budget)
+        if stop == prompt - 1 and start < stop:
+            stop -= 1                                    # never leave the prompt's last position alone
+        if stop <= start or (start < prompt and min(stop, prompt) - start < 2 and prompt > 1):
+            return None
+        return stop
+
+    def _schedule(self, index: int) -> Plan:
+        spans, admitted, preempted, cached = [], [], [], {}
+        budget = self.settings.chunk
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
+            stop = seq.computed + 1 if decoding else self._chunk_end(seq, budget)
+            if stop is None:
+                i += 1
+                continue
+            while not self._grow(seq, stop):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request.id)
+                if victim is seq:
+                    break
+            else:
+                spans.append(self._span(seq, stop, decoding))
+                if not decoding and budget is not None:
+                    budget -= stop - seq.computed
+                i += 1
+        for seq in self.waiting:
+            if seq.request.arrival_step > index:
+                break
+            if seq.request.arrived_ms is None:
+                seq.request.arrived_ms = self.clock_ms
+        # none admitted in a step that preempted (vLLM's rule): the blocks just freed would take it straight back
+        while (not preempted and self.waiting and self.waiting[0].request.arrival_step <= index
+               and len(self.running) < MAX_RUNNING):
+            seq = self.waiting[0]
+            hit = self._cache_hit(seq) if self.settings.prefix_cache else [[] for _ in self.layout.groups]
+            hit_positions = len(hit[0]) * self.layout.block_size
+            seq.computed = hit_positions
+            stop = self._chunk_end(seq, budget)
+            revived = sum(self.cache.pool.blocks[b].refs == 0 for table in hit for b in table)
+            new = sum(self.layout.blocks(len(seq.tokens)) - len(table) for table in hit)
+            if stop is None or new + revived > self.cache.pool.n_free:
+                seq.computed = 0
+                break  # admission waits for blocks (or for the next step's chunk)
+            for table, ids in zip(self._tables(seq), hit):
+                for block_id in ids:
+                    self.cache.pool.touch(block_id)
+                    table.append(block_id)
+            seq.hashes = []
+            self._grow(seq, len(seq.tokens))
+            self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq.request.id)
+            cached[seq.request.id] = hit_positions
+            if seq.request.joined_step is None:
+                seq.request.joined_step = index
+            spans.append(self._span(seq, stop, False))
+            if budget is not None:
+                budget -= stop - seq.computed
+        return Plan(spans, admitted, preempted, cached)
+
+    def _span(self, seq: Sequence, stop: int, decoding: bool) -> Span:
+        kind = "decode" if decoding else "recompute" if seq.preemptions and seq.request.new_ids else "prefill"
+        return Span(seq.request.id, seq.computed, stop, kind)
+
+    def _rows(self, span: Span, prompt_len: int) -> list[Row]:
+        """A span as rows: its prompt's part one masked row, each position after it a row of its own."""
+        rows = []
+        if span.start < prompt_len:
+            rows.append(Row(span.request, span.start, min(span.stop, prompt_len) - span.start, True, prompt_len))
+        rows += [Row(span.request, p, 1, False, p + 1) for p in range(max(span.start, prompt_len), span.stop)]
+        return rows
+
+    # -- the step ----------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> PagedStep:
+        """One iteration: schedule (once), one forward over every span's rows, each request that computed its last
+        token draws the next; hashes, windows and the finished ones' blocks then. report(progress) runs after each
+        layer and may stop the step there by raising (the page's Stop): the plan stays, and the next call runs its
+        pass again whole (it writes the same positions); its time is not counted."""
+        index = len(self.steps)
+        if self.plan is None:
+            self.plan = self._schedule(index)
+        plan = self.plan
+        by_id = {seq.request.id: seq for seq in self.running}
+        rows = [row for span in plan.spans for row in self._rows(span, by_id[span.request].prompt_len)]
+        progress = Progress(report, index, 0, 0, len(rows), self.info.n_layers)
+        forward_ms, logits = 0.0, None
+        if rows:
+            device = self.model.device
+            paged = PagedPass(self.cache, rows, device)
+            ids = torch.tensor([[by_id[r.request].tokens[p] for r in rows for p in range(r.start, r.end)]],
+                               device=device)                                             # (1, N)
+            synchronize(device)
+            t0 = progress.clock()
+            logits = self.model.module(ids, paged, positions=paged.positions, keys=paged.row_keys,
+                                       last_logits_only=True, after_layer=progress.after_layer).logits[0]
+            synchronize(device)
+            forward_ms = (progress.clock() - t0) * 1000
+        # from here on the step runs to its end: nothing below reports
+        self.plan = None
+        last_row = {}
+        for n, row in enumerate(rows):
+            last_row[row.request] = n
+        t0 = time.perf_counter()
+        drawn = {}
+        for span in plan.spans:
+            seq = by_id[span.request]
+            seq.computed = span.stop
+            if span.stop == len(seq.tokens):
+                drawn[span.request] = seq.request.choose(logits[last_row[span.request]].float())
+        draw_ms = (time.perf_counter() - t0) * 1000
+        self.clock_ms += forward_ms + draw_ms
+        for request_id, token in drawn.items():
+            by_id[request_id].request.emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
+        if self.settings.prefix_cache:
+            for span in plan.spans:
+                self._cache_blocks(by_id[span.request])
+        for span in plan.spans:
+            self._free_out_of_window(by_id[span.request])
+        reserved, held = self.memory()
+        held_blocks = len(self.cache.held_blocks())
+        shared = self.cache.pool.shared()
+        left = []
+        for seq in list(self.running):
+            if seq.request.stop_reason is not None:
+                seq.request.left_step = index
+                left.append(seq.request.id)
+                self._free(seq)
+                self.running.remove(seq)
+        step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, forward_ms,
+                         draw_ms, len(drawn), len(self.running) + len(left), held_blocks, shared, reserved, held)
+        self.steps.append(step)
+        return step
+
+    def pool_view(self) -> PoolView:
+        n, size = self.cache.n_blocks, self.layout.block_size
+        holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
+        sliding = np.zeros(n, dtype=bool)
+        for seq in sorted(self.running, key=lambda s: s.request.id):
+            for group, table in zip(self.layout.groups, self.cache.tables.get(seq.request.id, [])):
+                for j, block in enumerate(table):
+                    if block is None:
+                        continue
+                    if holder[block] < 0:
+                        holder[block] = seq.request.id
+                    sliding[block] = group.window is not None
+                    filled[block] = max(filled[block], min(size, max(0, seq.computed - j * size)))
+        blocks = self.cache.pool.blocks
+        cached = np.array([(b.group, b.hash) in self.cache.pool.cached and self.cache.pool.cached[(b.group, b.hash)]
+                           == b.id for b in blocks], dtype=bool)
+        tables = {rid: [[-1 if b is None else b for b in table] for table in tables]
+                  for rid, tables in self.cache.tables.items()}
+        return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, size, tables,
+                        [g.window for g in self.layout.groups])
+
+    def memory(self) -> tuple[int, int]:
+        """(bytes of the blocks held, bytes of the positions they hold): a block holds its positions up to its
+        owners' computed length; the rest of a last block is the waste."""
+        size = self.layout.block_size
+        filled: dict[int, int] = {}
+        for seq in self.running:
+            for table in self.cache.tables.get(seq.request.id, []):
+                for j, block_id in enumerate(table):
+                    if block_id is not None:
+                        filled[block_id] = max(filled.get(block_id, 0), min(size, seq.computed - j * size))
+        return (len(filled) * self.layout.block_bytes,
+                sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)

@@ -1,0 +1,131 @@
+"""serve-bench --queue: one built-in queue served to its end under one KV cache setting, padded or paged, with
+what it measured (model/serving/kv_runs.py).
+
+python -m model serve-bench --model M --queue mixed|shared-prefix|long-join --kv padded|paged [--block-size N]
+    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--json]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import torch
+
+from model.engine.generate import session_budget_bytes
+from model.engine.loading import load_model
+from model.engine.runtime import NativeModel
+from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
+from model.errors import InputError
+from model.serving.kv_runs import KVSettings, QueueRun, default_budget
+from model.serving.paged_server import MIN_CHUNK
+from model.serving.queues import built_in_queue, queue_size
+from model.tools.options import check_option
+
+# the step sweep's options, which a served queue does not take, and a served queue's, which the sweep does not
+SWEEP_ONLY = ("--batch", "--context", "--dtype", "--steps")
+QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk")
+DEFAULT_BLOCK_SIZE = 16
+
+
+def given(args, options: tuple[str, ...]) -> list[str]:
+    """Those of `options` the command line set (their defaults are None)."""
+    return [option for option in options if getattr(args, option[2:].replace("-", "_")) is not None]
+
+
+def check_not_queue_options(args) -> None:
+    """The step sweep refuses a served queue's options (each needs --queue)."""
+    stray = given(args, QUEUE_ONLY) + (["--prefix-cache"] if args.prefix_cache else [])
+    if stray:
+        raise InputError("queue_option_alone", option=stray[0])
+
+
+def queue_settings(args, requests, model: NativeModel) -> KVSettings:
+    block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
+              else int(args.kv_budget_mb * 2**20))
+    return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk)
+
+
+def run_queue(args) -> dict:
+    """The queue on the model, every refusal before the first step; the report (its JSON)."""
+    session_mb = session_budget_bytes() / 2**20
+    if args.kv_budget_mb is not None:
+        check_option("--kv-budget-mb", args.kv_budget_mb, 0.01, session_mb)
+    check_option("--seed", args.seed, 0, MAX_SEED - (queue_size(args.queue) - 1))  # request i: seed + i
+    settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
+    check_settings_or_refuse(settings)
+    model = load_model(args.model, args.device, operator=True)
+    if not isinstance(model, NativeModel):
+        raise InputError("serving_needs_native", model=model.info.name)
+    if args.chunk is not None:
+        check_option("--chunk", args.chunk, MIN_CHUNK, model.info.context_length)
+    requests = [dataclasses.replace(r, settings=dataclasses.replace(settings, seed=settings.seed + r.id))
+                for r in built_in_queue(model, args.queue)]
+    kv = queue_settings(args, requests, model)
+    if args.kv_budget_mb is None and kv.budget_bytes > session_budget_bytes():
+        kv = dataclasses.replace(kv, budget_bytes=session_budget_bytes())
+    run = QueueRun(model, requests, kv).run()
+    info = model.info
+    summary = run.summary()
+    return {
+        "model": {"name": info.name, "n_layers": info.n_layers, "n_kv_heads": info.n_kv_heads, "d_head": info.d_head,
+                  "sliding_window": info.window, "device": info.device, "dtype": info.dtype},
+        "queue": args.queue,
+        "requests": run.request_rows(),
+        "kv": {k: summary[k] for k in ("layout", "block_size", "budget_bytes", "max_concurrent", "bytes_reserved_peak",
+                                       "bytes_held_peak", "waste_fraction", "shared_blocks",
+                                       "prefill_positions_computed", "preemptions", "prefix_cache", "chunk",
+                                       "pool_blocks", "block_bytes", "slots")},
+        "steps": summary["steps"], "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
+        "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
+        "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
+        "sampling": dataclasses.asdict(settings),
+        "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
+                      f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
+                      "forward and draws, measured); request i draws with seed + i",
+    }
+
+
+def ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def print_report(report: dict) -> None:
+    kv, m = report["kv"], report["model"]
+    layout = (f"paged, blocks of {kv['block_size']} ({kv['pool_blocks']} blocks of {kv['block_bytes']:,} B)"
+              + (", prefix cache" if kv["prefix_cache"] else "") + (f", chunks of {kv['chunk']}" if kv["chunk"] else "")
+              if kv["layout"] == "paged" else f"padded, {kv['slots']} slot(s)")
+    print(f"model {m['name']} on {m['device']}, queue {report['queue']} ({len(report['requests'])} requests), "
+          f"KV cache {layout}, budget {kv['budget_bytes'] / 2**20:.2f} MiB")
+    print(f"{'id':>3}{'arrives':>8}{'prompt':>7}{'tokens':>7}{'TTFT ms':>9}{'ITL p50':>8}{'p95':>7}{'p99':>7}{'max':>7}"
+          f"{'preempted':>10}  stop")
+    for r in report["requests"]:
+        itl = r["itl_ms"]
+        print(f"{r['id']:>3}{r['arrival_step']:>8}{len(r['prompt_ids']):>7}{len(r['tokens']):>7}{ms(r['ttft_ms']):>9}"
+              f"{ms(itl['p50']):>8}{ms(itl['p95']):>7}{ms(itl['p99']):>7}{ms(itl['max']):>7}{r['preemptions']:>10}  "
+              f"{r['stop_reason']}")
+    print(f"at once at most {kv['max_concurrent']}; reserved peak {kv['bytes_reserved_peak'] / 2**20:.2f} MiB, held "
+          f"peak {kv['bytes_held_peak'] / 2**20:.2f} MiB, waste {kv['waste_fraction']:.1%} of the reserved bytes over "
+          f"the steps; blocks shared at most {kv['shared_blocks']}; prefill positions computed "
+          f"{kv['prefill_positions_computed']:,}; preemptions {kv['preemptions']}")
+    itl = report["itl_ms"]
+    print(f"{report['tokens']} tokens in {report['steps']} steps, {report['tokens_per_s']:.1f} tokens/s; TTFT p50 "
+          f"{ms(report['ttft_ms_p50'])} ms; ITL p50 {ms(itl['p50'])}, p99 {ms(itl['p99'])}, max {ms(itl['max'])} ms")
+    start, joined = report["itl_ms_from_start"], report["ttft_ms_joined_p50"]
+    if joined is not None and start["p99"] is not None:
+        print(f"requests there from the start: ITL p99 {ms(start['p99'])}, max {ms(start['max'])} ms; those that "
+              f"arrived later: TTFT p50 {ms(joined)} ms")
+    print(report["conditions"])
+
+
+def run_queue_cli(args) -> int:
+    stray = given(args, SWEEP_ONLY)
+    if stray:
+        raise InputError("queue_sweep_option", option=stray[0])
+    report = run_queue(args)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print_report(report)
+    return 0

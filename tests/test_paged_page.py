@@ -1,0 +1,183 @@
+"""The Paged KV page under AppTest (steps, Run to end and the comparison, Reset, a visit elsewhere and back, bad input,
+both languages, the three queues) and in headless Chromium."""
+
+import base64
+import re
+
+import pytest
+from apptest import click, open_app
+from conftest import wait_idle
+from test_gemma3 import needs_model as needs_gemma3
+from test_smollm2 import needs_model as needs_smollm2
+
+from model.serving import queues
+from model.texts import text
+
+TIMEOUT = 180
+PAGE = "app_pages/paged.py"
+
+
+def open_page(lang: str = "en", model: str = "small", **state):
+    return open_app(PAGE, TIMEOUT, lang=lang, model_name=model, device="cpu", **state)
+
+
+def html(at) -> str:
+    return "".join(h.proto.body for h in at.get("html"))
+
+
+def charts(at) -> list[str]:
+    """Each SVG chart the page drew, decoded from its <img>."""
+    return [base64.b64decode(src).decode("utf-8")
+            for src in re.findall(r'src="data:image/svg\+xml;base64,([^"]+)"', html(at))]
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
+    at = click(open_page(lang), "paged_start")
+    run = at.session_state["paged_run"]
+    assert len(run.samples) == 1 and not at.error
+    first = run.server.steps[0]
+    assert first.admitted and all(span.kind == "prefill" for span in first.spans)
+    click(at, "paged_next")
+    assert [span.kind for span in run.server.steps[1].spans if span.request in first.admitted][:1] == ["decode"]
+    click(at, "paged_run_button")
+    assert run.finished and at.button(key="paged_next").disabled
+    compared = at.session_state["paged_compared"]
+    assert [name for name, _, _ in compared] == [text("paged.variant_padded", lang)]
+    page = html(at)
+    # the table: this run and padded, each with its tokens the same as this run's
+    assert page.count(f"<td>{text('paged.same', lang)}</td>") == 2
+    assert f"<td>{text('paged.variant_paged', lang)}</td>" in page and "mini-table" in page
+    padded = compared[0][1]
+    assert padded["layout"] == "padded" and run.summary()["max_concurrent"] >= 2 * padded["max_concurrent"]
+    assert len(charts(at)) == 4  # the pool, the lanes, the bytes reserved and held, the step times
+    assert text("paged.pool", lang) in [h.value for h in at.subheader]
+
+
+def test_the_pool_is_drawn_block_by_block_with_each_request_s_tables():
+    at = click(open_page(), "paged_start")
+    server = at.session_state["paged_run"].server
+    pool = server.pool_view()
+    grid = charts(at)[0]
+    assert grid.count("<title>block ") == server.cache.n_blocks
+    held = int((pool.holder >= 0).sum())
+    assert held and grid.count(": request ") == held
+    request = at.session_state["paged_table_request"]
+    blocks = server.cache.tables[request][0]
+    row = "".join(f"<td>{b}</td>" for b in blocks)
+    assert row in html(at)
+
+
+def test_reset_gives_every_block_back_and_the_run_starts_over():
+    at = click(click(click(open_page(), "paged_start"), "paged_next"), "paged_next")
+    run = at.session_state["paged_run"]
+    pool = run.server.cache.pool
+    assert pool.n_free < run.server.cache.n_blocks
+    click(at, "paged_reset")
+    assert pool.n_free == run.server.cache.n_blocks and not run.server.cache.tables and run.samples == []
+    assert f"{run.server.cache.n_blocks} / {run.server.cache.n_blocks}" in [m.value for m in at.metric]
+    click(at, "paged_next")
+    assert len(run.samples) == 1
+
+
+def test_a_visit_to_another_page_and_back_keeps_the_run():
+    at = click(click(open_page(), "paged_start"), "paged_next")
+    run = at.session_state["paged_run"]
+    at.switch_page("app_pages/serving.py").run()
+    at.switch_page(PAGE).run()
+    assert at.session_state["paged_run"] is run and len(run.samples) == 2 and not at.exception
+
+
+def test_long_join_carries_its_chunks_beside_the_decode_rows_and_compares_three_settings():
+    at = click(open_page(paged_queue="long-join"), "paged_start")
+    click(at, "paged_run_button")
+    run = at.session_state["paged_run"]
+    small, large = queues.compared_chunks(128)
+    assert run.settings.chunk == small
+    long_id = queues.LONG_JOIN_SHORT
+    chunked = [s for s in run.server.steps if any(span.request == long_id and span.kind == "prefill"
+                                                  for span in s.spans)]
+    assert len(chunked) > 1 and all(any(span.kind == "decode" for span in s.spans) for s in chunked)
+    names = [name for name, _, _ in at.session_state["paged_compared"]]
+    assert names == [text("paged.variant_whole", "en"), text("paged.variant_chunks", "en").format(chunk=large)]
+    lanes = charts(at)[1]
+    assert lanes.count(f'fill="#225ea8"><title>request {long_id}, step') == len(chunked)
+
+
+def test_shared_prefix_shares_blocks_and_says_so():
+    at = click(open_page(paged_queue="shared-prefix"), "paged_start")
+    for _ in range(3):
+        click(at, "paged_next")
+    pool = at.session_state["paged_run"].server.pool_view()
+    # small: 48 shared ids, three blocks of 16, held by the two requests running (small's answers end at its eos)
+    assert (pool.refs > 1).sum() == 3 and max(pool.refs) == 2
+    assert charts(at)[0].count("held by 2") == 3 and charts(at)[0].count('stroke="#212529" stroke-width="2"') == 3
+
+
+@pytest.mark.parametrize(("lang", "least"), [("en", "0\\.19 MiB"), ("vi", "0,19 MiB")])  # markdown escapes a dot
+def test_a_budget_too_small_is_one_sentence_with_the_smallest_that_fits(lang, least):
+    at = open_page(lang)
+    at.number_input(key="paged_budget_mb").set_value(0.01).run()
+    click(at, "paged_start")
+    assert at.session_state["paged_run"] is None
+    assert len(at.error) == 1 and least in at.error[0].value, at.error[0].value
+
+
+def test_the_budget_follows_the_queue_and_the_block_size():
+    at = open_page()
+    mixed = at.session_state["paged_budget_mb"]
+    at.selectbox(key="paged_queue").set_value("long-join").run()
+    assert at.session_state["paged_budget_mb"] != mixed
+    block_16 = at.session_state["paged_budget_mb"]
+    at.selectbox(key="paged_block_size").set_value(64).run()
+    assert at.session_state["paged_budget_mb"] > block_16  # whole blocks of 64 for every request
+
+
+@needs_smollm2
+def test_smollm2_shared_prefix_runs_on_the_page():
+    at = click(open_page(model="smollm2", paged_queue="shared-prefix"), "paged_start")
+    click(at, "paged_next")
+    steps = at.session_state["paged_run"].server.steps
+    assert steps[1].cached_positions == {1: 16} and not at.error
+
+
+@needs_gemma3
+def test_gemma3_long_join_gives_back_sliding_blocks_past_the_window():
+    """The long prompt (560 positions, in chunks of 70) passes Gemma 3's 512-position window: once it is prefilled,
+    its five sliding groups give back their first 3 blocks (— in its table), its full group keeps all 35."""
+    at = click(open_page(model="gemma3", paged_queue="long-join"), "paged_start")
+    run = at.session_state["paged_run"]
+    long_id = queues.LONG_JOIN_SHORT
+    while not any(seq.request.id == long_id and seq.computed >= 560 for seq in run.server.running):
+        click(at, "paged_next")
+    at.selectbox(key="paged_table_request").set_value(long_id).run()
+    pool = run.server.pool_view()
+    gone = [sum(b < 0 for b in table) for table in pool.tables[long_id]]
+    assert gone == [0 if w is None else 3 for w in pool.windows] and pool.windows.count(None) == 1
+    assert html(at).count("<td>—</td>") == 5 * 3 and not at.error
+    click(at, "paged_run_button")
+    assert html(at).count(f"<td>{text('paged.same', 'en')}</td>") == 3
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_browser_serves_the_mixed_queue_and_compares(app_server, browser_page, lang):
+    page = browser_page
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{app_server}/paged?lang={lang}")
+    wait_idle(page)
+    page.get_by_role("button", name=text("paged.start", lang)).click()
+    wait_idle(page)
+    page.locator("img.dl-chart").first.wait_for()
+    page.get_by_role("button", name=text("serving.next", lang)).click()
+    wait_idle(page)
+    page.get_by_role("button", name=text("serving.run", lang)).click()
+    wait_idle(page, 180_000)
+    page.get_by_text(text("paged.comparison", lang)).wait_for()
+    page.locator("table.mini-table").last.wait_for()
+    assert page.locator("td", has_text=text("paged.variant_padded", lang)).count() == 1
+    page.get_by_role("button", name=text("serving.reset", lang)).click()
+    wait_idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0 and not errors
+    page.screenshot(path=f"test-artifacts/paged-{lang}.png", full_page=True)
