@@ -51,8 +51,9 @@ class HeldOut:
 
 
 def held_out(language: str | None) -> HeldOut:
-    """The project's held-out text in a model's language: Vietnamese for "vi", else English."""
-    key = "vi" if language == "vi" else "en"
+    """The project's held-out text in a model's language: Vietnamese for a model that writes it ("vi", "vi+en":
+    Gemma 3, small), else English."""
+    key = "vi" if "vi" in (language or "").split("+") else "en"
     entry = json.loads((QUALITY_DIR / "sources.json").read_text(encoding="utf-8"))[key]
     return HeldOut(key, QUALITY_DIR / entry["file"], entry["title"], entry["source"], entry["licence"],
                    tuple(entry["prompts"]))
