@@ -3,6 +3,7 @@ serve-bench and profile commands. No timing is asserted: the figures live in doc
 
 import itertools
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -196,3 +197,47 @@ def test_the_sweep_and_the_profiler_report_between_their_passes(small):
     ticks = []
     measure.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
     assert len(ticks) == 4 + 4 + 3
+
+
+def test_serve_bench_rows_carry_the_read_roof_bench_measures(run_cli, monkeypatch):  # noqa: F811
+    """Each row's machine_read_gb_s is timing.read_bandwidth, the function `python -m model bench` calls (pinned here
+    to 20 GB/s: a second copy of the measurement would not see the pin), and the text prints achieved / read."""
+    from model.serving import measure
+
+    monkeypatch.setattr(measure, "read_bandwidth", lambda device: 20e9)
+    out = run_cli("serve-bench", "--model", "micro", "--batch", "1", "--context", "4", "--dtype", "float32",
+                  "--steps", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    [row] = report["rows"]
+    assert row["machine_read_gb_s"] == 20.0 == report["machine"]["read_gb_s"]
+    text = run_cli("serve-bench", "--model", "micro", "--batch", "1", "--context", "4", "--dtype", "float32",
+                   "--steps", "2").stdout
+    assert "of read" in text and "20.00 GB/s read" in text
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),
+     dict(avx512_bf16=True, amx_bf16=True, amx_tile=True, avx512_vnni=True, avx_vnni=False)),
+    (frozenset({"avx2", "fma", "avx_vnni"}),
+     dict(avx512_bf16=False, amx_bf16=False, amx_tile=False, avx512_vnni=False, avx_vnni=True)),
+])
+def test_the_cpu_features_are_the_flags_linux_lists(flags, said):
+    """A Sapphire Rapids' flags and an Alder Lake's, as another machine's /proc/cpuinfo would list them."""
+    from model.engine.kernels import cpu_features
+
+    features = asdict(cpu_features(flags))
+    assert {k: v for k, v in features.items() if k != "vector"} == said
+
+
+def test_this_cpus_features_are_read_from_proc_cpuinfo():
+    from pathlib import Path
+
+    from model.engine.kernels import cpu_features
+
+    listed = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), None)
+    if listed is None:
+        pytest.skip("no x86 flags line in /proc/cpuinfo on this machine")
+    flags = set(listed.partition(":")[2].split())
+    assert cpu_features().avx512_bf16 is ("avx512_bf16" in flags)
+    assert cpu_features().avx512_vnni is ("avx512_vnni" in flags)

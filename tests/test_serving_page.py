@@ -371,3 +371,49 @@ def test_browser_serves_4_requests(app_server, browser_page, lang):
     assert page.get_by_text(text("serving.lanes_caption", lang).format(waiting=0)).count() == 1
     assert page.locator("[data-testid='stException']").count() == 0 and not errors
     page.screenshot(path=f"test-artifacts/serving-{lang}.png", full_page=True)
+
+
+def test_each_dtype_has_a_row_with_its_step_and_its_cost_in_accuracy_kept_for_the_next_visit():
+    """small, en: the button measures float32, bfloat16 and int8 (a B = 1 step and the held-out text's quality) and
+    the table shows a row each; float32's perplexity is the exponential of the mean NLL summed by hand from one plain
+    pass of the module per window; a new session shows the kept table without a click."""
+    import math
+
+    from test_quality import nll_by_hand
+
+    from model.serving.quality import held_out
+
+    at = click(click(open_page("en"), "serving_start"), "serving_measure_dtypes")
+    assert not at.error
+    small = load_model("small", "cpu")
+    ids = small.tokenizer.encode(held_out(small.info.language).text).ids
+    total, scored = nll_by_hand(small.module, ids, small.info.context_length)
+    html = "".join(h.proto.body for h in at.get("html"))
+    rows = re.findall(r"<tr><td>(float32|bfloat16|int8)</td>((?:<td>[^<]*</td>)+)</tr>", html)
+    assert [dtype for dtype, _ in rows] == ["float32", "bfloat16", "int8"]
+    cells = re.findall(r"<td>([^<]*)</td>", rows[0][1])
+    assert float(cells[4].replace(",", "")) == pytest.approx(math.exp(total / scored), rel=1e-5)
+    assert cells[5] == "100.0%"
+    assert any(c.startswith("Step: the median of 10 decode steps at B = 1 over 64 cached positions") and
+               f"the {scored} tokens of assets/quality/vi.txt" in c for c in captions(at))
+    again = click(open_page("en"), "serving_start")
+    assert text("serving.dtypes_help", "en") not in captions(again) and "<td>int8</td>" in "".join(
+        h.proto.body for h in again.get("html"))
+
+
+@pytest.mark.parametrize(("flags", "bf16", "int8", "keys"), [
+    ({"avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}, "avx512_bf16", "avx512_vnni",
+     ["cpu_bf16_native", "cpu_amx", "cpu_int8_vnni"]),
+    ({"avx512_bf16"}, "float32", "integer", ["cpu_bf16_unused", "cpu_int8_integer"]),
+    ({"avx2", "avx_vnni"}, "float32", "integer", ["cpu_bf16_emulated", "cpu_int8_integer"]),
+    (None, "float32", "integer", ["cpu_bf16_unknown", "cpu_int8_integer"]),
+    ({"avx512_bf16", "avx512_vnni"}, "torch", "none", ["cpu_bf16_torch", "cpu_int8_none"]),
+])
+def test_the_cpu_sentences_say_what_the_flags_and_the_kernels_offer(flags, bf16, int8, keys):
+    """A CPU with AVX-512 BF16 and AMX whose kernels use them, one whose kernels were built without it, one without
+    it, one whose flags are unknown (no /proc/cpuinfo), one where the kernels did not build: each its sentences."""
+    from model.engine.kernels import CpuFeatures, MachineProducts, cpu_features
+    from ui.serving_run import cpu_sentences
+
+    cpu = cpu_features(frozenset(flags)) if flags is not None else CpuFeatures("AVX2", None, None, None, None, None)
+    assert cpu_sentences(MachineProducts(cpu, bf16, int8)) == [text("serving." + k, "vi") for k in keys]

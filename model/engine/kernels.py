@@ -60,21 +60,37 @@ class KernelsUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class CpuFeatures:
-    """What this CPU offers for the products, as Linux lists its flags (None: not known, no /proc/cpuinfo)."""
+    """What this CPU offers for the products, as Linux lists its flags in /proc/cpuinfo (None: not known, no
+    /proc/cpuinfo to read)."""
     vector: str                 # torch's widest vector kernels here: "AVX512", "AVX2", "DEFAULT", ...
     avx512_bf16: bool | None    # a bfloat16 dot product in AVX-512 registers (vdpbf16ps)
     amx_bf16: bool | None       # AMX tiles with a bfloat16 matrix multiply (Sapphire Rapids and later)
-    avx512_vnni: bool | None    # int8 and int16 dot products (vpdpbusd, vpdpwssd)
+    amx_tile: bool | None       # the AMX tile registers themselves
+    avx512_vnni: bool | None    # int8 and int16 dot products in AVX-512 registers (vpdpbusd, vpdpwssd)
+    avx_vnni: bool | None       # the same dot products in 256-bit registers only (Alder Lake and later)
 
 
-def cpu_features() -> CpuFeatures:
-    flags = _cpu_flags()
+def cpu_features(flags: frozenset[str] | None = None) -> CpuFeatures:
+    """This CPU's features (flags None: read from /proc/cpuinfo; a set: those flags, as on another machine)."""
+    flags = _cpu_flags() if flags is None else flags
 
     def has(flag: str) -> bool | None:
         return None if flags is None else flag in flags
 
     return CpuFeatures(torch.backends.cpu.get_cpu_capability(), has("avx512_bf16"), has("amx_bf16"),
-                       has("avx512_vnni"))
+                       has("amx_tile"), has("avx512_vnni"), has("avx_vnni"))
+
+
+@dataclass(frozen=True)
+class MachineProducts:
+    """What this CPU offers and how each dtype's products run on it (bf16_products, int8_products)."""
+    cpu: CpuFeatures
+    bf16: str
+    int8: str
+
+
+def machine_products() -> MachineProducts:
+    return MachineProducts(cpu_features(), bf16_products(), int8_products())
 
 
 @functools.cache

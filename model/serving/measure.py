@@ -19,6 +19,7 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.scheduler import Request, check_batch
 from model.serving.slots import SlotCache, decode_rows
 from model.serving.timing import (
@@ -142,6 +143,33 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
     cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
     return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
                 flops(model.module, [(1, context + 1)] * batch), batch)
+
+@dataclass(frozen=True)
+class DtypeCost:
+    """One dtype's decode step at B = 1 (its time, the bytes it reads, the bandwidth that gives) beside what its
+    fewer bits cost in accuracy against float32 (model/serving/quality.py, on the held-out text)."""
+    dtype: str
+    step_ms: float             # p50
+    bytes_read: int
+    gb_s: float
+    perplexity: float
+    greedy_agreement: float
+    mean_kl: float
+
+
+def dtype_costs(models: dict[str, NativeModel], context: int, repeats: int,
+                tick: Callable[[], None] | None = None) -> tuple[list[DtypeCost], Quality]:
+    """Each of `models` (by dtype, float32 among them: the reference): a B = 1 decode step over `context` cached
+    positions, timed, and the quality of its dtype on the project's held-out text in the model's language; tick()
+    runs between the passes (a caller that may stop there)."""
+    reference = models["float32"]
+    text = held_out(reference.info.language)
+    quality = measure_quality(models, reference.info.name, text.name, text_ids(reference, text.text, text.name),
+                              text.prompts, tick)
+    works = {dtype: decode_work(model, 1, context, repeats, tick=tick) for dtype, model in models.items()}
+    return [DtypeCost(row.dtype, works[row.dtype].p50, works[row.dtype].bytes_read, works[row.dtype].gb_s,
+                      row.perplexity, row.greedy_agreement, row.mean_kl) for row in quality.rows], quality
+
 
 def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
     """A prefill of n positions, timed, with its counts."""

@@ -46,6 +46,11 @@ class HeldOut:
     prompts: tuple[str, ...]
 
     @property
+    def name(self) -> str:
+        """The file from the project's root, as reports name it."""
+        return str(self.path.relative_to(QUALITY_DIR.parent.parent))
+
+    @property
     def text(self) -> str:
         return self.path.read_text(encoding="utf-8")
 

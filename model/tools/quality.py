@@ -14,7 +14,7 @@ from model.engine.kernels import bf16_products, cpu_features, int8_products
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.errors import InputError
-from model.serving.quality import QUALITY_DIR, held_out, measure_quality, text_ids
+from model.serving.quality import held_out, measure_quality, text_ids
 from model.tools.options import check_list
 from model.tools.serve_bench import cpu_line, parse_list
 
@@ -33,7 +33,7 @@ def run_cli(args) -> int:
     base = load_model(args.model, args.device, operator=True)
     models = {"float32": base} | {d: with_weights(base, d) for d in dtypes if d != "float32"}  # refusals first
     text = held_out(base.info.language)
-    name = args.text if args.text is not None else str(text.path.relative_to(QUALITY_DIR.parent.parent))
+    name = args.text if args.text is not None else text.name
     ids = text_ids(base, read_text(args.text) if args.text is not None else text.text, name)
     quality = measure_quality(models, base.info.name, name, ids, text.prompts)
     report = asdict(quality) | {

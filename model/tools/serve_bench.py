@@ -157,7 +157,8 @@ def cpu_line(cpu: dict, bf16: str) -> str:
            "float32": "as float32 multiply-adds in the decode kernels (no bf16 instruction used)",
            "torch": "in torch's own product (the decode kernels did not build)"}[bf16]
     return (f"CPU: {cpu['vector']} vectors, AVX-512 BF16 {said(cpu['avx512_bf16'])}, AMX-BF16 "
-            f"{said(cpu['amx_bf16'])}, AVX-512 VNNI {said(cpu['avx512_vnni'])}; bfloat16 products run {how}")
+            f"{said(cpu['amx_bf16'])}, AVX-512 VNNI {said(cpu['avx512_vnni'])}, AVX-VNNI {said(cpu['avx_vnni'])}; "
+            f"bfloat16 products run {how}")
 
 
 def run_cli(args) -> int:
