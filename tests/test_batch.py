@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import packed
+from conftest import needs_kernels, packed
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model
 
@@ -135,11 +135,13 @@ def test_small_rows_equal_their_solo_runs_with_joins_and_leaves(small):
     check_rows_equal_solo(small, [2, 9, 5, 14], new_tokens=5, slots=3, tol=EXACT)
 
 
+@needs_kernels
 @needs_model
 def test_smollm2_rows_equal_their_solo_runs_with_joins_and_leaves(smollm2):
     check_rows_equal_solo(smollm2, [5, 40, 17], new_tokens=4, slots=2, tol=EXACT)
 
 
+@needs_kernels
 @needs_model
 def test_smollm2_rows_are_their_solo_runs_in_a_batch_of_eight(smollm2):
     # 10 requests through 8 slots: batches of 8 rows of different lengths (MKL's plain product rounded a row 1e-4
@@ -170,6 +172,7 @@ def test_random_gemma3_rows_move_their_window_to_the_front(tiny_gemma3, monkeypa
     assert moves == [(1, 96 + most - keep), (0, most - keep), (0, 26 + most - keep)]
 
 
+@needs_kernels
 @needs_gemma3
 def test_gemma3_rows_equal_their_solo_runs_with_joins_and_leaves(gemma3):
     # the second row is past the 512-position window from its prefill on
@@ -185,17 +188,20 @@ def check_fewer_bits_rows_exact(model, dtype: str, longest: int) -> None:
     assert 8 in sizes
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_small_bfloat16_and_int8_rows_are_their_solo_runs(small, dtype):
     check_fewer_bits_rows_exact(small, dtype, 60)
 
 
+@needs_kernels
 @needs_model
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_smollm2_bfloat16_and_int8_rows_are_their_solo_runs(smollm2, dtype):
     check_fewer_bits_rows_exact(smollm2, dtype, 60)
 
 
+@needs_kernels
 @needs_gemma3
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_gemma3_bfloat16_and_int8_rows_are_their_solo_runs_past_the_window(gemma3, dtype):

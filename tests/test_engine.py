@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from conftest import needs_kernels
 
 from model.engine.counting import (
     cache_bytes_formula,
@@ -303,6 +304,7 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
                                    atol=1e-5, rtol=0)
 
 
+@needs_kernels
 def test_the_shared_model_holds_each_matrix_once_packed_and_dense_ones_are_made_on_demand(tmp_path):
     """Issue 38, item 1: the loader reads every Linear's matrix from the file straight into the decode kernels'
     packed form (q, k, v in one product, gate and up in one); no dense weight stays beside it (each Linear's own is a
@@ -338,6 +340,7 @@ def test_the_shared_model_holds_each_matrix_once_packed_and_dense_ones_are_made_
         copy.deepcopy(shared)
 
 
+@needs_kernels
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("d_in,d_out", [(576, 576), (576, 1536), (1536, 576), (640, 2048), (2048, 640),
                                         (576, 49152), (3001, 8), (48, 525)])
@@ -366,6 +369,7 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
     assert torch.equal(packed.rows(torch.tensor([d_out - 1, 0])), packed.dense()[[d_out - 1, 0]])
 
 
+@needs_kernels
 @pytest.mark.parametrize("d_in,d_out", [(576, 960), (1536, 576), (2048, 640), (3001, 8), (48, 525)])
 def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
     """Issue 38, item 2: int8 multiplies int8 weights by each row's inputs rounded to int16 with the row's own scale,
@@ -439,7 +443,7 @@ def test_where_the_kernels_do_not_build_the_model_runs_dense_on_torchs_product(n
     from model.engine.lowbit import with_weights
     from model.weights.catalog import resolve_path
 
-    assert "did not build" in kernels.unavailable_reason()
+    assert "no C++ compiler" in kernels.unavailable_reason()
     model = load_model("small", "cpu")
     assert not any(m.packed is not None for m in model.module.modules() if isinstance(m, llama.Linear))
     assert model.facts.packed_bytes is None and model.facts.held_bytes == model.facts.memory_bytes
@@ -449,3 +453,37 @@ def test_where_the_kernels_do_not_build_the_model_runs_dense_on_torchs_product(n
         with_weights(model, "int8")
     assert refused.value.code == "int8_no_kernels" and "C++" in refused.value.message("en")
     assert with_weights(model, "bfloat16").info.dtype == "bfloat16"
+
+
+def test_a_compiler_that_fails_leaves_no_partial_library_and_says_so(monkeypatch, tmp_path):
+    """$CXX names a program that exits 1 (false): the kernels are unavailable with "did not build", and the cache
+    folder keeps no half-written library (the build writes a temporary file, renamed only once whole)."""
+    import functools
+    import shutil
+
+    from model.engine import kernels
+
+    monkeypatch.setenv("CXX", shutil.which("false"))
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+    assert kernels.unavailable_reason() == "kernels.cpp did not build here (CalledProcessError)"
+    assert list((tmp_path / "kernels").iterdir()) == []
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_two_processes_building_the_kernels_at_once_both_load_them(tmp_path):
+    """Two fresh processes (the app and a test, say) build the kernels into one empty cache folder at the same time:
+    each compiles to a temporary file of its own and renames it into place, so both load a whole library and the
+    folder ends with one library and no temporary file."""
+    import os
+    from pathlib import Path
+
+    code = "from model.engine import kernels; print(kernels.bf16_products())"
+    env = {**os.environ, "DECODE_LAB_CACHE": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    said = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], said
+    assert {out.strip() for out, _ in said} <= {"avx512_bf16", "float32"}
+    assert [path.suffix for path in (tmp_path / "kernels").iterdir()] == [".so"]

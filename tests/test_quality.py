@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from conftest import needs_kernels
 from test_engine import run_cli  # noqa: F401  (the fixture)
 
 from model.serving import quality
@@ -61,6 +62,7 @@ def test_perplexity_is_the_exponential_of_the_mean_nll_of_every_token(small, sen
     assert (row.greedy_agree, row.mean_kl) == (row.greedy_total, 0.0)
 
 
+@needs_kernels
 def test_fewer_bits_cost_a_little_perplexity_and_the_kl_is_the_mean_of_each_positions(small):
     """bfloat16 and int8 against float32 on small: the KL of each position, summed by hand from the two models'
     full-pass log-probabilities, averaged; greedy agreement counted over float32's own greedy continuations."""
@@ -87,6 +89,7 @@ def test_the_held_out_texts_are_the_projects_own_with_source_and_licence():
         assert "CC0" in text.licence and len(text.prompts) == 8 and len(text.text.split()) > 600
 
 
+@needs_kernels
 def test_cli_quality_json_per_dtype(run_cli, tmp_path):  # noqa: F811
     path = tmp_path / "corpus.txt"
     path.write_text(corpus_text(8), encoding="utf-8")
@@ -108,9 +111,9 @@ def test_cli_quality_defaults_to_the_held_out_text_in_the_models_language(run_cl
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (("--text", "TOO_SHORT"), "perplexity is measured on 16 to 8192 tokens"),
-    (("--text", "MISSING"), "cannot be read as UTF-8"),
-    (("--text", "NOT_UTF8"), "cannot be read as UTF-8"),
+    (("--dtype", "float32", "--text", "TOO_SHORT"), "perplexity is measured on 16 to 8192 tokens"),
+    (("--dtype", "float32", "--text", "MISSING"), "cannot be read as UTF-8"),
+    (("--dtype", "float32", "--text", "NOT_UTF8"), "cannot be read as UTF-8"),
     (("--dtype", "int4"), "Unknown number format int4"),
     (("--dtype", "int8,int8"), "--dtype"),
 ])

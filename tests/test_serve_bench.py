@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import pytest
 import torch
+from conftest import needs_kernels
 from test_engine import run_cli  # noqa: F401  (the fixture)
 from test_gemma3 import needs_model as needs_gemma3
 
@@ -18,6 +19,7 @@ from model.serving.costs import matmul_params, weight_bytes
 from model.serving.scheduler import Request, Server
 
 
+@needs_kernels
 def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     """micro: hidden 8, MLP 16, 2 layers, 2 query heads over 1 KV head, d_head 4, vocabulary 8, LM head untied.
     Matmul weights per layer q 8×8 + k 8×4 + v 8×4 + o 8×8 + gate, up, down 8×16 each = 576; two layers and the
@@ -52,6 +54,7 @@ def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
     assert costs.positions_to_pass(small, intensities[-1] * 1.01) is None
 
 
+@needs_kernels
 def test_int8_weights_are_a_quarter_and_close(small):
     """int8 packs every matrix once in int8 (q, k, v in one product, gate and up in one, the tied head whose rows the
     embedding reads), a quarter of the bytes; each weight within half a step of its output's scale."""
@@ -80,6 +83,7 @@ def test_unknown_dtype_and_a_bad_batch_are_one_sentence(small):
     assert zero.value.code == "serving_slots"
 
 
+@needs_kernels
 def test_serve_bench_json_has_a_row_per_setting(run_cli):  # noqa: F811
     out = run_cli("serve-bench", "--model", "micro", "--batch", "1,2", "--context", "4,8", "--dtype",
                   "float32,int8", "--steps", "2", "--json")
@@ -180,6 +184,7 @@ def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():
     assert workload.estimate_steps(costs, 8, 4, (3, 9), (2, 5)).positions == 8 + 7 + 6 + 4
 
 
+@needs_kernels
 def test_the_roofs_of_int8_weights_are_their_kernels():
     machine = measure.Machine("cpu", 1, 10.0, 12.0, 50.0)
     int8 = measure.with_matmul_peak(machine, "int8")

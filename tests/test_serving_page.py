@@ -7,7 +7,7 @@ import re
 
 import pytest
 from apptest import click, open_app
-from conftest import wait_idle
+from conftest import needs_kernels, wait_idle
 from test_gemma3 import needs_model as needs_gemma3
 
 from model.engine.generate import run_to_end, start
@@ -138,6 +138,7 @@ def test_profile_shows_the_ops_of_a_step_and_a_trace():
     assert any(op.name.startswith("aten::") for op in ops)
 
 
+@needs_kernels
 def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
     """int8 weights run in torch's int8 kernel, whose flat roof is its own (2.3 GFLOP/s measured here, against 85 for
     float32's matmul): the page draws that roof, names its product, and its decode points fall right of its ridge,
@@ -159,6 +160,7 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
     assert text("serving.two_designs", "en") not in captions(at)
 
 
+@needs_kernels
 def test_the_formulas_and_the_rows_sentence_stay_the_runs_until_reset(monkeypatch):
     """A bfloat16 run's formulas read its own weights and cache: small's 4 layers × K and V × 2 KV heads × 32 × 2 B
     = 1,024 B a position (float32's page model has 2,048), 1,612,288 B of weights for one row (packed in bfloat16 for
@@ -271,6 +273,7 @@ def test_past_the_memory_budget_is_one_sentence(monkeypatch):
                for key in ("serving.slots", "serving.prompt_lengths", "serving.new_tokens"))
 
 
+@needs_kernels
 def test_a_slow_queue_is_announced_before_start(monkeypatch):
     """With passes timed at 100 ms a prompt position and 150 ms a decode row (plus 150), the first step of a queue
     whose first two prompts are 8 and 7 positions (seed 0's draw from 3 to 9) should take 1.5 s: the page says so
@@ -373,6 +376,7 @@ def test_browser_serves_4_requests(app_server, browser_page, lang):
     page.screenshot(path=f"test-artifacts/serving-{lang}.png", full_page=True)
 
 
+@needs_kernels
 def test_each_dtype_has_a_row_with_its_step_and_its_cost_in_accuracy_kept_for_the_next_visit():
     """small, en: the button measures float32, bfloat16 and int8 (a B = 1 step and the held-out text's quality) and
     the table shows a row each; float32's perplexity is the exponential of the mean NLL summed by hand from one plain

@@ -103,21 +103,28 @@ def _cpu_flags() -> frozenset[str] | None:
     return frozenset(line.partition(":")[2].split())
 
 
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with: $CXX where set (None when it names no program), else c++ or g++
+    on the PATH."""
+    named = os.environ.get("CXX")
+    return shutil.which(named) if named else shutil.which("c++") or shutil.which("g++")
+
+
 @functools.cache
 def _built() -> ctypes.CDLL:
     """The compiled products, loaded; built at the first call on a machine (kernels/<hash>.so in the cache folder,
     the hash of the source, the flags and this CPU's), or KernelsUnavailable with the reason."""
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    if compiler is None:
+    program = compiler()
+    if program is None:
         raise KernelsUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, *FLAGS, *sorted(_cpu_flags() or ())]).encode())
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), program, *FLAGS, *sorted(_cpu_flags() or ())]).encode())
     library = settings().cache_dir / "kernels" / f"{key.hexdigest()[:16]}.so"
     if not library.is_file():
         library.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
         os.close(handle)
         try:
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True,
+            subprocess.run([program, *FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True,
                            timeout=BUILD_SECONDS)
             os.replace(partial, library)  # whole or not at all, also when two processes build at once
         except (OSError, subprocess.SubprocessError) as failed:
