@@ -130,3 +130,11 @@ def test_cli_quality_int8_where_the_kernels_do_not_build_is_one_sentence(run_cli
     """A dtype this machine cannot run: int8 without the decode kernels (no C++ compiler), refused before any work."""
     out = run_cli("quality", "--model", "small", "--dtype", "bfloat16,int8")
     assert out.returncode == 2 and "C++ compiler" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_cli_quality_on_a_vocabulary_without_unk_names_the_first_unknown_words(run_cli):  # noqa: F811
+    """micro's vocabulary has no <unk>: the held-out Vietnamese text is refused in one sentence naming its first 8
+    unknown words and how many more, not a traceback (its tokenizer raises UnknownWordsError)."""
+    out = run_cli("quality", "--model", "micro", "--dtype", "float32")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "does not know the words: thư, viện, của, thị, trấn, bến, sậy, nằm (+" in out.stderr

@@ -25,6 +25,7 @@ import torch
 
 from model.engine.generate import context_room
 from model.engine.runtime import NativeModel
+from model.engine.tokenizer import UnknownWordsError
 from model.errors import InputError
 from model.texts import ASSETS
 
@@ -90,10 +91,23 @@ class Quality:
     rows: list[DtypeQuality]
 
 
+SAID_WORDS = 8  # unknown words a refusal names
+
+
+def encode(model: NativeModel, text: str) -> list[int]:
+    """The text's ids as the model's tokenizer writes it (its start token where its tokenizer adds one); a
+    vocabulary without <unk> (micro's) refuses words it lacks in one sentence naming the first few."""
+    try:
+        return model.tokenizer.encode(text).ids
+    except UnknownWordsError as unknown:
+        words = list(dict.fromkeys(unknown.words))
+        said = ", ".join(words[:SAID_WORDS]) + (f" (+{len(words) - SAID_WORDS})" if len(words) > SAID_WORDS else "")
+        raise InputError("model_unknown_words", model=model.info.name, words=said) from None
+
+
 def text_ids(model: NativeModel, text: str, name: str) -> list[int]:
-    """The text's ids as the model's tokenizer writes it (its start token where its tokenizer adds one); refused in
-    one sentence outside MIN_TOKENS .. MAX_TOKENS."""
-    ids = model.tokenizer.encode(text).ids
+    """encode(text), refused in one sentence outside MIN_TOKENS .. MAX_TOKENS."""
+    ids = encode(model, text)
     if not MIN_TOKENS <= len(ids) <= MAX_TOKENS:
         raise InputError("quality_text_length", text=name, tokens=len(ids), least=MIN_TOKENS, most=MAX_TOKENS)
     return ids
@@ -140,7 +154,7 @@ def greedy_texts(reference: NativeModel, prompts: tuple[str, ...], new_tokens: i
     """Each prompt's ids followed by float32's greedy tokens (fewer where the context ends), and the prompt's length."""
     texts = []
     for prompt in prompts:
-        ids = reference.tokenizer.encode(prompt).ids
+        ids = encode(reference, prompt)
         prompt_len, cache = len(ids), reference.new_cache()
         count = min(new_tokens, context_room(reference, prompt_len))
         logits, _ = reference.forward(ids, cache, output_attentions=False)
