@@ -421,3 +421,27 @@ def test_the_cpu_sentences_say_what_the_flags_and_the_kernels_offer(flags, bf16,
 
     cpu = cpu_features(frozenset(flags)) if flags is not None else CpuFeatures("AVX2", None, None, None, None, None)
     assert cpu_sentences(MachineProducts(cpu, bf16, int8)) == [text("serving." + k, "vi") for k in keys]
+
+
+def test_the_dtype_table_writes_vietnamese_numbers_and_says_a_refused_dtype(monkeypatch):
+    """The kept table of a machine that cannot run int8 (its sentence under the table), in Vietnamese: 26,35 ms,
+    541,1 MB, perplexity 34,332, agreement 96,4%, and the note's 911 tokens; no measurement is run (the kept entry
+    is this test's)."""
+    import ui.serving_run
+    from model.serving.measure import DtypeCost
+    from model.serving.quality import DtypeQuality, Quality
+
+    pin_roofs(monkeypatch, {"float32": (26.0, 85.0)})  # read roof 1.5 × 26 = 39 GB/s
+    rows = [DtypeCost("float32", 26.35, 541_057_536, 20.53, 34.3323, 1.0, 0.0),
+            DtypeCost("bfloat16", 20.1, 270_528_768, 13.46, 34.3825, 185 / 192, 0.00099)]
+    quality = Quality("small", "assets/quality/vi.txt", 911, 1, 128, 8, 24,
+                      [DtypeQuality("float32", 34.3323, 3.536, 192, 192, 0.0),
+                       DtypeQuality("bfloat16", 34.3825, 3.5375, 185, 192, 0.00099)])
+    refused = text("error.int8_no_kernels", "vi")
+    monkeypatch.setitem(ui.serving_run._dtype_costs, ("small", "cpu"), (rows, quality, [refused]))
+    at = click(open_page("vi"), "serving_start")
+    html = "".join(h.proto.body for h in at.get("html"))
+    assert ("<tr><td>float32</td><td>26,35</td><td>541,1</td><td>20,53</td><td>53%</td><td>34,332</td>"
+            "<td>100,0%</td><td>0,00000</td></tr>") in html
+    assert "<td>bfloat16</td><td>20,10</td><td>270,5</td>" in html and "<td>96,4%</td>" in html
+    assert refused in captions(at) and any("911 token" in c and "192 token" in c for c in captions(at))
