@@ -43,7 +43,7 @@ if model.facts is not None:  # cell 5A, "load weights": how this model got into 
             [t("load.file_bytes"), f"{megabytes(facts.file_bytes)} MB"],
             [t("load.memory_bytes"), f"{megabytes(facts.memory_bytes)} MB"],
             *([[t("load.packed_bytes"), t("load.packed_value", mb=megabytes(facts.packed_bytes),
-                                          total=megabytes(facts.memory_bytes + facts.packed_bytes))]]
+                                          total=megabytes(facts.held_bytes))]]
               if facts.packed_bytes is not None else []),
             [t("load.dtype"), f"{facts.dtype} · {facts.device}"],
             [t("load.time"), f"{number(round(facts.load_s, 1))} s"]]))

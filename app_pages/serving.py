@@ -7,16 +7,28 @@ from pathlib import Path
 
 import streamlit as st
 
+from model.engine.kernels import machine_products
 from model.engine.llama import is_packed
 from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
 from model.serving import analysis, measure, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
+from model.serving.quality import held_out
 from ui import svg
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
-from ui.serving_run import StopBar, machine, pass_costs, run_steps
+from ui.serving_run import (
+    DTYPE_REPEATS,
+    StopBar,
+    cpu_sentences,
+    dtype_context,
+    kept_dtype_costs,
+    machine,
+    measure_dtype_costs,
+    pass_costs,
+    run_steps,
+)
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, table_html
 
@@ -222,6 +234,34 @@ if longest is not None:
                    else t("serving.prefill_never_passes", context=number(run_info.context_length), **said))
     if passes and decode_memory_bound:  # a prefill can be compute-bound where a small decode step is memory-bound
         st.caption(t("serving.two_designs"))
+
+# -- fewer bits: each dtype's step and accuracy ----------------------------------------------------------------
+st.subheader(t("serving.dtypes"))
+if st.button(t("serving.measure_dtypes"), key="serving_measure_dtypes", icon=":material/compare_arrows:"):
+    dtypes_bar = StopBar("serving_dtypes_stop", t("serving.measuring"))
+    guarded(lambda: measure_dtype_costs(model, lambda done: dtypes_bar.draw(done, t("serving.measuring"))))
+    dtypes_bar.clear()
+kept = kept_dtype_costs(model)
+if kept is None:
+    st.caption(t("serving.dtypes_help"))
+else:
+    costs, quality, refused = kept
+    read_roof = machine(info.device).read_gb_s
+    st.html(table_html(
+        [t("serving.col_dtype"), t("serving.col_step_b1"), t("serving.col_mb_read"), "GB/s", t("serving.col_of_read"),
+         t("serving.col_perplexity"), t("serving.col_agreement"), t("serving.col_kl")],
+        [[c.dtype, decimal(c.step_ms, 2), decimal(c.bytes_read / 1e6, 1), decimal(c.gb_s, 2),
+          f"{c.gb_s / read_roof:.0%}", decimal(c.perplexity, 3), f"{decimal(100 * c.greedy_agreement)}%",
+          decimal(c.mean_kl, 5)]
+         for c in costs]))
+    for sentence in refused:
+        st.caption(sentence)
+    st.caption(t("serving.dtypes_note", repeats=DTYPE_REPEATS, context=number(dtype_context(model)),
+                 read=decimal(read_roof), tokens=number(quality.tokens), text=quality.text,
+                 title=held_out(info.language).title, greedy=number(quality.rows[0].greedy_total),
+                 prompts=quality.prompts))
+if info.device == "cpu":
+    st.caption(" ".join(cpu_sentences(machine_products())))
 
 # -- ITL and throughput against B and context length -------------------------------------------------------------
 st.subheader(t("serving.sweep"))

@@ -1,26 +1,26 @@
-"""The shared model's packed linears (oneDNN, model/engine/llama.py PackedWeight) against torch's plain product
-(F.linear, MKL's sgemm on a CPU) on the weights as they are stored (row-major) and column-major (each weight the
-transpose of a row-major matrix: the loader's layout before the packed one, quicker for one row), side by side in one
-run: a decode step of B rows over the same context, the three models' steps interleaved so that the machine's noisy
-minutes weigh on all alike; then B rows of different lengths (each row attended over its own keys) against B rows of
-one length.
+"""The shared model's packed linears (Decode Lab's decode kernels, model/engine/kernels.py, llama.PackedWeight) against
+oneDNN's packed product (torch.ops.mkldnn, the loader's until 2026-12-04) and torch's plain product (F.linear, MKL's
+sgemm on a CPU) on dense weights as they are stored (row-major) and column-major (each weight the transpose of a
+row-major matrix: quicker for one row), side by side in one run: a decode step of B rows over the same context, the
+models' steps interleaved so that the machine's noisy minutes weigh on all alike; then B rows of different lengths
+(each row attended over its own keys) against B rows of one length.
 
     .venv/bin/python benchmarks/batch_kernels.py [--model smollm2] [--batch 1,8] [--context 256] [--steps 20]
 
-Printed per setting: p50 / p95 ms and tokens per second of each, and each plain one's p50 ÷ packed's; then the
+Printed per setting: p50 / p95 ms and tokens per second of each, and each other one's p50 ÷ packed's; then the
 throughput of B rows against 1 row for each kind of product.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from pathlib import Path
 
 import torch
 from conditions import p50_p95, print_conditions
 
+from model.engine.llama import Linear, dense_copy
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
 from model.serving.measure import filled_slots
@@ -45,13 +45,28 @@ def step_timer(model: NativeModel, batch: int, lengths: list[int]):
 
 
 def plain_copy(model: NativeModel, column_major: bool) -> NativeModel:
-    """The model with its linears unpacked (a copy does not take the packed weights along): torch's F.linear on the
-    stored layout, or on every 2-D weight laid out as the transpose of a row-major matrix (same shapes and values)."""
-    module = copy.deepcopy(model.module)
+    """The model with dense weights of its own (llama.dense_copy): torch's F.linear on the stored layout, or on every
+    2-D weight laid out as the transpose of a row-major matrix (same shapes and values)."""
+    module = dense_copy(model.module)
     if column_major:
         for parameter in module.parameters():
             if parameter.dim() == 2:
                 parameter.data = parameter.data.t().contiguous().t()
+    return NativeModel(model.info.name, module, model.tokenizer, model.device)
+
+
+def onednn_copy(model: NativeModel) -> NativeModel:
+    """The model with each Linear multiplying through oneDNN's packed copy of its weight (packed for 8 rows, as the
+    loader did until 2026-12-04; timing only: inputs over 1,024 are not cut into parts, so rows may round apart)."""
+    module = dense_copy(model.module)
+    for linear in (m for m in module.modules() if isinstance(m, Linear)):
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 8)
+
+        def forward(x, packed=packed):
+            rows = x.reshape(-1, x.shape[-1]).contiguous()
+            y = torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
+            return y.view(*x.shape[:-1], y.shape[-1])
+        linear.forward = forward
     return NativeModel(model.info.name, module, model.tokenizer, model.device)
 
 
@@ -74,13 +89,13 @@ def main() -> None:
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
     packed = load_model(args.model, "cpu")
-    kinds = {"packed": packed, "row-major": plain_copy(packed, column_major=False),
+    kinds = {"packed": packed, "oneDNN": onednn_copy(packed), "row-major": plain_copy(packed, column_major=False),
              "column-major": plain_copy(packed, column_major=True)}
     print_conditions(Path(__file__).resolve().parent.parent, model=args.model, context=args.context,
                      steps=f"{args.steps} per setting after a warm-up, interleaved",
                      threads=torch.get_num_threads(), dtype="float32")
     print(f"{'rows':>4} | " + " | ".join(f"{name + ' p50/p95 ms':>24} {'tok/s':>6}" for name in kinds)
-          + " | plain ÷ packed (p50)")
+          + " | other ÷ packed (p50)")
     tokens_per_s = {}
     for batch in batches:
         same = [args.context] * batch

@@ -2,7 +2,8 @@
 page.
 
 small, micro (session): the bundled models on the CPU, loaded once for every test module that reads them (a test
-never changes a model's weights).
+never changes a model's weights). no_kernels (function): the decode kernels as where they cannot be built;
+needs_kernels (mark): skips a test that needs them, only where no C++ compiler exists.
 
 app_server (session): starts `streamlit run app.py` headless on a free port, waits for /_stcore/health
 and yields the base URL ("http://127.0.0.1:PORT"); the server is stopped at the end of the session.
@@ -84,6 +85,24 @@ def micro():
     from model.engine.loading import load_model
 
     return load_model("micro", "cpu")
+
+
+needs_kernels = pytest.mark.skipif(
+    __import__("model.engine.kernels", fromlist=["compiler"]).compiler() is None,
+    reason="no C++ compiler here (c++, g++ or $CXX): the decode kernels cannot be built, so the models stay dense on "
+           "torch's product and int8 is refused (tests/test_engine.py checks that fallback)")
+
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """The decode kernels as on a machine without a C++ compiler: $CXX names none, and the build is tried afresh (the
+    process's own build put aside for the test)."""
+    import functools
+
+    from model.engine import kernels
+
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
 
 
 def _free_port() -> int:

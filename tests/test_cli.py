@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import needs_kernels
 
 from model.engine import generate
 from model.engine.token_tax import cache_shape, tax_models
@@ -215,6 +216,7 @@ def test_serve_bench_runs_small_with_its_defaults_and_says_the_context_it_chose(
     assert code == 0 and "15 positions" in out.splitlines()[0], err
 
 
+@needs_kernels
 def test_serve_bench_says_the_accuracy_it_measured_and_none_it_did_not(capsys):
     """It claimed "accuracy over 4 prompts of 16 ids × 24 tokens" on micro, whose 16 positions hold prompts of
     16 // 4 = 4 ids and 16 - 4 = 12 new tokens, and with float32 alone, which compares nothing."""
@@ -238,7 +240,8 @@ def test_speculate_s_default_draft_serves_the_model(capsys, model, prompt, draft
 
 
 @pytest.mark.parametrize(("args", "said"), [
-    (["serve-bench", "--model", "micro", "--context", "16"], "--context must be between 1 and 15;"),
+    (["serve-bench", "--model", "micro", "--dtype", "float32", "--context", "16"],
+     "--context must be between 1 and 15;"),
     (["profile", "--model", "micro", "--context", "16"], "--context must be between 1 and 15;"),
     (["serve-bench", "--model", "micro", "--batch", "8", "--seed", "2147483641"],
      "--seed must be between 0 and 2147483640;"),  # row 7 would draw with seed + 7, past 2^31 - 1

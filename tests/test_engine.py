@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from conftest import needs_kernels
 
 from model.engine.counting import (
     cache_bytes_formula,
@@ -303,42 +304,95 @@ def test_transformers_loads_bundled_checkpoint_with_same_logits(name):
                                    atol=1e-5, rtol=0)
 
 
-def test_shared_model_multiplies_with_packed_weights_and_the_lm_head_stays_tied(tmp_path):
-    """The loader packs every Linear of the shared model (CPU, float32); the tied LM head is still the embedding's
-    tensor, save writes the file it was loaded from, and a copy (a trainer's, lowbit's) multiplies the plain way."""
+@needs_kernels
+def test_the_shared_model_holds_each_matrix_once_packed_and_dense_ones_are_made_on_demand(tmp_path):
+    """Issue 38, item 1: the loader reads every Linear's matrix from the file straight into the decode kernels'
+    packed form (q, k, v in one product, gate and up in one); no dense weight stays beside it (each Linear's own is a
+    stand-in on the meta device), the tied embedding looks its rows up in the LM head's packed weights, and what
+    needs dense weights gets them made from the packed ones: save writes the file it was loaded from, dense_copy
+    multiplies the plain way; a plain deepcopy, which would copy stand-ins, is refused."""
     import copy
 
     from safetensors.torch import load_file
 
-    from model.engine.llama import Linear
+    from model.engine.llama import Linear, dense_copy
     from model.weights.catalog import resolve_path
 
     shared = load_model("small", "cpu").module
+    original = load_file(resolve_path("small") / "model.safetensors")
     linears = [m for m in shared.modules() if isinstance(m, Linear)]
-    assert linears and all(m.packed is not None for m in linears)
+    assert linears and all(m.packed is not None and m.weight.device.type == "meta" for m in linears)
     assert shared.lm_head.weight is shared.model.embed_tokens.weight
-    assert all(m.packed is None for m in copy.deepcopy(shared).modules() if isinstance(m, Linear))
-    assert all(m.packed is None for m in Llama.load(resolve_path("small")).modules() if isinstance(m, Linear))
+    attention, mlp = shared.model.layers[0].self_attn, shared.model.layers[0].mlp
+    assert attention.q_proj.packed is attention.k_proj.packed is attention.v_proj.packed
+    assert mlp.gate_proj.packed is mlp.up_proj.packed is not mlp.down_proj.packed
+    ids = torch.tensor([[0, 1, 7], [524, 300, 16]])
+    assert torch.equal(shared.model.embed_tokens(ids), original["model.embed_tokens.weight"][ids])
     shared.save(tmp_path)
-    saved, original = load_file(tmp_path / "model.safetensors"), load_file(resolve_path("small") / "model.safetensors")
+    saved = load_file(tmp_path / "model.safetensors")
     assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
+    plain = dense_copy(shared)
+    assert all(m.packed is None and torch.equal(m.weight, original.get(f"{n}.weight", original[
+        "model.embed_tokens.weight"])) for n, m in plain.named_modules() if isinstance(m, Linear))
+    assert plain.lm_head.weight is plain.model.embed_tokens.weight and plain.model.embed_tokens.packed is None
+    torch.testing.assert_close(plain(ids).logits, shared(ids).logits, atol=1e-5, rtol=0)
+    with pytest.raises(TypeError, match="dense_copy"):
+        copy.deepcopy(shared)
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("d_in,d_out", [(576, 576), (576, 1536), (1536, 576), (640, 2048), (2048, 640),
-                                        (576, 49152), (3000, 8)])
-def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out):
-    """PackedWeight: row 0 of 1 to 40 rows comes out bit for bit the same (MKL's sgemm, the plain F.linear, rounds it
-    differently at 1 row and at 8), and within float32's rounding of F.linear. The shapes: SmolLM2's and Gemma 3's
-    projections, its LM head, and an input longer than two parts."""
+                                        (576, 49152), (3001, 8), (48, 525)])
+def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, dtype):
+    """PackedWeight in each dtype: row 0 of 1 to 40 rows comes out bit for bit the same (MKL's sgemm, the plain
+    F.linear, rounds it differently at 1 row and at 8), and matrices stacked along the outputs give each matrix's
+    outputs alone; within the dtype's rounding of F.linear on the same numbers. The shapes: SmolLM2's and Gemma 3's
+    projections, an LM head, an odd input and outputs that do not fill a block of 16."""
+    from model.engine import kernels
     from model.engine.llama import PackedWeight
 
     torch.manual_seed(0)
-    weight, x = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(40, d_in)
-    packed = PackedWeight(weight)
+    weight, other = torch.randn(d_out, d_in) / d_in ** 0.5, torch.randn(40, d_in) / d_in ** 0.5
+    x = torch.randn(40, d_in).to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    shapes = [[weight], [weight, other]]
+    arena = kernels.Arena(sum(PackedWeight.nbytes_of(s, getattr(torch, dtype)) for s in shapes))
+    packed, stacked = (PackedWeight(s, getattr(torch, dtype), arena) for s in shapes)
     alone = packed(x[:1])
     for rows in range(2, 41):
         assert torch.equal(packed(x[:rows])[:1], alone), rows
-    torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, weight), atol=1e-4, rtol=1e-5)
+    assert torch.equal(stacked(x)[:, :d_out], packed(x)) and stacked.outputs == (d_out, 40)
+    if dtype != "int8":  # (int8 rounds the inputs too: test_the_int8_product_is_its_definition_bit_for_bit)
+        expected = torch.nn.functional.linear(x.float(), packed.dense().float())
+        tolerance = dict(atol=1e-2, rtol=2**-7) if dtype == "bfloat16" else dict(atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(packed(x).float(), expected, **tolerance)
+    assert torch.equal(packed.rows(torch.tensor([d_out - 1, 0])), packed.dense()[[d_out - 1, 0]])
+
+
+@needs_kernels
+@pytest.mark.parametrize("d_in,d_out", [(576, 960), (1536, 576), (2048, 640), (3001, 8), (48, 525)])
+def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
+    """Issue 38, item 2: int8 multiplies int8 weights by each row's inputs rounded to int16 with the row's own scale,
+    in whole numbers, runs of 256 inputs whose whole sums join a float32 total in turn; computed here in torch from
+    that definition (the whole numbers in float64, exact): W_q = round(W / s), s = max|W_row| / 127;
+    x_q = round(x · (32767 / max|x_row|)); y = Σ_runs float32(x_q · W_qᵀ) · (max|x_row| / 32767) · s, bit for bit, a
+    row of zeros included."""
+    from model.engine import kernels
+    from model.engine.llama import PackedWeight
+
+    torch.manual_seed(1)
+    weight, x = torch.randn(d_out, d_in) / d_in ** 0.5, 3 * torch.randn(9, d_in)
+    x[4] = 0
+    packed = PackedWeight([weight], torch.int8, kernels.Arena(PackedWeight.nbytes_of([weight], torch.int8)))
+    s = (weight.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    weight_q = torch.round(weight / s[:, None]).clamp(-127, 127).double()
+    most = x.abs().amax(dim=1, keepdim=True)
+    # (a number over a tensor is torch's reciprocal times the number, a float32 rounding apart from the division)
+    x_q = torch.round(x * torch.where(most > 0, torch.tensor(32767.0) / most, 0)).double()
+    total = torch.zeros(9, d_out)
+    for first in range(0, d_in, 256):
+        total += (x_q[:, first:first + 256] @ weight_q[:, first:first + 256].T).float()
+    assert torch.equal(packed(x), total * (most / 32767) * s)
 
 
 def test_check_is_computed_once_per_step_and_forgotten_on_back(small, monkeypatch):
@@ -381,20 +435,55 @@ def test_cli_bench_tiny_prints_every_table_with_its_conditions(run_cli):
     assert out.count("float32") >= 4 and "native / tf" in out and "model.engine.generate" in out
 
 
-def test_a_torch_that_cannot_pack_leaves_the_model_on_its_own_product(monkeypatch):
-    """On a build whose oneDNN refuses to pack (another CPU family, say), the loader keeps torch's F.linear: no
-    Linear half packed, the same logits within float32's rounding (breaks if the error escaped to the loader)."""
-    from model.engine import llama
+def test_where_the_kernels_do_not_build_the_model_runs_dense_on_torchs_product(no_kernels):
+    """On a machine without a C++ compiler the loader keeps the dense module and torch's F.linear: no Linear half
+    packed, the same logits within float32's rounding (breaks if the build's failure escaped to the loader); int8 is
+    refused in one sentence, bfloat16 runs as a bfloat16 copy."""
+    from model.engine import kernels, llama
+    from model.engine.lowbit import with_weights
     from model.weights.catalog import resolve_path
 
-    module = Llama.load(resolve_path("small"))
+    assert "no C++ compiler" in kernels.unavailable_reason()
+    model = load_model("small", "cpu")
+    assert not any(m.packed is not None for m in model.module.modules() if isinstance(m, llama.Linear))
+    assert model.facts.packed_bytes is None and model.facts.held_bytes == model.facts.memory_bytes
     ids = torch.tensor([[1, 5, 9, 12]])
-    plain = module(ids).logits
+    torch.testing.assert_close(model.module(ids).logits, Llama.load(resolve_path("small"))(ids).logits)
+    with pytest.raises(InputError) as refused:
+        with_weights(model, "int8")
+    assert refused.value.code == "int8_no_kernels" and "C++" in refused.value.message("en")
+    assert with_weights(model, "bfloat16").info.dtype == "bfloat16"
 
-    def refuse(*args):
-        raise RuntimeError("mkldnn: unsupported")
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
-    assert llama.pack_linears(module) is False
-    assert all(m.packed is None for m in module.modules() if isinstance(m, llama.Linear))
-    torch.testing.assert_close(module(ids).logits, plain)
+def test_a_compiler_that_fails_leaves_no_partial_library_and_says_so(monkeypatch, tmp_path):
+    """$CXX names a program that exits 1 (false): the kernels are unavailable with "did not build", and the cache
+    folder keeps no half-written library (the build writes a temporary file, renamed only once whole)."""
+    import functools
+    import shutil
+
+    from model.engine import kernels
+
+    monkeypatch.setenv("CXX", shutil.which("false"))
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+    assert kernels.unavailable_reason() == "kernels.cpp did not build here (CalledProcessError)"
+    assert list((tmp_path / "kernels").iterdir()) == []
+
+
+@needs_kernels
+@pytest.mark.slow
+def test_two_processes_building_the_kernels_at_once_both_load_them(tmp_path):
+    """Two fresh processes (the app and a test, say) build the kernels into one empty cache folder at the same time:
+    each compiles to a temporary file of its own and renames it into place, so both load a whole library and the
+    folder ends with one library and no temporary file."""
+    import os
+    from pathlib import Path
+
+    code = "from model.engine import kernels; print(kernels.bf16_products())"
+    env = {**os.environ, "DECODE_LAB_CACHE": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1])}
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    said = [run.communicate(timeout=600) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], said
+    assert {out.strip() for out, _ in said} <= {"avx512_bf16", "float32"}
+    assert [path.suffix for path in (tmp_path / "kernels").iterdir()] == [".so"]

@@ -94,6 +94,19 @@ def test_changing_a_prompt_token_s_label_does_not_change_the_labels():
     assert completion_labels(ids, n_prompt) == completion_labels(other, n_prompt) == [IGNORE, IGNORE, 70, 80, 2]
 
 
+def test_a_run_holds_its_own_weights_gradients_and_moments_counted_once():
+    """Issue 38: what the Fine-tune page says a run holds. SFT on small trains every parameter: its own float32 weights
+    (read from the file, not the shared model's), a gradient and AdamW's two moments each, 16 B a parameter, and
+    RoPE's two 128 × 32 tables; DPO adds its frozen reference's weights (4 B a parameter) and tables."""
+    sft = SFT(settings("sft", batch_size=2))
+    sft.step()
+    parameters, tables = sft.total_count(), 2 * 128 * 32 * 4
+    assert sft.held_bytes() == 16 * parameters + tables
+    dpo = DPO(settings("dpo", batch_size=2, warmup_sft_steps=0))
+    dpo.step()
+    assert dpo.held_bytes() == 16 * parameters + tables + 4 * parameters + tables
+
+
 def test_sft_teaches_small_to_answer_in_the_trained_format():
     trainer = SFT(settings("sft"))
     assert all(answer == "" for _, answer in trainer.before)  # `small` ends a question at once

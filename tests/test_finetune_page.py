@@ -127,6 +127,24 @@ def texts(at: AppTest) -> list[str]:
     return [e.value for kind in (at.info, at.warning, at.error, at.caption, at.markdown) for e in kind]
 
 
+def test_a_runs_own_memory_is_said_and_reset_frees_it():
+    """Issue 38: the run's own copy (its weights read from the file, their gradients, AdamW's moments) is counted on
+    the page, and after Reset nothing holds the trainer any more (breaks if the page kept a reference to it)."""
+    import gc
+    import weakref
+
+    at = open_page("en")
+    click(at, "ft_sft_one")
+    run = trainer(at, "sft")
+    said = text("finetune.held", "en").format(mb=f"{run.held_bytes() / 1e6:.1f}")
+    assert said in texts(at) and run.held_bytes() > 16 * run.total_count()
+    gone = weakref.ref(run)
+    del run
+    click(at, "ft_sft_reset")
+    gc.collect()
+    assert trainer(at, "sft") is None and gone() is None and said not in texts(at)
+
+
 def test_a_new_seed_model_rank_or_alpha_waits_for_reset_and_says_so():
     """SFT at step 3, seed 0 → 1: the run and its steps stay, One step goes on with it, a warning names the old and
     the new setting; seed back to 0 and the warning goes; a new model waits too; Reset starts the new run."""

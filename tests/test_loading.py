@@ -127,7 +127,7 @@ def test_an_unexpected_failure_is_a_sentence_too(tmp_path, paths, monkeypatch, c
     def broken(*_args, **_kwargs):
         raise RuntimeError("/secret/server/path exploded")
 
-    monkeypatch.setattr(Llama, "load", broken)
+    monkeypatch.setattr(Llama, "computed_buffers", broken)  # in every way of loading it
     with caplog.at_level(logging.ERROR, logger="model.engine.loading"):
         bad = refused(folder)
     assert bad.code == "load_failed" and "/secret" not in bad.message("en") and "RuntimeError" in bad.message("en")
@@ -184,22 +184,28 @@ def test_the_rounding_is_source_json_s_record_or_for_an_older_folder_the_one_kep
     assert load_model("small", "cpu").facts.quantization is None  # not fetched from a GGUF
 
 
-def test_the_packed_copy_is_counted_when_the_shared_model_is_packed_and_not_when_packing_fell_back(monkeypatch):
-    """Issue 36, M6: the shared model holds oneDNN's packed copy of every Linear's weight (the tied LM head's too)
-    beside the weights, as many bytes again; a oneDNN that cannot pack leaves none, and no bytes are claimed."""
+def test_the_packed_weights_are_counted_in_place_of_the_dense_ones_and_none_where_the_kernels_do_not_build(
+        no_kernels):
+    """Issue 38, item 1: the shared model holds every Linear's matrix once, packed (the tied LM head's too, its 525
+    outputs padded to 528, a block of 16), and its norms: that is what cell 5A says it holds. Where the kernels do
+    not build nothing is packed and no bytes are claimed: the process holds the dense weights."""
+    import functools
+
+    from model.engine import kernels
     from model.engine.llama import Linear
 
-    model = load_model("small", "cpu")
+    with pytest.MonkeyPatch.context() as back:  # the kernels as built on this machine, for the first load
+        back.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+        back.delenv("CXX")
+        model = load_model("small", "cpu")
     linears = [m for m in model.module.modules() if isinstance(m, Linear)]
-    assert model.facts.packed_bytes == 4 * sum(m.weight.numel() for m in linears) > 0.99 * model.facts.memory_bytes
-
-    def refuse(*args):
-        raise RuntimeError("mkldnn: unsupported")
-
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    norms = sum(p.numel() for n, p in model.module.named_parameters() if "norm" in n)
+    assert model.facts.packed_bytes == 4 * (sum(m.in_features * m.out_features for m in linears) + 3 * 128)
+    assert model.facts.held_bytes == model.facts.packed_bytes + 4 * norms
     model = load_model("small", "cpu")
     assert model.facts.packed_bytes is None and all(m.packed is None for m in model.module.modules()
                                                     if isinstance(m, Linear))
+    assert model.facts.held_bytes == model.facts.memory_bytes == 4 * sum(p.numel() for p in model.module.parameters())
 
 
 # -- one cached copy per real model ----------------------------------------------------------------------------

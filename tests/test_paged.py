@@ -7,7 +7,7 @@ every block; bad input is one sentence."""
 import numpy as np
 import pytest
 import torch
-from conftest import packed
+from conftest import needs_kernels, packed
 from test_batch import EXACT, TOL, prompts_of, solo_run
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model as needs_smollm2
@@ -105,7 +105,8 @@ LENGTHS, ARRIVALS = [3, 21, 40, 17, 33], [0, 0, 1, 2, 2]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT), ("wide_gemma3", EXACT)])
+@pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT),
+                                         pytest.param("wide_gemma3", EXACT, marks=needs_kernels)])
 def test_every_request_is_its_solo_run_in_each_mode(name, tol, mode, request, monkeypatch):
     model = request.getfixturevalue(name)
     new = min(12, model.info.context_length - 17 - max(LENGTHS))
@@ -114,7 +115,8 @@ def test_every_request_is_its_solo_run_in_each_mode(name, tol, mode, request, mo
     assert max(len(s.spans) for s in server.steps) >= 2  # requests side by side in one pass
 
 
-@pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT), ("wide_gemma3", EXACT)])
+@pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT),
+                                         pytest.param("wide_gemma3", EXACT, marks=needs_kernels)])
 def test_a_preempted_request_computes_its_positions_again_and_stays_its_solo_run(name, tol, request, monkeypatch):
     """A budget of a few blocks more than the longest request needs: growing decodes find no block, the latest
     admitted request gives its blocks back and is computed again later, prompt and written tokens."""
@@ -279,6 +281,7 @@ def test_bad_paged_input_is_one_sentence(tiny_gqa):
     PagedServer(tiny_gqa, requests, PagedSettings(budget_bytes=least))
 
 
+@needs_kernels
 @needs_smollm2
 def test_smollm2_requests_are_their_solo_runs_paged_with_prefix_cache_and_chunks(smollm2, monkeypatch):
     requests = queue(smollm2, [3, 40, 25, 61], 5, shared=24, arrivals=[0, 0, 1, 2])
@@ -286,6 +289,7 @@ def test_smollm2_requests_are_their_solo_runs_paged_with_prefix_cache_and_chunks
                     monkeypatch, EXACT)
 
 
+@needs_kernels
 @needs_smollm2
 def test_smollm2_requests_are_their_solo_runs_through_preemptions(smollm2, monkeypatch):
     requests = queue(smollm2, [12, 50, 30], 24)
@@ -294,6 +298,7 @@ def test_smollm2_requests_are_their_solo_runs_through_preemptions(smollm2, monke
     assert any(s.preempted for s in server.steps)
 
 
+@needs_kernels
 @needs_gemma3
 def test_gemma3_requests_are_their_solo_runs_past_the_window_in_chunks_and_with_prefix_cache(gemma3, monkeypatch):
     """A prompt of 560 positions in chunks of 128 past the 512-position window (its sliding keys read from position

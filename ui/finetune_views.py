@@ -126,7 +126,8 @@ def rlhf_samples(trainer) -> None:
 
 
 def status(method: str, trainer) -> None:
-    """The run's model, its steps against the limit (on RLHF the reward model's count too), lr and last step."""
+    """The run's model, its steps against the limit (on RLHF the reward model's count too), lr and last step; the
+    memory the run holds of its own."""
     said = dict(most=number(BOUND.max_steps), device=trainer.device, model=trainer.settings.model,
                 lr=number(trainer.settings.learning_rate, "g"),
                 ms=number(trainer.history[-1]["ms"], ".0f") if trainer.history else "–")
@@ -135,3 +136,4 @@ def status(method: str, trainer) -> None:
                      used=number(trainer.steps_used), **said))
     else:
         st.caption(t("finetune.status", done=number(trainer.steps_done), **said))
+    st.caption(t("finetune.held", mb=number(trainer.held_bytes() / 1e6, ".1f")))

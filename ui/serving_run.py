@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import streamlit as st
 import torch
 
+from model.engine.kernels import MachineProducts
+from model.engine.lowbit import DTYPES
 from model.engine.runtime import LoadedModel
+from model.errors import InputError
 from model.serving import measure, workload
 from model.serving.kv_runs import QueueRun
+from model.serving.quality import CHUNK, Quality, held_out
 from model.serving.scheduler import Server, StepProgress
-from ui.errors import attempt
+from ui.errors import attempt, error_sentence
 from ui.i18n import t
+from ui.models import shared_model_in
 from ui.run import RUN_REDRAW_S
 
 
@@ -136,3 +142,61 @@ def pass_costs(model: LoadedModel) -> workload.PassCosts:
     if key not in _pass_costs:
         _pass_costs[key] = workload.pass_costs(model)
     return _pass_costs[key]
+
+
+DTYPE_CONTEXT = 64   # cached positions of the B = 1 step each dtype times
+DTYPE_REPEATS = 10   # timed steps per dtype, the median shown
+
+# per (model, device): each dtype's step and quality (measure.dtype_costs) and the sentences of the dtypes this
+# machine refused; measured once per process, on the first click, so every later visit shows them at once
+_dtype_costs: dict[tuple[str, str], tuple[list[measure.DtypeCost], Quality, list[str]]] = {}
+
+
+def dtype_context(model: LoadedModel) -> int:
+    """The cached positions of each dtype's timed step: DTYPE_CONTEXT, or half of a shorter context."""
+    return min(DTYPE_CONTEXT, model.info.context_length // 2)
+
+
+def kept_dtype_costs(model: LoadedModel) -> tuple[list[measure.DtypeCost], Quality, list[str]] | None:
+    return _dtype_costs.get((model.info.name, model.info.device))
+
+
+def measure_dtype_costs(model: LoadedModel, draw: Callable[[float], None]) -> None:
+    """measure.dtype_costs of every dtype this machine runs (the others' refusals kept as sentences), kept for the
+    process; draw(share done) between the passes."""
+    models, refused = {}, []
+    for dtype in DTYPES:
+        try:
+            models[dtype] = shared_model_in(model, dtype)
+        except InputError as bad:
+            refused.append(error_sentence(bad))
+    text_tokens = len(model.tokenizer.encode(held_out(model.info.language).text).ids)
+    # the passes that tick: the text's chunks and the greedy texts per dtype, then each dtype's prefill and steps
+    total = len(models) * (-(-text_tokens // CHUNK) + 1 + model.info.n_layers + DTYPE_REPEATS + 1)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        draw(done[0] / total)
+
+    rows, quality = measure.dtype_costs(models, dtype_context(model), DTYPE_REPEATS, tick)
+    _dtype_costs[(model.info.name, model.info.device)] = (rows, quality, refused)
+
+
+def cpu_sentences(products: MachineProducts) -> list[str]:
+    """What this CPU offers the bfloat16 and int8 products and how they run here, true whatever it lists."""
+    cpu = products.cpu
+    if products.bf16 == "avx512_bf16":
+        bf16 = t("serving.cpu_bf16_native")
+    elif products.bf16 == "torch":
+        bf16 = t("serving.cpu_bf16_torch")
+    elif cpu.avx512_bf16:
+        bf16 = t("serving.cpu_bf16_unused")
+    else:
+        bf16 = t("serving.cpu_bf16_emulated" if cpu.avx512_bf16 is not None else "serving.cpu_bf16_unknown")
+    said = [bf16]
+    if cpu.amx_bf16:
+        said.append(t("serving.cpu_amx"))
+    said.append(t({"avx512_vnni": "serving.cpu_int8_vnni", "integer": "serving.cpu_int8_integer",
+                   "none": "serving.cpu_int8_none"}[products.int8]))
+    return said

@@ -109,8 +109,9 @@ class Gemma3Attention(Attention):
         self.k_norm = GemmaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def project(self, x):
-        q, k, v = super().project(x)
-        return self.q_norm(q), self.k_norm(k), v
+        qk, v = super().project(x)
+        q, k = qk.split((self.n_heads, self.n_kv_heads), dim=1)
+        return torch.cat((self.q_norm(q), self.k_norm(k)), dim=1), v
 
 
 class Gemma3Block(nn.Module):
@@ -134,15 +135,14 @@ class Gemma3(DecoderOnly):
     architecture = "gemma3_text"
     config_class, block_class, norm_class = Gemma3Config, Gemma3Block, GemmaRMSNorm
 
-    def __init__(self, cfg: Gemma3Config):
-        super().__init__(cfg)
+    def computed_buffers(self) -> dict[str, torch.Tensor]:
+        cfg = self.config
         # only the rotation speeds, not cos/sin tables: over a 32,768-position context two kinds of tables would
-        # take 134 MB; a step computes its own positions' angles
-        self.register_buffer("inv_freq_full", inverse_frequencies(cfg.head_dim, cfg.rope_theta), persistent=False)
-        self.register_buffer("inv_freq_sliding", inverse_frequencies(cfg.head_dim, cfg.rope_local_theta),
-                             persistent=False)
-        # a float32 number, as transformers keeps it (its bfloat16 rounding is what the model was trained with)
-        self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5), persistent=False)
+        # take 134 MB; a step computes its own positions' angles. The embedding scale is a float32 number, as
+        # transformers keeps it (its bfloat16 rounding is what the model was trained with)
+        return {"inv_freq_full": inverse_frequencies(cfg.head_dim, cfg.rope_theta),
+                "inv_freq_sliding": inverse_frequencies(cfg.head_dim, cfg.rope_local_theta),
+                "embed_scale": torch.tensor(cfg.hidden_size ** 0.5)}
 
     def embed(self, ids):
         return self.model.embed_tokens(ids) * self.embed_scale.to(self.model.embed_tokens.weight.dtype)

@@ -8,6 +8,7 @@ load in transformers and give the same logits. The model never holds a KV cache:
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -21,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from model.engine import kernels
 from model.engine.cache import KVCache
 
 
@@ -108,10 +110,13 @@ def inverse_frequencies(head_dim: int, theta: float) -> torch.Tensor:
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotation angles at `positions` (…, n), (…, n, d_head) each."""
+    """cos and sin of the rotation angles at `positions` (…, n), (…, n, d_head) each, the sin's first half negated
+    (what apply_rope multiplies the half-turned input by)."""
     angles = positions.float()[..., None] * inv_freq         # (…, n, d_head/2)
     angles = torch.cat((angles, angles), dim=-1)             # (…, n, d_head)
-    return angles.cos(), angles.sin()
+    half = inv_freq.shape[0]
+    sign = torch.cat((-torch.ones(half), torch.ones(half))).to(angles.device)
+    return angles.cos(), angles.sin() * sign
 
 
 def over_heads(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -125,13 +130,11 @@ def rope_tables(n_positions: int, head_dim: int, theta: float) -> tuple[torch.Te
     return rope_cos_sin(torch.arange(n_positions), inverse_frequencies(head_dim, theta))
 
 
-def rotate_half(x):
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x, cos, sin):
-    return x * cos + rotate_half(x) * sin
+    """Each pair (i, i + d_head/2) of x turned by its angle: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁)
+    as transformers writes it. Here the halves swap places (roll) and sin's first half carries the minus sign
+    (rope_cos_sin): (−a)·b = a·(−b) exactly, so the same bits in two ops fewer."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,8 @@ def attend_rows(q, k, v, rows: RowKeys, scale: float):
         return attend_flat(q, k, v, rows, scale)
     B, n_heads, T, d_head = q.shape
     spans = list(zip(rows.first, rows.end))
+    if set(spans) == {(0, k.shape[2])}:  # every row reads every key (one row, say): the plain attend, no copies
+        return attend(q, k, v, None, scale)
     out = q.new_empty(B, T, n_heads * d_head)
     weights = q.new_zeros(B, n_heads, T, k.shape[2])
     batches = [slice(0, B)] if len(set(spans)) == 1 else [slice(r, r + 1) for r in range(B)]  # views, no copy
@@ -210,84 +215,179 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float):
     return out, None
 
 
-# oneDNN keeps one order of sums for a row, whatever the number of rows, up to this many inputs (measured on this
-# CPU's AVX-512 kernels: 1,024 holds, 1,152 and more do not); a longer input is cut into parts of at most this many
-PACK_INPUTS = 1024
-# the number of rows oneDNN lays the packed weight out for; any number runs on it, and from 2 up to 128 (measured)
-# every number gives a row the same bits, while a layout for 1 row orders its sums differently at 1 row and at more
-PACK_ROWS = 8
-
-
 class PackedWeight:
-    """oneDNN's packed copy of a weight (out, in), in parts of at most PACK_INPUTS input columns whose products are
-    added: for the shared inference model on a CPU in float32 (pack_linears). A copy of the module (a trainer's,
-    lowbit's) does not take it along: its weights may change."""
+    """The weights of one product in the decode kernels' layout (model/engine/kernels.py): one Linear's matrix, or
+    several stacked along the outputs (q, k and v; gate and up) so that one product reads them all, in float32,
+    bfloat16 or int8 (a scale per output); a view into the model's arena. The shared model holds its linears' weights
+    only here (pack_linears): a dense matrix is made from it when something needs one (dense_weight)."""
 
-    def __init__(self, weight: torch.Tensor):
-        d_in = weight.shape[1]
-        width = -(-d_in // -(-d_in // PACK_INPUTS))  # equal parts, each ≤ PACK_INPUTS
-        self.parts = [(start, min(d_in, start + width),
-                       torch.ops.mkldnn._reorder_linear_weight(weight[:, start:start + width].contiguous(), PACK_ROWS))
-                      for start in range(0, d_in, width)]
+    def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, arena: kernels.Arena):
+        stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
+        self.outputs = tuple(w.shape[0] for w in weights)      # each stacked matrix's outputs, in order
+        self.inputs, self.dtype = stacked.shape[1], dtype
+        self.matrix = kernels.pack(stacked, dtype, arena)
+        self.padded = self.matrix.shape.blocks * kernels.LANES != stacked.shape[0]  # outputs filled up to a block
+
+    @staticmethod
+    def nbytes_of(weights: list[torch.Tensor], dtype: torch.dtype) -> int:
+        return kernels.packed_nbytes(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype)
 
     @property
     def nbytes(self) -> int:
-        """The packed parts' bytes: the weight's own size again, held beside it."""
-        return sum(part.numel() * part.element_size() for _, _, part in self.parts)
+        """What the process holds for these weights (int8's scales and weight sums included)."""
+        return self.matrix.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])                                        # (rows, in)
-        y = None
-        for start, end, part in self.parts:
-            piece = torch.ops.mkldnn._linear_pointwise(rows[:, start:end].contiguous(), part, None, "none", [], "")
-            y = piece if y is None else y + piece                                # (rows, out)
+        """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
+        y = kernels.matmul(x.reshape(-1, self.inputs).contiguous(), self.matrix)  # (rows, outputs)
+        if self.padded:
+            y = y[:, :sum(self.outputs)]
         return y.view(*x.shape[:-1], y.shape[-1])
 
+    def dense(self, member: int = 0) -> torch.Tensor:
+        """The member-th stacked matrix as a dense (outputs, inputs) tensor of its own (int8: its values q · s)."""
+        start = sum(self.outputs[:member])
+        return kernels.unpack(self.matrix, start, start + self.outputs[member])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the first matrix (…, inputs): a tied embedding's lookup in its LM head's weights."""
+        return kernels.gather_rows(self.matrix, ids)
+
     def __deepcopy__(self, memo):
-        return None
+        raise TypeError("a model whose weights are packed is copied with llama.dense_copy")
 
 
 class Linear(nn.Linear):
-    """A bias-free nn.Linear: every projection and the LM head. On a CPU in inference the shared model's linears
-    multiply with oneDNN's packed copy of their weight (pack_linears): a row then comes out with the same bits
-    however many rows are multiplied beside it (1 in a solo decode, 8 in a batched one, N in a prefill), which torch's
-    default product on a CPU (MKL's sgemm) does not give, and the rows of a batched decode share one read of the
-    weight (MKL's small-row products read it once per few rows: docs/serving.md)."""
+    """A bias-free nn.Linear: every projection and the LM head. The shared inference model on a CPU holds its weight
+    packed for the decode kernels (pack_linears), alone or stacked with its siblings' (member: its place there), its
+    own weight then a stand-in on the meta device (a shape, no memory). A packed row comes out with the same bits
+    however many rows are multiplied beside it (1 in a solo decode, 8 in a batched one, N in a prefill), which
+    torch's default product on a CPU (MKL's sgemm) does not give, and the rows of a batched decode share one read
+    of the weights (docs/serving.md)."""
 
     packed: PackedWeight | None = None
+    member: int = 0
 
     def __init__(self, d_in: int, d_out: int):
         super().__init__(d_in, d_out, bias=False)
 
     def forward(self, x):
-        if self.packed is not None and not x.requires_grad:
+        if self.packed is None:
+            return F.linear(x, self.weight)
+        if len(self.packed.outputs) == 1:
             return self.packed(x)
-        return F.linear(x, self.weight)
+        start = sum(self.packed.outputs[:self.member])
+        return self.packed(x)[..., start:start + self.out_features]
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as a dense (out, in) tensor: the module's own, or made from the packed one."""
+        return self.packed.dense(self.member) if self.packed is not None else self.weight
 
 
-def pack_linears(model: nn.Module) -> bool:
-    """Give every Linear of a model that will never change again (the shared inference model) its packed weight:
-    on a CPU, in float32, where torch has oneDNN. True when packed."""
-    weights = [p for p in model.parameters() if p.dim() == 2]
-    usable = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-              and all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights))
-    if not usable:
+class Embedding(nn.Embedding):
+    """nn.Embedding whose table may be its tied LM head's packed weights (pack_linears): a lookup reads the rows there,
+    so the process holds the matrix once."""
+
+    packed: PackedWeight | None = None
+
+    def reset_parameters(self):
+        # on the meta device (the loader's shapes) there is nothing to draw, and torch's meta normal_ imports sympy
+        # (66 MiB resident) the first time
+        if self.weight.device.type != "meta":
+            super().reset_parameters()
+
+    def forward(self, ids):
+        return self.packed.rows(ids) if self.packed is not None else super().forward(ids)
+
+
+def stacked_linears(model: nn.Module) -> list[list[tuple[str, Linear]]]:
+    """The model's linears as the products that read them: q, k and v in one, gate and up in one, every other
+    Linear alone (fewer, larger products: one call and one pass of the input instead of three or two)."""
+    named = {module: name for name, module in model.named_modules()}
+    groups = []
+    for module in model.modules():
+        if isinstance(module, Attention):
+            groups.append([module.q_proj, module.k_proj, module.v_proj])
+        elif isinstance(module, MLP):
+            groups.append([module.gate_proj, module.up_proj])
+    grouped = {id(linear) for group in groups for linear in group}
+    groups += [[m] for m in model.modules() if isinstance(m, Linear) and id(m) not in grouped]
+    return [[(named[linear], linear) for linear in group] for group in groups]
+
+
+def can_pack(model: nn.Module) -> bool:
+    """Whether the decode kernels can hold this model's linears: on a CPU, where the kernels build."""
+    return (all(t.device.type in ("cpu", "meta") for t in (*model.parameters(), *model.buffers()))
+            and kernels.unavailable_reason() is None)
+
+
+def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
+                 weight_of: Callable[[str], torch.Tensor] | None = None) -> bool:
+    """Give every Linear of a model that will never change again (a shared inference model) its weights packed in
+    `dtype` for the decode kernels, in one arena, and drop its own dense weight for a stand-in on the meta device; a
+    tied embedding then looks its rows up in the LM head's packed weights. weight_of(name) gives the dense float32
+    weight of the Linear called `name` (default: its own): the loader reads them from the file one by one, lowbit from
+    the shared model's packed ones. False (nothing changed) where the kernels cannot run: off a CPU, or where they do
+    not build (the model then multiplies with torch's own product)."""
+    if not can_pack(model):
         return False
-    linears = [module for module in model.modules() if isinstance(module, Linear)]
-    try:
-        packed = [PackedWeight(module.weight.detach()) for module in linears]
-    except (RuntimeError, NotImplementedError):  # a build whose oneDNN cannot pack here: torch's own product
-        return False
-    for module, weight in zip(linears, packed):
-        module.packed = weight
+    weight_of = weight_of or (lambda name: model.get_submodule(name).weight.detach())
+    groups = stacked_linears(model)
+    shapes = [[torch.empty((m.out_features, m.in_features), device="meta") for _, m in group] for group in groups]
+    arena = kernels.Arena(sum(PackedWeight.nbytes_of(s, dtype) for s in shapes))
+    for group in groups:
+        packed = PackedWeight([weight_of(name).float() for name, _ in group], dtype, arena)
+        for member, (_, linear) in enumerate(group):
+            linear.packed, linear.member = packed, member
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    stand_in_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32  # int8: activations stay float32
+    for _, linear in (pair for group in groups for pair in group):
+        linear.weight = nn.Parameter(torch.empty(linear.weight.shape, dtype=stand_in_dtype, device="meta"),
+                                     requires_grad=False)
+    if tied:
+        model.model.embed_tokens.weight = model.lm_head.weight
+        model.model.embed_tokens.packed = model.lm_head.packed
     return True
 
 
 def is_packed(model: nn.Module) -> bool:
-    """Whether every Linear of the model multiplies with its packed weight (pack_linears took; a copy, a converted
-    model and one on a GPU do not)."""
+    """Whether every Linear of the model multiplies with packed weights (pack_linears took; a model on a GPU, or
+    where the kernels do not build, does not)."""
     linears = [module for module in model.modules() if isinstance(module, Linear)]
     return bool(linears) and all(module.packed is not None for module in linears)
+
+
+def packed_weights(model: nn.Module) -> list[PackedWeight]:
+    """The model's packed products, each once."""
+    return list({id(m.packed): m.packed for m in model.modules() if isinstance(m, Linear) and m.packed}.values())
+
+
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state_dict with every packed weight made dense from its packed form (a tied embedding from its LM
+    head's): what save writes."""
+    tensors = model.state_dict()
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and module.packed is not None:
+            tensors[f"{name}.weight"] = module.dense_weight()
+    if model.lm_head.packed is not None and model.lm_head.weight is model.model.embed_tokens.weight:
+        tensors["model.embed_tokens.weight"] = tensors["lm_head.weight"]
+    return tensors
+
+
+def dense_copy(model: nn.Module) -> nn.Module:
+    """A copy of the model with dense weights of its own, never packed (a benchmark's torch products; lowbit's
+    bfloat16 copy where the kernels do not run): the packed weights are not copied but made dense, matrix by
+    matrix."""
+    memo = {id(p): None for p in packed_weights(model)}
+    copied = copy.deepcopy(model, memo)
+    for name, module in copied.named_modules():
+        if isinstance(module, Linear | Embedding):
+            module.packed = None
+            if isinstance(module, Linear) and model.get_submodule(name).packed is not None:
+                module.weight = nn.Parameter(model.get_submodule(name).dense_weight(), requires_grad=False)
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        copied.model.embed_tokens.weight = copied.lm_head.weight
+    return copied
 
 
 def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -> torch.Tensor:
@@ -312,16 +412,21 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.n_heads * self.head_dim, cfg.hidden_size)
 
     def project(self, x):
+        """The heads of q and k side by side, (B, n_heads + n_kv, T, d_head) (one RoPE turns them all), and v (B, n_kv,
+        T, d_head)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, n_heads, T, d_head)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, n_kv, T, d_head)
-        return q, k, v
+        packed = getattr(self.q_proj, "packed", None)  # (a trainer's LoRA layer has none)
+        if packed is not None and packed is self.k_proj.packed is self.v_proj.packed:  # one product (pack_linears)
+            heads = packed(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, n_heads + 2·n_kv, T, d_head)
+            return heads.split((self.n_heads + self.n_kv_heads, self.n_kv_heads), dim=1)
+        qk = torch.cat((self.q_proj(x), self.k_proj(x)), dim=-1)
+        return (qk.view(B, T, -1, self.head_dim).transpose(1, 2),
+                self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2))
 
     def forward(self, x, cos, sin, keys, cache: KVCache | None, layer: int, heads_off: tuple[int, ...] = ()):
         """keys: what attend() takes, built once per layer kind by the model's forward."""
-        q, k, v = self.project(x)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        qk, v = self.project(x)
+        q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv, S, d_head): from the first key the queries see
         out, weights = attend(q, k, v, keys, self.scale)
@@ -339,7 +444,12 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x):
-        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
+        packed = getattr(self.gate_proj, "packed", None)  # (a trainer's LoRA layer has none)
+        if packed is not None and packed is self.up_proj.packed:  # one product (pack_linears)
+            gate, up = packed(x).split(packed.outputs, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.activation(gate) * up)
 
 
 class Block(nn.Module):
@@ -391,13 +501,25 @@ class DecoderOnly(nn.Module):
         assert cfg.num_attention_heads % cfg.num_key_value_heads == 0, "n_heads must be a multiple of n_kv_heads"
         self.config = cfg
         self.model = nn.ModuleDict(dict(
-            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            embed_tokens=Embedding(cfg.vocab_size, cfg.hidden_size),
             layers=nn.ModuleList(self.block_class(cfg) for _ in range(cfg.num_hidden_layers)),
             norm=self.norm_class(cfg.hidden_size, cfg.rms_norm_eps),
         ))
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if self.device.type != "meta":  # a model of shapes only gets them where its weights land (the loader)
+            for name, value in self.computed_buffers().items():
+                self.register_buffer(name, value, persistent=False)
+
+    def computed_buffers(self) -> dict[str, torch.Tensor]:
+        """The buffers made from the config alone, not saved (checkpoints hold only the weights)."""
+        return {}
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (its final norm's weight is always a tensor of its own, never packed)."""
+        return self.model.norm.weight.device
 
     @property
     def windows(self) -> list[int | None]:
@@ -491,12 +613,10 @@ class Llama(DecoderOnly):
     architecture = "llama"
     config_class, block_class, norm_class = LlamaConfig, Block, RMSNorm
 
-    def __init__(self, cfg: LlamaConfig):
-        super().__init__(cfg)
-        # computed once, not saved: checkpoints hold only the weights
-        cos, sin = rope_tables(cfg.max_position_embeddings, cfg.head_dim, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+    def computed_buffers(self) -> dict[str, torch.Tensor]:
+        """RoPE's cos and sin of every position, computed once."""
+        cos, sin = rope_tables(self.config.max_position_embeddings, self.config.head_dim, self.config.rope_theta)
+        return {"rope_cos": cos, "rope_sin": sin}
 
     def rope(self, positions, dtype):
         """Every layer turns alike: the precomputed tables' rows at `positions`."""
@@ -508,7 +628,7 @@ def save_weights(model: nn.Module, folder: Path) -> None:
     """config.json (the config's to_hf_dict) + model.safetensors, a tied LM head left out as transformers saves it."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().contiguous().cpu() for k, v in dense_state_dict(model).items()}
     if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -9,16 +9,20 @@ the meta device, which allocates nothing) against DECODE_LAB_MAX_MODEL_BYTES.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from model.engine.gemma3 import Gemma3, Gemma3Config
-from model.engine.llama import Linear, Llama, LlamaConfig, pack_linears
+from model.engine.llama import Linear, Llama, LlamaConfig, can_pack, pack_linears, packed_weights
 from model.engine.runtime import (
     LoadedModel,
     LoadFacts,
@@ -57,11 +61,36 @@ def load_native(folder: Path, device: torch.device) -> Llama | Gemma3:
 
 
 def load_shared_native(folder: Path, device: torch.device) -> Llama | Gemma3:
-    """The native module as the app's shared model runs it: never changed again, so its linears may multiply with
-    a packed copy of their weights (llama.pack_linears). A trainer takes load_native: its weights change."""
-    module = load_native(folder, device)
-    pack_linears(module)
-    return module
+    """The native module as the app's shared model runs it: never changed again, so on a CPU its linears' weights go
+    from the file straight into the decode kernels' packed form (llama.pack_linears), one matrix at a time, and the
+    process holds each of them once (the module is built on the meta device: shapes, no memory; only the norms, an
+    untied embedding and the buffers computed from the config become tensors of their own). Where the kernels cannot
+    run (a GPU, no C++ compiler) it is load_native's dense module. A trainer takes load_native: its weights change."""
+    architecture, architecture_config = NATIVE[json.loads((folder / "config.json").read_text(encoding="utf-8"))
+                                               ["model_type"]]
+    with torch.device("meta"):
+        module = architecture(architecture_config.from_hf_dict(json.loads((folder / "config.json").read_text())))
+    if device.type != "cpu" or not can_pack(module):
+        return load_native(folder, device)
+    tied = module.lm_head.weight is module.model.embed_tokens.weight
+    packed = {f"{name}.weight" for name, m in module.named_modules() if isinstance(m, Linear)}
+    with ExitStack() as files:
+        where = {key: f for path in weight_files(folder) for f in [files.enter_context(safe_open(str(path), "pt"))]
+                 for key in f.keys()}
+
+        def read(key: str) -> torch.Tensor:
+            """The tensor in float32; it may be a view of the file's memory map (kept mapped while it lives)."""
+            if key == "lm_head.weight" and tied and key not in where:  # a tied head is the embedding's matrix
+                key = "model.embed_tokens.weight"
+            return where[key].get_tensor(key).float()
+
+        dense = {name: read(name).clone() for name, _ in module.named_parameters()
+                 if name not in packed and not (tied and name == "model.embed_tokens.weight")}
+        module.load_state_dict(dense, strict=False, assign=True)
+        for name, value in module.computed_buffers().items():
+            module.register_buffer(name, value, persistent=False)
+        pack_linears(module, weight_of=lambda name: read(f"{name}.weight"))
+    return module.eval().requires_grad_(False)
 
 
 def model_key(name: str, device: str = "auto") -> tuple[str, str]:
@@ -126,10 +155,22 @@ def _load(location: Location, device: str) -> LoadedModel:
         except Exception:
             log.exception("tokenizer of %r", name)
             raise InputError("no_tokenizer", path=name) from None
-        return warmed_up(NativeModel(name, load_shared_native(folder, dev), tokenizer, dev, language(name)))
-    from model.engine import hf
+        model = warmed_up(NativeModel(name, load_shared_native(folder, dev), tokenizer, dev, language(name)))
+    else:
+        from model.engine import hf
 
-    return warmed_up(hf.load_transformers(location, dev, language(name)))
+        model = warmed_up(hf.load_transformers(location, dev, language(name)))
+    return_freed_memory()
+    return model
+
+
+def return_freed_memory() -> None:
+    """Hand what loading freed back to the operating system (glibc's malloc_trim): glibc keeps freed memory for
+    reuse, and the process would stay that much larger. Gemma 3's tokenizer alone frees 194 MiB of its JSON's
+    parse (288 MiB resident after reading tokenizer.json, 94 MiB after the trim)."""
+    if sys.platform == "linux":
+        with suppress(AttributeError, OSError):  # a C library without malloc_trim (musl)
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 def _config_path(location: Location) -> Path:
@@ -204,7 +245,7 @@ def load_facts(model: LoadedModel, location: Location, seconds: float) -> LoadFa
         quantization=_quantization(fetched),
         parameters=parameters,
         file_bytes=sum(f.stat().st_size for f in files), memory_bytes=parameters * model.info.bytes_per_element,
-        packed_bytes=packed_bytes(model.module),
+        packed_bytes=packed_bytes(model.module), held_bytes=held_bytes(model.module),
         dtype=model.info.dtype, device=model.info.device, load_s=seconds,
     )
 
@@ -216,10 +257,17 @@ def _fetched_source(folder: Path | None) -> dict | None:
 
 
 def packed_bytes(module: torch.nn.Module) -> int | None:
-    """The bytes of the packed copies the shared model's linears hold beside their weights (pack_linears); None
-    when it multiplies without them (a GPU, bfloat16, a oneDNN that cannot pack, a transformers model)."""
-    packed = [m.packed for m in module.modules() if isinstance(m, Linear) and m.packed is not None]
+    """The bytes of the linears' weights as the decode kernels hold them (pack_linears), in place of the dense ones;
+    None when the model multiplies with torch's own product on dense weights (a GPU, no C++ compiler, transformers)."""
+    packed = packed_weights(module)
     return sum(p.nbytes for p in packed) if packed else None
+
+
+def held_bytes(module: torch.nn.Module) -> int:
+    """What the process holds for the model's weights: the packed ones and every tensor of its own (norms, an untied
+    embedding), a tied matrix once."""
+    own = {id(p): p for p in module.parameters() if p.device.type != "meta"}
+    return (packed_bytes(module) or 0) + sum(p.numel() * p.element_size() for p in own.values())
 
 
 def _quantization(fetched: dict | None) -> Quantization | None:

@@ -131,7 +131,8 @@ class LoadFacts:
     parameters: int      # distinct parameters (a tied LM head counted once)
     file_bytes: int      # the weights file(s) on disk
     memory_bytes: int    # parameters × bytes per element, as loaded
-    packed_bytes: int | None  # oneDNN's packed copy of the linears' weights, held beside them; None: not packed
+    packed_bytes: int | None  # the linears' weights packed for the decode kernels, held in place of the dense ones
+    held_bytes: int      # what the process holds for the weights: the packed ones and the rest (norms...), once
     dtype: str
     device: str
     load_s: float        # reading the files to the first (warm-up) pass, included

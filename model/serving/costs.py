@@ -6,25 +6,38 @@ from __future__ import annotations
 import torch
 
 from model.engine.counting import step_bytes, step_flops
-from model.engine.llama import Llama
+from model.engine.llama import Embedding, Linear, Llama, packed_weights
 from model.engine.runtime import NativeModel
 
 
 def weight_bytes(module: Llama, rows: int) -> int:
-    """Bytes of the weights one step over `rows` rows reads: every matmul's weight (with its int8 scales) and every
-    norm once, however many rows share them, and the `rows` rows of the embedding that the lookup reads (a tied LM
-    head reads the whole table, as a matmul weight)."""
-    linears = [m for m in module.modules() if hasattr(m, "in_features")]
-    embedding = module.model.embed_tokens.weight
-    matmul = {id(t): t for m in linears for t in (*m.parameters(), *m.buffers())}
-    rest = {id(p): p for p in module.parameters() if id(p) not in matmul and p is not embedding}
-    held = sum(t.numel() * t.element_size() for t in (*matmul.values(), *rest.values()))
-    return held + rows * embedding.shape[1] * embedding.element_size()
+    """Bytes of the weights one step over `rows` rows reads: every matmul's weights once, as the model holds them
+    (packed for the decode kernels, int8's scales included, or dense), and every norm once, however many rows share
+    them; and the `rows` rows of the embedding that the lookup reads (a tied LM head reads the whole matrix, as a
+    matmul weight)."""
+    linears = [m for m in module.modules() if isinstance(m, Linear)]
+    embedding = module.model.embed_tokens
+    matmul = {id(p) for m in linears for p in m.parameters()}
+    dense = {id(p): p for m in linears if m.packed is None for p in m.parameters()}
+    rest = {id(p): p for p in module.parameters() if id(p) not in matmul and p is not embedding.weight}
+    held = sum(p.nbytes for p in packed_weights(module))
+    held += sum(t.numel() * t.element_size() for t in (*dense.values(), *rest.values()))
+    return held + rows * lookup_bytes(embedding)
+
+
+def lookup_bytes(embedding: Embedding) -> int:
+    """Bytes the lookup of one token reads: its row of the table, or of a tied LM head's packed weights (int8: and
+    its scale)."""
+    if embedding.packed is None:
+        return embedding.weight.shape[1] * embedding.weight.element_size()
+    packed = embedding.packed
+    return packed.inputs * packed.dtype.itemsize + (4 if packed.dtype == torch.int8 else 0)
+
 
 def matmul_params(module: torch.nn.Module) -> int:
     """Weights that take part in a matmul: every Linear (the LM head included), not the embedding (a lookup of one
     row) nor the norms."""
-    return sum(m.in_features * m.out_features for m in module.modules() if hasattr(m, "in_features"))
+    return sum(m.in_features * m.out_features for m in module.modules() if isinstance(m, Linear))
 
 def flops(module: Llama, rows: list[tuple[int, int]]) -> int:
     """counting.step_flops for this module's shapes, rows = [(new positions, keys attended), ...]."""

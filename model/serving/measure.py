@@ -12,15 +12,25 @@ from dataclasses import dataclass
 import torch
 from torch.autograd import DeviceType
 
+from model.engine import kernels
 from model.engine.counting import step_bytes
 from model.engine.generate import session_budget_bytes
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.scheduler import Request, check_batch
 from model.serving.slots import SlotCache, decode_rows
-from model.serving.timing import INT8_PEAK_ROWS, copy_bandwidth, filler_ids, matmul_peak, percentile, timed
+from model.serving.timing import (
+    INT8_PEAK_ROWS,
+    copy_bandwidth,
+    filler_ids,
+    matmul_peak,
+    percentile,
+    read_bandwidth,
+    timed,
+)
 
 ACCURACY_PROMPTS = 4       # prompts of filler ids, seeds 0 .. 3
 
@@ -37,18 +47,21 @@ class Machine:
     device: str
     threads: int
     copy_gb_s: float       # copy_bandwidth: a 256 MiB float32 copy, read + write
+    read_gb_s: float       # read_bandwidth: a sum over 1 GiB, held as the packed weights are (huge pages)
     matmul_gflops: float   # matmul_peak in `dtype`: 1024 × 1024 · 1024 × 1024 (int8 weights: 64 rows of it)
     dtype: str = "float32"
 
     @property
     def how(self) -> str:
-        product = (f"{INT8_PEAK_ROWS}×1024 float32 by 1024×1024 int8 weight-only matmul" if self.dtype == "int8"
-                   else f"1024×1024 {self.dtype} matmul")
-        return (f"copy of a 256 MiB float32 tensor (read + write counted), {product}; median of 5 after a warm-up, "
-                f"{self.threads} thread(s) on {self.device}")
+        product = (f"{INT8_PEAK_ROWS}×1024 float32 (rounded to int16 per row) by 1024×1024 int8 matmul"
+                   if self.dtype == "int8" else f"1024×1024 {self.dtype} matmul")
+        return (f"copy of a 256 MiB float32 tensor (read + write counted), sum over a 1 GiB float32 tensor held as the "
+                f"packed weights are, {product}; median of 5 after a warm-up, {self.threads} thread(s) on "
+                f"{self.device}")
 
 def measure_machine(device: torch.device) -> Machine:
-    return Machine(str(device), torch.get_num_threads(), copy_bandwidth(device) / 1e9, matmul_peak(device) / 1e9)
+    return Machine(str(device), torch.get_num_threads(), copy_bandwidth(device) / 1e9, read_bandwidth(device) / 1e9,
+                   matmul_peak(device) / 1e9)
 
 def with_matmul_peak(machine: Machine, dtype: str) -> Machine:
     """The same machine's roofs with the compute roof of `dtype`'s kernel (the memory roof is bytes, whatever they
@@ -130,6 +143,33 @@ def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
     cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
     return Work(ms, step_bytes(weight_bytes(model.module, batch), cache_bytes),
                 flops(model.module, [(1, context + 1)] * batch), batch)
+
+@dataclass(frozen=True)
+class DtypeCost:
+    """One dtype's decode step at B = 1 (its time, the bytes it reads, the bandwidth that gives) beside what its
+    fewer bits cost in accuracy against float32 (model/serving/quality.py, on the held-out text)."""
+    dtype: str
+    step_ms: float             # p50
+    bytes_read: int
+    gb_s: float
+    perplexity: float
+    greedy_agreement: float
+    mean_kl: float
+
+
+def dtype_costs(models: dict[str, NativeModel], context: int, repeats: int,
+                tick: Callable[[], None] | None = None) -> tuple[list[DtypeCost], Quality]:
+    """Each of `models` (by dtype, float32 among them: the reference): a B = 1 decode step over `context` cached
+    positions, timed, and the quality of its dtype on the project's held-out text in the model's language; tick()
+    runs between the passes (a caller that may stop there)."""
+    reference = models["float32"]
+    text = held_out(reference.info.language)
+    quality = measure_quality(models, reference.info.name, text.name, text_ids(reference, text.text, text.name),
+                              text.prompts, tick)
+    works = {dtype: decode_work(model, 1, context, repeats, tick=tick) for dtype, model in models.items()}
+    return [DtypeCost(row.dtype, works[row.dtype].p50, works[row.dtype].bytes_read, works[row.dtype].gb_s,
+                      row.perplexity, row.greedy_agreement, row.mean_kl) for row in quality.rows], quality
+
 
 def prefill_work(model: NativeModel, n: int, repeats: int) -> Work:
     """A prefill of n positions, timed, with its counts."""
@@ -214,8 +254,8 @@ def op_shares(events, steps: int, clock: str) -> list[OpShare]:
     step waits for (an op's CPU time there is its launch, and the step's synchronize soaks up the wait)."""
     if clock == "device":
         kept = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
-    else:
-        kept = [e for e in events if not e.is_user_annotation]   # the "decode step i" marks hold every op
+    else:  # the "decode step i" marks hold every op; the decode kernels' products are marks of ops of their own
+        kept = [e for e in events if not e.is_user_annotation or e.key.startswith(kernels.PROFILED_AS)]
 
     def own_us(e) -> float:
         return e.self_device_time_total if clock == "device" else e.self_cpu_time_total

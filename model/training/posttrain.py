@@ -307,6 +307,19 @@ class PostTrainer:
     def total_count(self) -> int:
         return sum(p.numel() for p in self.module.parameters())
 
+    def held_bytes(self) -> int:
+        """What this trainer holds of its own, every storage once: its models' tensors (the one it trains, and a
+        frozen reference or reward model where it has one), their gradients and its optimizers' moments. Its weights
+        are its own, read from the file (load_base), never the shared model's: Reset frees all of it."""
+        tensors = []
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                tensors += [*value.parameters(), *value.buffers(), *(p.grad for p in value.parameters()
+                                                                    if p.grad is not None)]
+            elif isinstance(value, AdamW):
+                tensors += [*value.m, *value.v]
+        return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
     # -- 3E: a checkpoint that trace --model DIR, the app and transformers load --------------------------------
 
     def save(self, folder: str | Path) -> list[tuple[str, int]]:

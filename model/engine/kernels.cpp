@@ -1,0 +1,260 @@
+// Decode Lab's matrix products for the shared inference model on a CPU (model/engine/kernels.py builds this file
+// once per machine, plain C++ and OpenMP, no torch headers): y = x · Wᵀ, x (rows, K) and W (outputs, K).
+//
+// Layout: W's outputs in blocks of 16 (the last one filled up with zeros), the blocks in panels of 4 (64 outputs; the
+// last panel may hold fewer). Within a panel the weights go input by input, and for each input the panel's 64
+// outputs side by side, so one row streams the panel's weights once, front to back. float32: per input k, 64 numbers;
+// bfloat16 and int8: per pair of inputs (2p, 2p + 1), each output's two side by side, as the CPU's bf16 dot product
+// (vdpbf16ps) and its int16 dot product (vpdpwssd) read them.
+// One output's weights are at a fixed stride there: the tied embedding looks its rows up in them.
+//
+// Order of the sums: float32 and bfloat16 sum every output of every row over k = 0, 1, ..., K − 1 in turn, in runs of
+// SPAN inputs whose sums are added in turn, in float32, whatever the number of rows, the tile that computes it or the
+// thread that runs it; int8 sums whole numbers, exactly, in runs of SPAN_INT inputs whose sums join a float32 total in
+// turn. Either way a row comes out with
+// the same bits beside any other rows (a batched decode step gives each row its solo run's logits), and the outputs
+// of matrices stacked along the outputs (fused QKV, gate/up) are those of each matrix alone.
+//
+// int8 multiplies int8 weights (one float32 scale per output) by the row's inputs rounded to int16 with one scale per
+// row, max|x| / 32767, so that the products are whole numbers; nothing from another row enters a row's numbers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+
+constexpr int LANES = 16;   // outputs in a block
+constexpr int BLOCKS = 4;   // blocks in a panel: one row reads 4 weight vectors per input
+constexpr int ROWS = 6;     // rows of x in a full tile: 6 × 4 accumulators and 4 weight vectors fill 28 of the 32
+                            // AVX-512 registers
+constexpr int SPAN = 64;    // inputs summed in one run before the run's sum joins the total: float32 rounding grows
+                            // with a run's length, so runs of 64 err about as little as oneDNN's and MKL's sums
+constexpr int SPAN_INT = 256;  // int8's runs of whole numbers: 256 · 32767 · 127 < 2³¹
+
+static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
+static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
+
+// float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next
+template <int R, int J>
+static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
+  f32x16 sum[R][J] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += SPAN) {
+    const int64_t k1 = std::min(K, k0 + SPAN);
+    f32x16 acc[R][J] = {};
+    for (int64_t k = k0; k < k1; ++k) {
+      f32x16 wk[J];
+      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + k * ldw + j * LANES, sizeof wk[j]);
+      for (int r = 0; r < R; ++r) {
+        const float xk = x[r * ldx + k];
+        for (int j = 0; j < J; ++j) acc[r][j] += xk * wk[j];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) sum[r][j] += acc[r][j];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) std::memcpy(y + r * ldy + j * LANES, &sum[r][j], sizeof sum[r][j]);
+}
+
+// bfloat16 inputs and weights, float32 sums: per pair, acc += x[2p+1]·W[2p+1], then acc += x[2p]·W[2p] (each product
+// of two bfloat16 numbers is exact in float32), the order vdpbf16ps adds them in; spans as above; the outputs
+// rounded to bfloat16. ldw: 32-bit words (pairs) from one pair of inputs to the next
+template <int R, int J>
+static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t ldw, int64_t K, uint16_t* y,
+                      int64_t ldy) {
+  const int64_t pairs = K / 2;
+  f32x16 sum[R][J] = {};
+  for (int64_t p0 = 0; p0 < pairs; p0 += SPAN / 2) {
+    const int64_t p1 = std::min(pairs, p0 + SPAN / 2);
+    f32x16 acc[R][J] = {};
+    for (int64_t p = p0; p < p1; ++p) {
+      u32x16 wk[J];
+      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + p * ldw + j * LANES, sizeof wk[j]);
+      for (int r = 0; r < R; ++r) {
+        uint32_t xp;
+        std::memcpy(&xp, x + r * ldx + 2 * p, 4);
+        for (int j = 0; j < J; ++j) {
+#if defined(__AVX512BF16__)
+          acc[r][j] = (f32x16)_mm512_dpbf16_ps((__m512)acc[r][j], (__m512bh)_mm512_set1_epi32(int(xp)), (__m512bh)wk[j]);
+#else
+          acc[r][j] += bf16_value(uint16_t(xp >> 16)) * as_f32(wk[j] & 0xFFFF0000u);
+          acc[r][j] += bf16_value(uint16_t(xp)) * as_f32(wk[j] << 16);
+#endif
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) sum[r][j] += acc[r][j];
+  }
+  if (K % 2) {  // the last input alone, its pair's second weight zero
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) {
+        u32x16 wk;
+        std::memcpy(&wk, w + pairs * ldw + j * LANES, sizeof wk);
+        sum[r][j] += bf16_value(x[r * ldx + K - 1]) * as_f32(wk << 16);
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) {
+      // rounded to nearest even, as torch rounds float32 to bfloat16 (a NaN becomes torch's 0x7FC0)
+      uint32_t bits[LANES];
+      std::memcpy(bits, &sum[r][j], sizeof bits);
+      for (int l = 0; l < LANES; ++l)
+        y[r * ldy + j * LANES + l] = (bits[l] & 0x7FFFFFFFu) > 0x7F800000u
+            ? uint16_t(0x7FC0) : uint16_t((bits[l] + 0x7FFFu + ((bits[l] >> 16) & 1u)) >> 16);
+    }
+}
+
+// int8: each row's inputs as int16 (q = round(x · 32767 / max|x|), one scale per row), the weights int8: per pair of
+// inputs acc += q[2p]·W[2p] + q[2p+1]·W[2p+1] in int32 (vpdpwssd), whole numbers, exact; every SPAN_INT inputs the
+// run's whole sum joins the float32 total (runs short enough that 32767 · 127 · SPAN_INT fits in int32), in turn;
+// the total scaled back by the row's scale and the output's. ldw: bytes from one pair of inputs to the next
+template <int R, int J>
+static void tile_int8(const int16_t* q, int64_t ldq, const int8_t* w, int64_t ldw, int64_t K, const float* sx,
+                      const float* scale, float* y, int64_t ldy) {
+  const int64_t pairs = (K + 1) / 2;  // q is filled up with a 0 to an even length
+  f32x16 sum[R][J] = {};
+  for (int64_t p0 = 0; p0 < pairs; p0 += SPAN_INT / 2) {
+    const int64_t p1 = std::min(pairs, p0 + SPAN_INT / 2);
+    i32x16 acc[R][J] = {};
+    for (int64_t p = p0; p < p1; ++p) {
+#if defined(__AVX512VNNI__)
+      __m512i wk[J];
+      for (int j = 0; j < J; ++j)
+        wk[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + p * ldw + j * 2 * LANES)));
+#else
+      int8_t wk[J][2 * LANES];
+      for (int j = 0; j < J; ++j) std::memcpy(wk[j], w + p * ldw + j * 2 * LANES, sizeof wk[j]);
+#endif
+      for (int r = 0; r < R; ++r) {
+        int32_t two;
+        std::memcpy(&two, q + r * ldq + 2 * p, 4);
+        for (int j = 0; j < J; ++j) {
+#if defined(__AVX512VNNI__)
+          acc[r][j] = (i32x16)_mm512_dpwssd_epi32((__m512i)acc[r][j], _mm512_set1_epi32(two), wk[j]);
+#else
+          const int32_t x0 = int16_t(two & 0xFFFF), x1 = int16_t(uint32_t(two) >> 16);
+          for (int l = 0; l < LANES; ++l) acc[r][j][l] += x0 * wk[j][2 * l] + x1 * wk[j][2 * l + 1];
+#endif
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) sum[r][j] += __builtin_convertvector(acc[r][j], f32x16);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) {
+      f32x16 scales;
+      std::memcpy(&scales, scale + j * LANES, sizeof scales);
+      const f32x16 out = sum[r][j] * sx[r] * scales;
+      std::memcpy(y + r * ldy + j * LANES, &out, sizeof out);
+    }
+}
+
+// Every tile of one product: the panels shared among `threads` threads; within a panel the rows ROWS at a time (the
+// panel's weights stay in the cache while its rows pass), the rest a row, and a short last panel a block, at a time
+// (the same sums in the same order). tile(R, J, row, panel, block) runs one tile.
+template <typename Tile>
+static void each_tile(int64_t rows, int64_t blocks, int threads, const Tile& tile) {
+  const int64_t panels = (blocks + BLOCKS - 1) / BLOCKS;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t g = 0; g < panels; ++g) {
+    const int64_t in_panel = std::min<int64_t>(BLOCKS, blocks - g * BLOCKS);
+    for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
+      const int64_t n = std::min<int64_t>(ROWS, rows - r0);
+      if (in_panel == BLOCKS && n == ROWS) {
+        tile.template operator()<ROWS, BLOCKS>(r0, g, 0, in_panel);
+        continue;
+      }
+      for (int64_t r = r0; r < r0 + n; ++r) {
+        if (in_panel == BLOCKS) tile.template operator()<1, BLOCKS>(r, g, 0, in_panel);
+        else for (int64_t j = 0; j < in_panel; ++j) tile.template operator()<1, 1>(r, g, j, in_panel);
+      }
+    }
+  }
+}
+
+// The start of panel g: every panel before it is full, BLOCKS blocks of `per_block` numbers each
+struct Panels {
+  int64_t per_block;  // numbers of one block: 16 × the inputs (rounded up to the pair or the four)
+  int64_t start(int64_t g) const { return g * BLOCKS * per_block; }
+};
+
+extern "C" {
+
+// The products, called from Python (ctypes) on contiguous tensors: x (rows, K); w packed as above, `blocks` blocks;
+// y (rows, 16 · blocks), written whole
+
+// float32 x and weights -> float32 y
+void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t blocks, float* y, int threads) {
+  const Panels panels{K * LANES};
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    tile_f32<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
+                   y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+  });
+}
+
+// bfloat16 x and weights -> bfloat16 y
+void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, int64_t blocks, uint16_t* y,
+                 int threads) {
+  const int64_t pairs = (K + 1) / 2;
+  const Panels panels{pairs * LANES};  // in 32-bit words, one per output and pair
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    tile_bf16<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
+                    y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+  });
+}
+
+// float32 x, int8 weights with a float32 scale per output -> float32 y. Each row is turned into int16 first:
+// q = round(x · 32767 / max|x|), its scale max|x| / 32767 (0 for a row of zeros)
+void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const float* scale, int64_t blocks,
+                 float* y, int threads) {
+  const int64_t pairs = (K + 1) / 2;
+  std::vector<int16_t> q(rows * pairs * 2, 0);
+  std::vector<float> sx(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    float most = 0.0f;
+    for (int64_t k = 0; k < K; ++k) most = std::max(most, std::fabs(x[r * K + k]));
+    const float to_int = most > 0.0f ? 32767.0f / most : 0.0f;
+    sx[r] = most / 32767.0f;
+    for (int64_t k = 0; k < K; ++k) q[r * pairs * 2 + k] = int16_t(std::nearbyint(x[r * K + k] * to_int));
+  }
+  const Panels panels{pairs * 2 * LANES};  // in bytes, two per output and pair
+  const int64_t ldy = blocks * LANES;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    const int64_t first = (g * BLOCKS + j) * LANES;  // the tile's first output
+    tile_int8<R, J>(q.data() + r * pairs * 2, pairs * 2, w + panels.start(g) + j * 2 * LANES, in_panel * 2 * LANES,
+                    K, sx.data() + r, scale + first, y + r * ldy + first, ldy);
+  });
+}
+
+// whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
+int bf16_instructions() {
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+// whether the int8 product runs on the CPU's own int16 dot product (AVX-512 VNNI's vpdpwssd), else whole-number
+// multiply-adds (the same numbers either way)
+int int8_instructions() {
+#if defined(__AVX512VNNI__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+}

@@ -1,0 +1,337 @@
+"""Decode Lab's own matrix products for the shared model on a CPU (kernels.cpp: plain C++ and OpenMP, built once per
+machine with the C++ compiler into the cache folder, a few seconds, then loaded with ctypes), the layout they read,
+the memory that holds it, and what this CPU offers.
+
+Why our own: at one row (a decode step at B = 1) a product does one multiply-add per weight it reads, so its time is
+the time to read the weights. On this 2-core AMD EPYC, one thread, SmolLM2's 211 products at one row took 45–50 ms in
+oneDNN's packed form (about 11–12 GB/s) and 17–19 ms here (28–31 GB/s, 0.9 of a read-only pass over memory held as
+the weights are), and any number of rows gives a row the same bits (kernels.cpp says why). int8 and bfloat16 weights
+go through the same loop, each weight turned into float32 in a register (bfloat16: the CPU's own bf16 dot product
+where it has one), so fewer bytes read is less time.
+
+The weights of a model live in one buffer (Arena), in transparent huge pages where Linux gives them: a step reads
+hundreds of MB once, and with 4 KiB pages every 4 KiB of it needs its own address translation (under a hypervisor a
+slow one): a read-only pass ran at about 19 GB/s on 4 KiB pages and 30 GB/s on 2 MiB pages here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model.weights.catalog import settings
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+# this CPU's vector instructions; a*b + c as one fused multiply-add everywhere (the same bits in every tile)
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++20", "-fopenmp", "-shared", "-fPIC")
+BUILD_SECONDS = 300
+LANES = 16          # outputs in a block (kernels.cpp)
+BLOCKS = 4          # blocks in a panel
+ALIGN = 64          # bytes: each packed matrix starts on a cache line
+HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
+MADV_HUGEPAGE = 14  # linux/mman.h
+PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: + float32, bfloat16, int8
+
+_build_lock = threading.Lock()
+_i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
+              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
+              "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
+              "bf16_instructions": (), "int8_instructions": ()}
+
+
+class KernelsUnavailable(RuntimeError):
+    """The products cannot be built here; the message says why (for the server log and the facts)."""
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """What this CPU offers for the products, as Linux lists its flags in /proc/cpuinfo (None: not known, no
+    /proc/cpuinfo to read)."""
+    vector: str                 # torch's widest vector kernels here: "AVX512", "AVX2", "DEFAULT", ...
+    avx512_bf16: bool | None    # a bfloat16 dot product in AVX-512 registers (vdpbf16ps)
+    amx_bf16: bool | None       # AMX tiles with a bfloat16 matrix multiply (Sapphire Rapids and later)
+    amx_tile: bool | None       # the AMX tile registers themselves
+    avx512_vnni: bool | None    # int8 and int16 dot products in AVX-512 registers (vpdpbusd, vpdpwssd)
+    avx_vnni: bool | None       # the same dot products in 256-bit registers only (Alder Lake and later)
+
+
+def cpu_features(flags: frozenset[str] | None = None) -> CpuFeatures:
+    """This CPU's features (flags None: read from /proc/cpuinfo; a set: those flags, as on another machine)."""
+    flags = _cpu_flags() if flags is None else flags
+
+    def has(flag: str) -> bool | None:
+        return None if flags is None else flag in flags
+
+    return CpuFeatures(torch.backends.cpu.get_cpu_capability(), has("avx512_bf16"), has("amx_bf16"),
+                       has("amx_tile"), has("avx512_vnni"), has("avx_vnni"))
+
+
+@dataclass(frozen=True)
+class MachineProducts:
+    """What this CPU offers and how each dtype's products run on it (bf16_products, int8_products)."""
+    cpu: CpuFeatures
+    bf16: str
+    int8: str
+
+
+def machine_products() -> MachineProducts:
+    return MachineProducts(cpu_features(), bf16_products(), int8_products())
+
+
+@functools.cache
+def _cpu_flags() -> frozenset[str] | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    line = next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def compiler() -> str | None:
+    """The C++ compiler the kernels are built with: $CXX where set (None when it names no program), else c++ or g++
+    on the PATH."""
+    named = os.environ.get("CXX")
+    return shutil.which(named) if named else shutil.which("c++") or shutil.which("g++")
+
+
+@functools.cache
+def _built() -> ctypes.CDLL:
+    """The compiled products, loaded; built at the first call on a machine (kernels/<hash>.so in the cache folder,
+    the hash of the source, the flags and this CPU's), or KernelsUnavailable with the reason."""
+    program = compiler()
+    if program is None:
+        raise KernelsUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), program, *FLAGS, *sorted(_cpu_flags() or ())]).encode())
+    library = settings().cache_dir / "kernels" / f"{key.hexdigest()[:16]}.so"
+    if not library.is_file():
+        library.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
+        os.close(handle)
+        try:
+            subprocess.run([program, *FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True,
+                           timeout=BUILD_SECONDS)
+            os.replace(partial, library)  # whole or not at all, also when two processes build at once
+        except (OSError, subprocess.SubprocessError) as failed:
+            detail = getattr(failed, "stderr", b"") or b""
+            log.error("building %s failed: %s %s", SOURCE.name, failed, detail.decode(errors="replace")[-2000:])
+            raise KernelsUnavailable(f"{SOURCE.name} did not build here ({type(failed).__name__})") from None
+        finally:
+            Path(partial).unlink(missing_ok=True)
+    built = ctypes.CDLL(str(library))
+    for name, arguments in SIGNATURES.items():
+        getattr(built, name).argtypes = arguments
+        getattr(built, name).restype = _int if name.endswith("_instructions") else None
+    return built
+
+
+def kernels() -> ctypes.CDLL:
+    """The compiled products (see _built); one build at a time in the process."""
+    with _build_lock:
+        return _built()
+
+
+def unavailable_reason() -> str | None:
+    """None when the products run here, else why not."""
+    try:
+        kernels()
+    except KernelsUnavailable as reason:
+        return str(reason)
+    return None
+
+
+def bf16_products() -> str:
+    """How a bfloat16 product runs on this machine: "avx512_bf16" (the decode kernels on the CPU's own bf16 dot
+    product, vdpbf16ps), "float32" (the decode kernels, each pair of bf16 numbers multiplied in float32 registers:
+    the CPU has no bf16 instruction, or the compiler did not use it), "torch" (the kernels do not build: torch's own
+    product)."""
+    if unavailable_reason() is not None:
+        return "torch"
+    return "avx512_bf16" if kernels().bf16_instructions() else "float32"
+
+
+def int8_products() -> str:
+    """How an int8 product runs on this machine: "avx512_vnni" (the decode kernels on the CPU's own int16 dot product,
+    vpdpwssd), "integer" (the decode kernels, whole-number multiply-adds: the same numbers, slower), "none" (the
+    kernels do not build: int8 is refused)."""
+    if unavailable_reason() is not None:
+        return "none"
+    return "avx512_vnni" if kernels().int8_instructions() else "integer"
+
+
+# -- the layout --------------------------------------------------------------------------------------------------
+
+# inputs side by side per output in the layout: float32 one, bfloat16 and int8 a pair (vdpbf16ps, vpdpwssd)
+SIDE_BY_SIDE = {torch.float32: 1, torch.bfloat16: 2, torch.int8: 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a packed (outputs, inputs) matrix's numbers lie (kernels.cpp): blocks of LANES outputs, panels of BLOCKS
+    blocks (the last panel may hold fewer), within a panel input by input (by `side` inputs side by side)."""
+    outputs: int
+    inputs: int
+    dtype: torch.dtype
+
+    @property
+    def side(self) -> int:
+        return SIDE_BY_SIDE[self.dtype]
+
+    @property
+    def steps(self) -> int:
+        """The inputs' steps of `side`, the last one filled up with zeros."""
+        return -(-self.inputs // self.side)
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.outputs // LANES)
+
+    @property
+    def numel(self) -> int:
+        return self.blocks * LANES * self.steps * self.side
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed matrix, int8's scale per output included, rounded up to ALIGN."""
+        extra = 4 * self.blocks * LANES if self.dtype == torch.int8 else 0
+        return -(-(self.numel * self.dtype.itemsize + extra) // ALIGN) * ALIGN
+
+    def panels(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The flat numbers as (panels, steps, blocks in a panel, LANES, side) views: the full panels, then the
+        short last one if any."""
+        full, rest = divmod(self.blocks, BLOCKS)
+        per_panel = BLOCKS * LANES * self.steps * self.side
+        views = [flat[:full * per_panel].view(full, self.steps, BLOCKS, LANES, self.side)]
+        if rest:
+            views.append(flat[full * per_panel:].view(1, self.steps, rest, LANES, self.side))
+        return views
+
+
+def packed_nbytes(outputs: int, inputs: int, dtype: torch.dtype) -> int:
+    return Shape(outputs, inputs, dtype).nbytes
+
+
+class Arena:
+    """One buffer for the packed weights of a model, taken from in turn; 2 MiB-aligned and advised for transparent
+    huge pages on Linux before anything is written to it, so its pages are 2 MiB ones where the kernel has them."""
+
+    def __init__(self, nbytes: int):
+        spare = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
+        start = -spare.data_ptr() % HUGE_PAGE
+        self.buffer = spare[start:start + nbytes]
+        self.taken = 0
+        if sys.platform == "linux" and nbytes >= HUGE_PAGE:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise(ctypes.c_void_p(self.buffer.data_ptr()), ctypes.c_size_t(nbytes), MADV_HUGEPAGE)
+
+    def take(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        """n numbers of `dtype`, starting on a cache line."""
+        if self.taken + n * dtype.itemsize > self.buffer.numel():
+            raise ValueError(f"the arena holds {self.buffer.numel():,} B; {self.taken + n * dtype.itemsize:,} asked")
+        piece = self.buffer[self.taken:self.taken + n * dtype.itemsize].view(dtype)
+        self.taken += -(-n * dtype.itemsize // ALIGN) * ALIGN
+        return piece
+
+
+@dataclass
+class Packed:
+    """A packed matrix: its shape, its numbers (a flat view into an arena) and, for int8, each output's float32
+    scale."""
+    shape: Shape
+    flat: torch.Tensor
+    scale: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.flat, self.scale) if t is not None)
+
+
+def pack(weight: torch.Tensor, dtype: torch.dtype, arena: Arena) -> Packed:
+    """weight (outputs, inputs) into the arena in `dtype`: float32 and bfloat16 as they round; int8 as round(W / s)
+    with one float32 scale per output, s = max|W_row| / 127."""
+    shape = Shape(*weight.shape, dtype)
+    values = weight
+    if (shape.blocks * LANES, shape.steps * shape.side) != tuple(weight.shape):
+        values = weight.new_zeros(shape.blocks * LANES, shape.steps * shape.side)
+        values[:shape.outputs, :shape.inputs] = weight
+    scale = None
+    if dtype == torch.int8:
+        scale = arena.take(shape.blocks * LANES, torch.float32)
+        scale.copy_((values.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny))
+        values = torch.round(values / scale[:, None]).clamp_(-127, 127)
+    flat = arena.take(shape.numel, dtype)
+    first = 0
+    for panel in shape.panels(flat):  # each (panels, steps, blocks, LANES, side) from the matrix's rows
+        n = panel.shape[0] * panel.shape[2] * LANES
+        panel.copy_(values[first:first + n].view(panel.shape[0], panel.shape[2], LANES, shape.steps, shape.side)
+                    .permute(0, 3, 1, 2, 4))
+        first += n
+    return Packed(shape, flat, scale)
+
+
+def unpack(packed: Packed, start: int, end: int) -> torch.Tensor:
+    """Outputs start .. end − 1 of the packed matrix as a dense (end − start, inputs) tensor of its own: float32 and
+    bfloat16 as stored, int8 as its float32 values q · s."""
+    shape = packed.shape
+    dense = torch.cat([panel.permute(0, 2, 3, 1, 4).reshape(-1, shape.steps * shape.side)
+                       for panel in shape.panels(packed.flat)])[start:end, :shape.inputs]
+    return dense * packed.scale[start:end, None] if packed.scale is not None else dense.contiguous()
+
+
+def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of the packed matrix, (…, inputs): an embedding lookup in a tied LM head's weights (int8: q · s)."""
+    shape, flat = packed.shape, ids.reshape(-1)
+    panels = shape.panels(packed.flat)
+    per_panel = BLOCKS * LANES
+    panel, block, lane = flat // per_panel, flat % per_panel // LANES, flat % LANES
+    if len(panels) == 1:
+        rows = panels[0][panel, :, block, lane]                               # (n, steps, side)
+    else:  # ids in the short last panel
+        rows = packed.flat.new_empty(flat.numel(), shape.steps, shape.side)
+        last = panel == panels[0].shape[0]
+        rows[~last] = panels[0][panel[~last], :, block[~last], lane[~last]]
+        rows[last] = panels[1][torch.zeros_like(block[last]), :, block[last], lane[last]]
+    rows = rows.reshape(flat.numel(), -1)[:, :shape.inputs]
+    if packed.scale is not None:
+        rows = rows * packed.scale[flat, None]
+    return rows.reshape(*ids.shape, shape.inputs)
+
+
+def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """x (rows, inputs), contiguous, times the packed matrix: (rows, 16 · blocks), in x's dtype, on torch's threads.
+    Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
+            return _matmul(x, packed)
+    return _matmul(x, packed)
+
+
+def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    built = kernels()
+    rows, inputs = x.shape
+    blocks = packed.shape.blocks
+    y = x.new_empty(rows, blocks * LANES)
+    threads = torch.get_num_threads()
+    if packed.shape.dtype == torch.bfloat16:
+        built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
+    elif packed.shape.dtype == torch.int8:
+        built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(), blocks,
+                          y.data_ptr(), threads)
+    else:
+        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
+    return y

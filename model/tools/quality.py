@@ -1,0 +1,67 @@
+"""What fewer bits cost in accuracy: perplexity on a held-out text, greedy agreement with float32 and the mean KL
+divergence from float32's next-token distributions (model/serving/quality.py).
+
+python -m model quality --model M --dtype float32,bfloat16,int8 [--text FILE] [--json]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from model.engine.kernels import bf16_products, cpu_features, int8_products
+from model.engine.loading import load_model
+from model.engine.lowbit import with_weights
+from model.errors import InputError
+from model.serving.quality import held_out, measure_quality, text_ids
+from model.tools.options import check_list
+from model.tools.serve_bench import cpu_line, parse_list
+
+
+def read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as failed:
+        raise InputError("quality_text_unreadable", path=path, reason=getattr(failed, "strerror", None)
+                         or type(failed).__name__) from None
+
+
+def run_cli(args) -> int:
+    dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    check_list("--dtype", dtypes)
+    base = load_model(args.model, args.device, operator=True)
+    models = {"float32": base} | {d: with_weights(base, d) for d in dtypes if d != "float32"}  # refusals first
+    text = held_out(base.info.language)
+    name = args.text if args.text is not None else text.name
+    ids = text_ids(base, read_text(args.text) if args.text is not None else text.text, name)
+    quality = measure_quality(models, base.info.name, name, ids, text.prompts)
+    report = asdict(quality) | {
+        "dtypes": [asdict(row) | {"greedy_agreement": round(row.greedy_agreement, 4)} for row in quality.rows],
+        "held_out": None if args.text is not None else {"title": text.title, "source": text.source,
+                                                        "licence": text.licence},
+        "machine": {"cpu": asdict(cpu_features()), "bf16_products": bf16_products(), "int8_products": int8_products()},
+        "conditions": f"perplexity = exp(mean NLL of every token but the first given those before it); "
+                      f"{quality.prompts} prompts × {quality.new_tokens} greedy tokens float32 wrote, each dtype "
+                      f"reading them in one pass; KL(float32 ‖ dtype) of the next-token distributions at every scored "
+                      f"position of the text, in nats"}
+    del report["rows"]
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(report: dict) -> None:
+    held = report["held_out"]
+    where = f' ("{held["title"]}": {held["source"]}; {held["licence"]})' if held else ""
+    print(f"model {report['model']}; text {report['text']}{where}")
+    print(f"{report['tokens']} tokens scored in {report['windows']} window(s) of the {report['context']}-position "
+          "context")
+    print(cpu_line(report["machine"]["cpu"], report["machine"]["bf16_products"]))
+    print(f"{'dtype':<10}{'perplexity':>11}{'NLL':>9}{'greedy agreement':>22}{'mean KL':>10}")
+    for row in report["dtypes"]:
+        agree = f"{row['greedy_agree']}/{row['greedy_total']} ({row['greedy_agreement']:.1%})"
+        print(f"{row['dtype']:<10}{row['perplexity']:>11.3f}{row['nll']:>9.4f}{agree:>22}{row['mean_kl']:>10.5f}")
+    print(report["conditions"])
