@@ -187,13 +187,14 @@ st.caption(t("serving.timing_note"))
 # -- where the time goes: the roofline ---------------------------------------------------------------------------
 st.subheader(t("serving.roofline"))
 roofs = machine(run_info.device, run_info.dtype)
-ridge = roofs.matmul_gflops / roofs.copy_gb_s  # FLOPs per byte where the slanted roof meets the flat one
+# the slanted roof is the read bandwidth: a step's counted bytes are reads (weights, cache), not copies
+ridge = roofs.matmul_gflops / roofs.read_gb_s  # FLOPs per byte where the slanted roof meets the flat one
 points = analysis.roofline_points(server)
-st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roofs.copy_gb_s, roofs.matmul_gflops,
+st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roofs.read_gb_s, roofs.matmul_gflops,
                          t("serving.axis_intensity"), "GFLOP/s", t("serving.roofline_alt")))
 product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype == "int8"
            else t("serving.product", dtype=roofs.dtype))
-st.caption(t("serving.machine", gb_s=decimal(roofs.copy_gb_s), product=product,
+st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device))
 module = run_model.module
 head = module.lm_head.in_features * module.lm_head.out_features
@@ -208,7 +209,7 @@ if run_info.window is not None:
 st.html(table_html(
     [t("serving.col_point"), "ms", t("serving.col_intensity"), "GB/s", t("serving.col_of_bandwidth"), "GFLOP/s",
      t("serving.col_of_peak")],
-    [[p.label, f"{p.ms:.2f}", f"{p.intensity:.2f}", f"{p.gb_s:.2f}", f"{p.gb_s / roofs.copy_gb_s:.0%}",
+    [[p.label, f"{p.ms:.2f}", f"{p.intensity:.2f}", f"{p.gb_s:.2f}", f"{p.gb_s / roofs.read_gb_s:.0%}",
       f"{p.gflops:.2f}", f"{p.gflops / roofs.matmul_gflops:.0%}"] for p in points]))
 decodes = [p for p in points if p.rows is not None]  # one per batch size, fewest rows first
 decode_memory_bound = bool(decodes) and decodes[0].intensity < ridge
