@@ -1,0 +1,96 @@
+"""The Tiers and workers page under AppTest: the second tier (steps until a request is moved out, then back; the
+tier's slots drawn; the crossover chart and its positions), two workers (each transfer drawn, its bytes the cache
+formula's; a worker killed mid-run said; the comparison with one process), a reset that deletes the tier's file and
+ends the worker; and in headless Chromium."""
+
+import re
+
+import pytest
+from apptest import click, open_app
+from test_paged_page import charts, html
+
+from model.serving import tiers
+from model.texts import text
+
+TIMEOUT = 180
+PAGE = "app_pages/tiers.py"
+
+
+def open_page(lang: str = "en", model: str = "small", **state):
+    return open_app(PAGE, TIMEOUT, lang=lang, model_name=model, device="cpu", **state)
+
+
+def step_until(at, happened) -> None:
+    run = at.session_state["tiers_run"]
+    while not happened(run.server.steps[-1]):
+        assert not run.finished
+        click(at, "tiers_next")
+
+
+def crossover_from(points) -> int | None:
+    """The fewest positions from which the round trip beat the recompute at every larger point, read off the
+    points as the chart draws them."""
+    found = None
+    for p in reversed(points):
+        if p.out_ms + p.in_ms >= p.recompute_ms:
+            return found
+        found = p.positions
+    return found
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_request_moved_out_to_the_tier_and_back_is_drawn_slot_by_slot(lang):
+    at = open_page(lang)
+    assert len(charts(at)) == 1  # the crossover, measured before any run
+    click(at, "tiers_start")
+    run = at.session_state["tiers_run"]
+    crossover = run.crossover
+    assert run.server.offload.kind == "disk" and text("tiers.kind_disk", lang) in " ".join(c.value for c in at.caption)
+    step_until(at, lambda step: any(what == "out" for _, what in step.tier))
+    rid = next(r for r, what in run.server.steps[-1].tier if what == "out")
+    moved = len(run.server.offload.went_out[rid])
+    tier_svg = charts(at)[1]
+    tip = text("tiers.tip_out_now", lang).format(slot="", request=rid).split(":")[1]
+    assert moved > 0 and tier_svg.count(tip) == moved
+    assert text("tiers.now_out", lang).format(request=rid, blocks=moved) in [m.value for m in at.markdown]
+    step_until(at, lambda step: (rid, "in") in step.tier)
+    back = text("tiers.tip_came_back", lang).format(slot="", request=rid).split(":", 1)[1]
+    assert charts(at)[1].count(back) == moved and rid in {s.request for s in run.server.steps[-1].spans}
+    # the crossover: a line per series over every point, its positions printed as the points give them
+    chart = charts(at)[2]
+    assert chart.count("<circle") == 2 * len(crossover.points)
+    positions = crossover_from(crossover.points)
+    assert positions == crossover.positions
+    printed = text("tiers.crossover_at", lang).format(positions=positions)
+    assert printed in [m.value for m in at.markdown]
+    assert not at.error and not at.exception
+
+
+def test_the_events_table_says_why_a_victim_was_computed_again(monkeypatch):
+    """A tier with no free slot (after the crossover is measured): every victim is computed again, and the step
+    says the tier was full."""
+    at = open_page()
+    monkeypatch.setattr(tiers.Tier, "n_free", property(lambda self: 0))
+    click(at, "tiers_start")
+    step_until(at, lambda step: bool(step.tier))
+    assert text("tiers.event_full", "en") in html(at)
+    assert at.session_state["tiers_run"].server.offload.moves.blocks_out == 0
+
+
+def test_reset_deletes_the_tier_s_file_and_the_run_then_finishes_with_the_comparison():
+    at = click(open_page(), "tiers_start")
+    run = at.session_state["tiers_run"]
+    path = run.server.offload.tier.path
+    assert path.exists()
+    click(at, "tiers_reset")
+    assert not path.exists() and run.server.offload.tier is None and run.samples == []
+    assert text("tiers.tier_deleted", "en") in " ".join(c.value for c in at.caption)
+    click(at, "tiers_run_button")
+    assert run.finished and not path.exists()
+    name, theirs, _ = at.session_state["tiers_compared"]
+    assert name == text("tiers.variant_alone_tier", "en") and theirs["offload"] is None
+    page = html(at)
+    assert page.count(f"<td>{text('paged.same', 'en')}</td>") == 2
+    blocks_out = run.summary()["offload"]["blocks_out"]
+    row = rf"<td>{text('tiers.variant_tier', 'en')}</td><td>\d+</td><td>{blocks_out}</td>"
+    assert blocks_out > 0 and re.search(row, page)
