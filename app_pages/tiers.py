@@ -153,7 +153,7 @@ else:
     elif server.worker is not None:
         st.markdown(t("tiers.worker_alive", pid=server.worker.process.pid, backend=backend(model.device)))
     else:
-        st.markdown(t("tiers.worker_ended"))
+        st.markdown(t("tiers.worker_done" if run.finished else "tiers.worker_ended"))
     draw_workers(server, model)
 
 # -- the comparison: the same queue in one process, on one tier -----------------------------------------------------

@@ -3,6 +3,7 @@ tier's slots drawn; the crossover chart and its positions), two workers (each tr
 formula's; a worker killed mid-run said; the comparison with one process), a reset that deletes the tier's file and
 ends the worker; and in headless Chromium."""
 
+import multiprocessing.spawn
 import re
 
 import pytest
@@ -94,3 +95,63 @@ def test_reset_deletes_the_tier_s_file_and_the_run_then_finishes_with_the_compar
     blocks_out = run.summary()["offload"]["blocks_out"]
     row = rf"<td>{text('tiers.variant_tier', 'en')}</td><td>\d+</td><td>{blocks_out}</td>"
     assert blocks_out > 0 and re.search(row, page)
+
+
+def workers(lang: str = "en"):
+    return click(open_page(lang, tiers_mode="workers"), "tiers_start")
+
+
+def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_compare_with_one_process(monkeypatch):
+    """small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes = 2,048 bytes a position, every prompt position sent. The
+    worker is spawned from inside the app's script run, whose __main__ is app.py (Streamlit's, and AppTest's, script
+    runner): the worker is told to run no main module, so it neither imports Streamlit nor runs the app."""
+    prepared = []
+    real = multiprocessing.spawn.get_preparation_data
+    monkeypatch.setattr(multiprocessing.spawn, "get_preparation_data",
+                        lambda name: prepared.append(real(name)) or prepared[-1])
+    at = workers()
+    assert len(prepared) == 1 and not {"init_main_from_path", "init_main_from_name"} & prepared[0].keys()
+    run = at.session_state["tiers_run"]
+    server = run.server
+    assert server.failure is None and server.worker.process.is_alive()
+    click(at, "tiers_run_button")
+    assert run.finished and server.failure is None and len(server.transfers) == len(run.requests)
+    page = html(at)
+    for transfer in server.transfers:
+        n = len(run.requests[transfer.request].prompt_ids)
+        written = f"4 × 2 × 2 × 32 × 4 × {n} = {2048 * n:,}"
+        assert re.search(rf"<td>{transfer.request}</td><td>{transfer.step}</td><td>{n}</td><td>{2048 * n:,}</td>"
+                         rf"<td>{written}</td><td>{text('paged.same', 'en')}</td>", page), transfer
+    lanes = charts(at)[0]
+    assert lanes.count("marker-end=") == len({x.step for x in server.transfers})
+    assert lanes.count(" bytes received at step ") == len(run.requests)
+    name, _, _ = at.session_state["tiers_compared"]
+    assert name == text("tiers.variant_alone_workers", "en")
+    assert page.count(f"<td>{text('paged.same', 'en')}</td>") == len(run.requests) + 2
+
+
+def test_reset_ends_the_worker_and_a_worker_killed_mid_run_is_said():
+    at = workers("vi")
+    run = at.session_state["tiers_run"]
+    process = run.server.worker.process
+    click(at, "tiers_reset")
+    assert not process.is_alive() and run.server.worker is None
+    assert text("tiers.worker_ended", "vi") in [m.value for m in at.markdown]
+    click(at, "tiers_next")  # a new worker
+    step_until(at, lambda step: any(s.kind == "received" for s in step.spans))
+    run.server.worker.process.kill()
+    click(at, "tiers_run_button")
+    why, step = run.server.failure
+    assert why == "died" and run.finished
+    assert at.warning[0].value == text("tiers.worker_died", "vi").format(step=step)
+    lanes = charts(at)[0]
+    assert 'stroke="#c92a2a"' in lanes  # the prefill lane crossed out from that step
+    assert all(r.stop_reason is not None for r in run.requests)
+
+
+def test_a_second_run_ends_the_first_one_s_worker():
+    at = workers()
+    first = at.session_state["tiers_run"].server.worker.process
+    click(at, "tiers_start")
+    assert not first.is_alive() and at.session_state["tiers_run"].server.worker.process.is_alive()
+    click(at, "tiers_reset")
