@@ -594,7 +594,7 @@ def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_c
     several, an arrow from each step's boxes down to the decode worker; below, the decode worker, a cell per step
     (decode_cells[step]: (kind of WORKER_COLOURS, tooltip) or None: nothing ran). gone_at: the step from which the
     prefill worker was gone, its lane crossed out from there."""
-    left_px, top, box_h = 128, 8, 14
+    left_px, top, box_h = round(CHAR_PX * max(len(name) for name in lane_names)) + 16, 8, 14
     cell_w = max(3.0, min(22.0, 640 / max(1, steps)))
     per_step: dict[int, list[tuple[int, str]]] = {}
     for request, step, tip in transfers:
