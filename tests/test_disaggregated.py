@@ -1,7 +1,7 @@
 """Prefill and decode on two processes (model/serving/disaggregated.py): a prefill worker sends each prompt's keys,
 values and last logits over torch.distributed (gloo), this process decodes; the tokens are the one-process run's,
 the bytes sent the cache formula's; a worker that dies mid-run or fails to start leaves the run to this process,
-said, no request lost; a reset ends the worker."""
+said, no request lost; a reset and the run's end end the worker."""
 
 import dataclasses
 
@@ -36,15 +36,20 @@ def test_two_workers_give_the_one_process_tokens_and_send_the_formula_s_bytes_an
     requests, settings, tokens = one_process
     server = DisaggregatedServer(small, fresh(requests), settings, "small")
     try:
-        assert server.failure is None and server.worker.process.is_alive()
+        first = server.worker.process
+        assert server.failure is None and first.is_alive()
         assert served(server) == tokens
+        assert not first.is_alive() and server.worker is None  # the run's last step let it go
         assert server.failure is None and len(server.transfers) == len(requests)
         # small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes = 2,048 B a position, every prompt position sent
         for transfer in server.transfers:
             assert transfer.bytes == transfer.bytes_formula == 2048 * len(requests[transfer.request].prompt_ids)
             assert transfer.ms > 0 and transfer.prefill_ms > 0
         assert sum(s.kind == "received" for step in server.steps for s in step.spans) == len(requests)
+        server.reset()
+        server.step()  # a new worker, ended by the reset
         process = server.worker.process
+        assert process.is_alive() and process is not first
         server.reset()
         assert not process.is_alive() and server.worker is None
     finally:

@@ -503,6 +503,144 @@ def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], p
     return _svg(width, height, description, parts)
 
 
+def tier_slots_svg(holder: np.ndarray, went_out: np.ndarray, came_back: np.ndarray, tips: list[str],
+                   description: str) -> str:
+    """The second tier's slots, a square per slot in id order, as the pool's blocks are drawn (block_grid_svg): a
+    slot holding a moved-out block in its request's lane colour, framed dark when it went out in the last step; a
+    free slot grey, outlined dashed in the request's colour when its block went back to the pool in the last step."""
+    n = len(holder)
+    columns = max(1, min(BLOCK_COLUMNS, n))
+    cell = BLOCK_PX + 2
+    width, height = columns * cell + 2, -(-n // columns) * cell + 2
+    parts = []
+    for s in range(n):
+        x, y = 1 + (s % columns) * cell, 1 + (s // columns) * cell
+        tip = f"<title>{escape(tips[s])}</title>"
+        if holder[s] >= 0:
+            colour = LANE_COLOURS[int(holder[s]) % len(LANE_COLOURS)]
+            frame = f' stroke="{INK}" stroke-width="2"' if went_out[s] else ""
+            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{colour}"{frame}>'
+                         f"{tip}</rect>")
+        elif came_back[s] >= 0:
+            colour = LANE_COLOURS[int(came_back[s]) % len(LANE_COLOURS)]
+            parts.append(f'<rect x="{x + 1}" y="{y + 1}" width="{BLOCK_PX - 2}" height="{BLOCK_PX - 2}" '
+                         f'fill="{FREE_BLOCK}" stroke="{colour}" stroke-width="2" stroke-dasharray="3,2">{tip}</rect>')
+        else:
+            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{FREE_BLOCK}">'
+                         f"{tip}</rect>")
+    return _svg(width, height, description, parts)
+
+
+def crossover_svg(positions: list[int], series: dict[str, list[float]], crossover: int | None, crossover_label: str,
+                  x_title: str, y_title: str, description: str, number: Callable[[float], str] = str) -> str:
+    """Times by positions on log-log axes (positions double from one block up; times from a fraction of a
+    millisecond to seconds): a line per series (the first a round trip through the tier, the second the
+    recompute), a dashed upright line at the crossover with its label. `number` writes the ticks."""
+    width, left, right, bottom, plot_h = 420, 58, 16, 46, 180
+    entries, legend_x, legend_y = [], 0, 14
+    for name in series:
+        size = 32 + round(CHAR_PX * len(name))
+        if legend_x and legend_x + size > width:
+            legend_x, legend_y = 0, legend_y + 20
+        entries.append((legend_x, legend_y))
+        legend_x += size + 18
+    top = legend_y + 24
+    height = top + plot_h + bottom
+    plot_w = width - left - right
+    x_lo, x_hi = math.log2(positions[0]), math.log2(positions[-1])
+    values = [v for ys in series.values() for v in ys if v > 0]
+    y_lo, y_hi = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    y_hi = max(y_hi, y_lo + 1)
+
+    def px(v: float) -> float:
+        return left + (plot_w / 2 if x_hi == x_lo else (math.log2(v) - x_lo) / (x_hi - x_lo) * plot_w)
+
+    def py(v: float) -> float:
+        return top + plot_h * (1 - (math.log10(max(v, 10.0 ** y_lo)) - y_lo) / (y_hi - y_lo))
+
+    parts = []
+    for e in range(y_lo, y_hi + 1):
+        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(10**e):.1f}" y2="{py(10**e):.1f}" '
+                     f'stroke="{GRID_INK}"/><text x="{left - 6}" y="{py(10**e):.1f}" text-anchor="end" '
+                     f'dominant-baseline="middle">{escape(number(10.0**e))}</text>')
+    for v in positions:
+        parts.append(f'<text x="{px(v):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{escape(number(v))}</text>')
+    if crossover is not None:
+        parts.append(f'<line x1="{px(crossover):.1f}" x2="{px(crossover):.1f}" y1="{top}" y2="{top + plot_h}" '
+                     f'stroke="{INK}" stroke-width="2" stroke-dasharray="6 4"/>'
+                     f'<text x="{px(crossover) + 6:.1f}" y="{top + 12}" font-size="12">'
+                     f"{escape(crossover_label)}</text>")
+    for (name, ys), colour, (lx, ly) in zip(series.items(), (KEPT, CHOSEN), entries):
+        points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(positions, ys))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="3"/>')
+        parts.extend(f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="4" fill="{colour}"><title>{escape(name)}: '
+                     f"{escape(number(a))}, {escape(number(round(b, 3)))}</title></circle>"
+                     for a, b in zip(positions, ys))
+        parts.append(f'<line x1="{lx}" x2="{lx + 26}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="3"/>'
+                     f'<text x="{lx + 32}" y="{ly}" dominant-baseline="middle">{escape(name)}</text>')
+    parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">{escape(x_title)}</text>'
+                 f'<text transform="translate(14,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+                 f"{escape(y_title)}</text>")
+    return _svg(width, height, description, parts)
+
+
+WORKER_COLOURS = {"received": "#7570b3", "prefill": SPAN_COLOURS["prefill"], "decode": SPAN_COLOURS["decode"]}
+
+
+def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_cells: list[tuple[str, str] | None],
+                     gone_at: int | None, lane_names: tuple[str, str], step_title: str, description: str) -> str:
+    """Two lanes over the decode worker's steps: above, the prefill worker, a box per prompt it sent (transfers:
+    (request, the step that received it, tooltip)) in the request's lane colour, stacked where a step received
+    several, an arrow from each step's boxes down to the decode worker; below, the decode worker, a cell per step
+    (decode_cells[step]: (kind of WORKER_COLOURS, tooltip) or None: nothing ran). gone_at: the step from which the
+    prefill worker was gone, its lane crossed out from there."""
+    left_px, top, box_h = round(CHAR_PX * max(len(name) for name in lane_names)) + 16, 8, 14
+    cell_w = max(3.0, min(22.0, 640 / max(1, steps)))
+    per_step: dict[int, list[tuple[int, str]]] = {}
+    for request, step, tip in transfers:
+        per_step.setdefault(step, []).append((request, tip))
+    lane_h = box_h * max([len(v) for v in per_step.values()] + [1]) + 4
+    gap, decode_h = 34, 22
+    decode_y = top + lane_h + gap
+    width = round(left_px + steps * cell_w + 12)
+    height = decode_y + decode_h + 40
+    parts = [f'<defs><marker id="head" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
+             f'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="{INK}"/></marker></defs>']
+    for name, y, h in ((lane_names[0], top, lane_h), (lane_names[1], decode_y, decode_h)):
+        parts.append(f'<rect x="{left_px}" y="{y}" width="{steps * cell_w:.1f}" height="{h}" fill="none" '
+                     f'stroke="{GRID_INK}"/><text x="{left_px - 8}" y="{y + h / 2:.1f}" text-anchor="end" '
+                     f'dominant-baseline="middle">{escape(name)}</text>')
+    for step, boxes in per_step.items():
+        x = left_px + step * cell_w
+        for k, (request, tip) in enumerate(boxes):
+            y = top + 2 + k * box_h
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(1.0, cell_w - 1):.1f}" height="{box_h - 1}" '
+                         f'fill="{LANE_COLOURS[request % len(LANE_COLOURS)]}"><title>{escape(tip)}</title></rect>')
+            if cell_w >= 14:
+                parts.append(f'<text x="{x + cell_w / 2:.1f}" y="{y + box_h / 2:.1f}" text-anchor="middle" '
+                             f'dominant-baseline="middle" font-size="10">{request}</text>')
+        mid = x + cell_w / 2
+        parts.append(f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{top + 2 + len(boxes) * box_h}" y2="{decode_y - 2}" '
+                     f'stroke="{INK}" stroke-width="1.5" marker-end="url(#head)"/>')
+    for step, cell in enumerate(decode_cells):
+        if cell is not None:
+            kind, tip = cell
+            parts.append(f'<rect x="{left_px + step * cell_w:.1f}" y="{decode_y + 2}" '
+                         f'width="{max(1.0, cell_w - 1):.1f}" height="{decode_h - 4}" fill="{WORKER_COLOURS[kind]}">'
+                         f"<title>{escape(tip)}</title></rect>")
+    if gone_at is not None:
+        x = left_px + gone_at * cell_w
+        parts.append(f'<rect x="{x:.1f}" y="{top}" width="{(steps - gone_at) * cell_w:.1f}" height="{lane_h}" '
+                     f'fill="{GRID_INK}" opacity="0.6"/><path d="M{x:.1f},{top} l{min(lane_h, 40)},{lane_h} '
+                     f'M{x:.1f},{top + lane_h} l{min(lane_h, 40)},{-lane_h}" stroke="#c92a2a" stroke-width="3"/>')
+    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
+    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{decode_y + decode_h + 16}" text-anchor="middle">'
+              f"{v:g}</text>" for v in ticks]
+    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+                 f"{escape(step_title)}</text>")
+    return _svg(width, height, description, parts)
+
+
 LABEL_CHAR_PX, LABEL_LINE_PX = 7, 13  # a 12-pixel label's width per character and its height
 
 

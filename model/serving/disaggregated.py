@@ -16,15 +16,19 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
   logits it sends and the keys and values are its solo run's bits; every request's tokens stay its solo run's.
 - A worker that fails to start (within STARTUP_S) or dies during the run: the run goes on in this process, every
   prompt not yet received prefilled here, and says so (`failure`); a reset ends the worker (a new one starts at the
-  next step).
+  next step), and so does the run's last step.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import socket
+import sys
 import time
-from collections.abc import Callable
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -110,6 +114,38 @@ def prefill_worker(conn, port: int, model_name: str, device: str, block_size: in
         dist.destroy_process_group()
 
 
+@contextmanager
+def main_set_aside() -> Iterator[None]:
+    """A spawned process first runs its parent's __main__ again (multiprocessing's spawn: by its path, or by its
+    module's name), and a script run by `streamlit run` is __main__ while it runs: the worker would run the app's
+    page again. With a bare module as __main__ while the worker starts, it imports only what prefill_worker needs."""
+    main = sys.modules["__main__"]
+    bare = types.ModuleType("__main__")
+    sys.modules["__main__"] = bare
+    try:
+        yield
+    finally:
+        if sys.modules.get("__main__") is bare:  # another script run may have put its own there meanwhile
+            sys.modules["__main__"] = main
+
+
+def end_worker(conn, process, joined: list[bool]) -> None:
+    """The worker told to stop, then ended (killed if it does not within a few seconds); the group left if this
+    process joined it (joined[0])."""
+    try:
+        conn.send(("stop",))
+    except OSError:
+        pass
+    process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+    conn.close()
+    if joined[0] and dist.is_initialized():
+        dist.destroy_process_group()
+    joined[0] = False
+
+
 class WorkerGone(Exception):
     """The prefill worker did not start, or stopped answering."""
 
@@ -126,15 +162,19 @@ class PrefillWorker:
         port = free_port()
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
             child, port, model_name, str(model.device), block_size, torch.get_num_threads()))
-        self.process.start()
+        with main_set_aside():
+            self.process.start()
         child.close()
-        self.joined = False
+        # ended by stop(), or when this object is dropped without it (a page's session that ends): the group is
+        # this process's one default group, and one left joined would keep every later worker from joining
+        self._joined = [False]
+        self._end = weakref.finalize(self, end_worker, self.conn, self.process, self._joined)
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
             dist.init_process_group(backend(model.device), init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                     world_size=2, timeout=timedelta(seconds=TRANSFER_S))
-            self.joined = True
+            self._joined[0] = True
         except (WorkerGone, OSError, RuntimeError, ValueError):
             self.stop()
             raise WorkerGone from None
@@ -181,19 +221,8 @@ class PrefillWorker:
         return request, logits, groups, ms, prefill_ms
 
     def stop(self) -> None:
-        """The worker told to stop, then ended (killed if it does not within a few seconds); the group left."""
-        try:
-            self.conn.send(("stop",))
-        except OSError:
-            pass
-        self.process.join(5)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        self.conn.close()
-        if self.joined and dist.is_initialized():
-            dist.destroy_process_group()
-        self.joined = False
+        """The worker ended and the group left (end_worker), once."""
+        self._end()
 
 
 class DisaggregatedServer(PagedServer):
@@ -233,7 +262,11 @@ class DisaggregatedServer(PagedServer):
             self._start()  # after a reset
         if self.plan is None and self.worker is not None:
             self.received_ms += self._exchange(len(self.steps))
-        return super().step(report)
+        step = super().step(report)
+        if self.finished and self.worker is not None:  # nothing left to prefill: the worker and the group let go
+            self.worker.stop()
+            self.worker = None
+        return step
 
     def _exchange(self, index: int) -> float:
         """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing

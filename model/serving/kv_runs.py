@@ -110,9 +110,11 @@ class Sample:
 
 class QueueRun:
     """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept. With an
-    offload, the crossover is measured first on this machine, and a victim is moved out from that many positions."""
+    offload, a victim is moved out from the crossover's positions: `crossover` when given (measured before on this
+    machine for this model and block size: a page keeps one), else measured first."""
 
-    def __init__(self, model: NativeModel, requests: list[Request], settings: KVSettings):
+    def __init__(self, model: NativeModel, requests: list[Request], settings: KVSettings,
+                 crossover: Crossover | None = None):
         self.model, self.settings = model, settings
         self.requests = [dataclasses.replace(r).restart() for r in requests]
         self.crossover: Crossover | None = None
@@ -120,8 +122,8 @@ class QueueRun:
             paged = settings.paged
             if settings.offload is not None:
                 check_paged(model, paged, self.requests)
-                self.crossover = measure_crossover(model, PagedLayout.of(model.info, settings.block_size),
-                                                   settings.offload, settings.tier_folder)
+                self.crossover = crossover or measure_crossover(
+                    model, PagedLayout.of(model.info, settings.block_size), settings.offload, settings.tier_folder)
                 paged = dataclasses.replace(paged, swap_from=self.crossover.positions)
             if settings.prefill_worker is not None:
                 if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:

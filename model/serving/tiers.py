@@ -155,6 +155,12 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
     return lambda: host_tier(slots, layout, dtype)
 
 
+def tier_kind(device: torch.device) -> str:
+    """The second tier below a pool on `device`: host memory below a GPU's, a file on disk below a CPU's (whose
+    pool is in host memory already)."""
+    return "host" if device.type == "cuda" else "disk"
+
+
 def check_tier(kind: str, device: torch.device) -> None:
     """Host memory is a tier only below a GPU's memory: on a CPU the pool is in it already."""
     if kind == "host" and device.type != "cuda":

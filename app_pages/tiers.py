@@ -1,0 +1,199 @@
+"""Tiers and workers: the paged KV cache with a second, slower tier (a preempted request's blocks moved out and back
+instead of computed again) or with prefill and decode on two processes (a prefill worker sends each prompt's keys
+and values). The mixed queue served step by step, then served again in one process on one tier, side by side. The
+engine's work is model/serving/ (tiers.py, disaggregated.py); the drawings are ui/tier_view.py."""
+
+import dataclasses
+
+import streamlit as st
+
+from model.engine.generate import session_budget_bytes
+from model.serving import kv_runs, queues
+from model.serving.disaggregated import backend
+from model.serving.paged_server import mib_up
+from model.serving.tiers import tier_kind
+from ui.errors import callback_error_here, guarded
+from ui.i18n import decimal, labels, number, t
+from ui.models import chosen_model, page_start
+from ui.serving_run import run_queue_steps, run_variants
+from ui.state import keep_across_pages
+from ui.tier_view import draw_crossover, draw_pool_and_tier, draw_workers, measured_crossover, ms, step_events
+from ui.widgets import NEXT_KEY, table_html
+
+QUEUE = "mixed"  # the queue whose budget runs short: its growing decodes preempt one another
+MODES = ("tier", "workers")
+BLOCK_SIZES = (4, 8, 16, 32, 64)
+MIB = 2**20
+# tiers_wanted: what the last click asked for ("start", one step, or to the "end"), done by this script
+PAGE_DEFAULTS = {"tiers_run": None, "tiers_for": None, "tiers_mode": "tier", "tiers_block_size": 16,
+                 "tiers_budget_mb": 1.0, "tiers_budget_for": None, "tiers_wanted": None, "tiers_running": False,
+                 "tiers_compared": None}
+
+keep_across_pages(PAGE_DEFAULTS)
+
+model = page_start("tiers")
+info = model.info
+state = st.session_state
+kind = tier_kind(model.device)
+
+
+def drop_run() -> None:
+    """The run ended: its prefill worker stopped and its tier's file deleted."""
+    if state.tiers_run is not None:
+        state.tiers_run.close()
+    state.tiers_run, state.tiers_compared = None, None
+
+
+if state.tiers_for is not None and state.tiers_for[0] != (info.name, info.device):
+    drop_run()
+requests = queues.built_in_queue(model, QUEUE)
+if state.tiers_budget_for != (info.name, state.tiers_block_size):
+    default = guarded(lambda: kv_runs.default_budget(model, QUEUE, requests, int(state.tiers_block_size)))
+    if default is not None:
+        state.tiers_budget_mb = min(mib_up(default), round(session_budget_bytes() / MIB, 2))
+        state.tiers_budget_for = (info.name, state.tiers_block_size)
+
+
+def request(wanted: str) -> None:
+    state.tiers_wanted = wanted
+
+
+def reset() -> None:
+    """Every block back in the pool, the tier's file deleted, the prefill worker ended; the run starts over."""
+    state.tiers_run.reset()
+    state.tiers_compared, state.tiers_wanted = None, None
+
+
+# -- the settings ------------------------------------------------------------------------------------------------
+with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
+    st.radio(t("tiers.mode"), MODES, key="tiers_mode", horizontal=True, width=360,
+             format_func=labels("tiers.mode_", MODES).get, help=t("tiers.mode_help"))
+    st.selectbox(t("paged.block_size"), [b for b in BLOCK_SIZES if b <= info.context_length], key="tiers_block_size",
+                 width=140, help=t("paged.block_size_help"))
+    st.number_input(t("paged.budget"), min_value=0.01, max_value=session_budget_bytes() / MIB, step=0.25,
+                    format="%.2f", key="tiers_budget_mb", width=180,
+                    help=t("tiers.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS))
+mode, block_size = state.tiers_mode, int(state.tiers_block_size)
+st.caption(t("tiers.queue", requests=queues.MIXED_REQUESTS) + " "
+           + t("tiers.compares_tier" if mode == "tier" else "tiers.compares_workers", kind=t("tiers.kind_" + kind)))
+crossover = None
+if mode == "tier":
+    with st.spinner(t("tiers.measuring")):
+        crossover = guarded(lambda: measured_crossover(model, info.name, info.device, info.dtype, block_size, kind))
+
+# -- what a click asked for: here, where a click on Stop (or anything else) reaches it -------------------------------
+wanted, state.tiers_wanted = state.tiers_wanted, None
+if wanted == "start" and (mode == "workers" or crossover is not None):
+    drop_run()
+    settings = kv_runs.KVSettings("paged", block_size, int(float(state.tiers_budget_mb) * MIB),
+                                  offload=kind if mode == "tier" else None,
+                                  prefill_worker=chosen_model()[0] if mode == "workers" else None)
+    with st.spinner(t("tiers.starting_worker" if mode == "workers" else "tiers.making_tier")):
+        state.tiers_run = guarded(lambda: kv_runs.QueueRun(model, requests, settings, crossover))
+    state.tiers_for = ((info.name, info.device), mode)
+    wanted = "one" if state.tiers_run is not None else None
+run = state.tiers_run
+stopped = state.tiers_running and run is not None and not run.finished
+state.tiers_running = False
+if wanted in ("one", "end") and run is not None and not run.finished:
+    state.tiers_running, stopped = True, False
+    error = run_queue_steps(run, to_end=wanted == "end")
+    state.tiers_running = False
+    if error is not None:
+        st.error(error)
+with st.container(horizontal=True):
+    st.button(t("paged.start"), key="tiers_start", type="primary" if run is None else "secondary",
+              icon=":material/play_arrow:", on_click=request, args=("start",))
+    if run is not None:
+        st.button(t("serving.next"), key="tiers_next", type="primary", icon=":material/skip_next:",
+                  disabled=run.finished, on_click=request, args=("one",), shortcut=NEXT_KEY)
+        st.button(t("serving.run"), key="tiers_run_button", icon=":material/fast_forward:", disabled=run.finished,
+                  on_click=request, args=("end",))
+        st.button(t("serving.reset"), key="tiers_reset", icon=":material/restart_alt:", on_click=reset)
+callback_error_here()
+if run is None:
+    st.info(t("tiers.press_start"))
+    if crossover is not None:
+        st.subheader(t("tiers.crossover"))
+        draw_crossover(crossover)
+    st.stop()
+if stopped:
+    st.info(t("paged.stopped", steps=len(run.samples)))
+run_mode = state.tiers_for[1]
+if run_mode != mode:
+    st.caption(t("paged.settings_next_run"))
+server = run.server
+with st.container(horizontal=True):
+    st.metric(t("serving.steps"), len(server.steps))
+    st.metric(t("paged.running_now"), len(server.running))
+    st.metric(t("paged.preemptions"), sum(len(s.preempted) for s in server.steps))
+    if run_mode == "tier":
+        st.metric(t("tiers.blocks_out"), number(server.offload.moves.blocks_out))
+        st.metric(t("tiers.blocks_back"), number(server.offload.moves.blocks_in))
+    else:
+        st.metric(t("tiers.transfers"), len(server.transfers))
+        st.metric(t("tiers.bytes_received"), number(sum(x.bytes for x in server.transfers)))
+
+# -- the second tier, or the two workers ---------------------------------------------------------------------------
+if run_mode == "tier":
+    st.subheader(t("tiers.pool_and_tier"))
+    st.markdown(t("tiers.tier_text", kind=t("tiers.kind_" + server.offload.kind),
+                  slots=number(server.offload.tier_bytes // server.layout.block_bytes),
+                  block_bytes=number(server.layout.block_bytes),
+                  mib=decimal(server.offload.tier_bytes / MIB, 2)))
+    draw_pool_and_tier(server)
+    st.subheader(t("tiers.events"))
+    step_events(server, run.crossover)
+    st.subheader(t("tiers.crossover"))
+    draw_crossover(run.crossover)
+else:
+    st.subheader(t("tiers.workers"))
+    if server.failure is not None:
+        st.warning(t("tiers.worker_" + server.failure[0], step=server.failure[1]))
+    elif server.worker is not None:
+        st.markdown(t("tiers.worker_alive", pid=server.worker.process.pid, backend=backend(model.device)))
+    else:
+        st.markdown(t("tiers.worker_done" if run.finished else "tiers.worker_ended"))
+    draw_workers(server, model)
+
+# -- the comparison: the same queue in one process, on one tier -----------------------------------------------------
+st.subheader(t("paged.comparison"))
+if run.finished and state.tiers_compared is None and wanted is not None:
+    alone = dataclasses.replace(run.settings, offload=None, prefill_worker=None)
+    other = kv_runs.QueueRun(model, list(run.requests), alone)
+    name = t("tiers.variant_alone_" + run_mode)
+    error = run_variants([other], [name])
+    if error is not None:
+        st.error(error)
+    if other.finished:
+        state.tiers_compared = (name, other.summary(), [r.new_ids for r in other.requests])
+if state.tiers_compared is None:
+    st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
+    if run.finished:
+        st.button(t("paged.compare"), key="tiers_compare", icon=":material/compare_arrows:", on_click=request,
+                  args=("end",))
+else:
+    mine = [r.new_ids for r in run.requests]
+    name, theirs, their_tokens = state.tiers_compared
+    rows = []
+    for variant, kv, tokens in [(t("tiers.variant_" + run_mode), run.summary(), mine), (name, theirs, their_tokens)]:
+        same = t("paged.same" if tokens == mine else "paged.not_same")
+        itl = kv["itl_ms"]
+        if run_mode == "tier":
+            out = (kv["offload"] or {}).get("blocks_out", 0)
+            rows.append([variant, kv["preemptions"], number(out), number(kv["prefill_positions_computed"]),
+                         ms(kv["ttft_ms_p50"]), ms(itl["p99"]), decimal(kv["tokens_per_s"]), same])
+        else:
+            sent = (kv["transfer"] or {}).get("bytes", 0)
+            rows.append([variant, ms(kv["ttft_ms_p50"]), ms(itl["p50"]), ms(itl["p99"]), decimal(kv["tokens_per_s"]),
+                         number(sent), same])
+    if run_mode == "tier":
+        headers = [t("paged.col_variant"), t("paged.col_preempted"), t("tiers.blocks_out"), t("paged.col_prefill"),
+                   t("paged.col_ttft"), t("paged.col_itl_p99"), t("serving.tokens_per_s"), t("paged.col_tokens")]
+    else:
+        headers = [t("paged.col_variant"), t("paged.col_ttft"), t("tiers.col_itl_p50"), t("paged.col_itl_p99"),
+                   t("serving.tokens_per_s"), t("tiers.bytes_received"), t("paged.col_tokens")]
+    st.html(table_html(headers, rows))
+    st.caption(t("tiers.comparison_caption_" + run_mode))
+with st.expander(t("paged.how")):
+    st.markdown(t("tiers.how_text"))

@@ -1,0 +1,196 @@
+"""The Tiers and workers page under AppTest: the second tier (steps until a request is moved out, then back; the
+tier's slots drawn; the crossover chart and its positions), two workers (each transfer drawn, its bytes the cache
+formula's; a worker killed mid-run said; the comparison with one process), a reset that deletes the tier's file and
+ends the worker; and in headless Chromium."""
+
+import multiprocessing.spawn
+import re
+
+import pytest
+from apptest import click, open_app
+from conftest import wait_idle
+from test_paged_page import charts, html
+
+from model.serving import tiers
+from model.texts import text
+
+TIMEOUT = 180
+PAGE = "app_pages/tiers.py"
+
+
+def open_page(lang: str = "en", model: str = "small", **state):
+    return open_app(PAGE, TIMEOUT, lang=lang, model_name=model, device="cpu", **state)
+
+
+def step_until(at, happened) -> None:
+    run = at.session_state["tiers_run"]
+    while not happened(run.server.steps[-1]):
+        assert not run.finished
+        click(at, "tiers_next")
+
+
+def crossover_from(points) -> int | None:
+    """The fewest positions from which the round trip beat the recompute at every larger point, read off the
+    points as the chart draws them."""
+    found = None
+    for p in reversed(points):
+        if p.out_ms + p.in_ms >= p.recompute_ms:
+            return found
+        found = p.positions
+    return found
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_request_moved_out_to_the_tier_and_back_is_drawn_slot_by_slot(lang):
+    at = open_page(lang)
+    assert len(charts(at)) == 1  # the crossover, measured before any run
+    click(at, "tiers_start")
+    run = at.session_state["tiers_run"]
+    crossover = run.crossover
+    assert run.server.offload.kind == "disk" and text("tiers.kind_disk", lang) in " ".join(c.value for c in at.caption)
+    step_until(at, lambda step: any(what == "out" for _, what in step.tier))
+    rid = next(r for r, what in run.server.steps[-1].tier if what == "out")
+    moved = len(run.server.offload.went_out[rid])
+    tier_svg = charts(at)[1]
+    tip = text("tiers.tip_out_now", lang).format(slot="", request=rid).split(":")[1]
+    assert moved > 0 and tier_svg.count(tip) == moved
+    assert text("tiers.now_out", lang).format(request=rid, blocks=moved) in [m.value for m in at.markdown]
+    step_until(at, lambda step: (rid, "in") in step.tier)
+    back = text("tiers.tip_came_back", lang).format(slot="", request=rid).split(":", 1)[1]
+    assert charts(at)[1].count(back) == moved and rid in {s.request for s in run.server.steps[-1].spans}
+    # the crossover: a line per series over every point, its positions printed as the points give them
+    chart = charts(at)[2]
+    assert chart.count("<circle") == 2 * len(crossover.points)
+    positions = crossover_from(crossover.points)
+    assert positions == crossover.positions
+    printed = text("tiers.crossover_at", lang).format(positions=positions)
+    assert printed in [m.value for m in at.markdown]
+    assert not at.error and not at.exception
+
+
+def test_the_events_table_says_why_a_victim_was_computed_again(monkeypatch):
+    """A tier with no free slot (after the crossover is measured): every victim is computed again, and the step
+    says the tier was full."""
+    at = open_page()
+    monkeypatch.setattr(tiers.Tier, "n_free", property(lambda self: 0))
+    click(at, "tiers_start")
+    step_until(at, lambda step: bool(step.tier))
+    assert text("tiers.event_full", "en") in html(at)
+    assert at.session_state["tiers_run"].server.offload.moves.blocks_out == 0
+
+
+def test_reset_deletes_the_tier_s_file_and_the_run_then_finishes_with_the_comparison():
+    at = click(open_page(), "tiers_start")
+    run = at.session_state["tiers_run"]
+    path = run.server.offload.tier.path
+    assert path.exists()
+    click(at, "tiers_reset")
+    assert not path.exists() and run.server.offload.tier is None and run.samples == []
+    assert text("tiers.tier_deleted", "en") in " ".join(c.value for c in at.caption)
+    click(at, "tiers_run_button")
+    assert run.finished and not path.exists()
+    name, theirs, _ = at.session_state["tiers_compared"]
+    assert name == text("tiers.variant_alone_tier", "en") and theirs["offload"] is None
+    page = html(at)
+    assert page.count(f"<td>{text('paged.same', 'en')}</td>") == 2
+    blocks_out = run.summary()["offload"]["blocks_out"]
+    row = rf"<td>{text('tiers.variant_tier', 'en')}</td><td>\d+</td><td>{blocks_out}</td>"
+    assert blocks_out > 0 and re.search(row, page)
+
+
+def workers(lang: str = "en"):
+    return click(open_page(lang, tiers_mode="workers"), "tiers_start")
+
+
+def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_compare_with_one_process(monkeypatch):
+    """small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes = 2,048 bytes a position, every prompt position sent. The
+    worker is spawned from inside the app's script run, whose __main__ is app.py (Streamlit's, and AppTest's, script
+    runner): the worker is told to run no main module, so it neither imports Streamlit nor runs the app."""
+    prepared = []
+    real = multiprocessing.spawn.get_preparation_data
+    monkeypatch.setattr(multiprocessing.spawn, "get_preparation_data",
+                        lambda name: prepared.append(real(name)) or prepared[-1])
+    at = workers()
+    assert len(prepared) == 1 and not {"init_main_from_path", "init_main_from_name"} & prepared[0].keys()
+    run = at.session_state["tiers_run"]
+    server = run.server
+    assert server.failure is None and server.worker.process.is_alive()
+    click(at, "tiers_run_button")
+    assert run.finished and server.failure is None and len(server.transfers) == len(run.requests)
+    page = html(at)
+    for transfer in server.transfers:
+        n = len(run.requests[transfer.request].prompt_ids)
+        written = f"4 × 2 × 2 × 32 × 4 × {n} = {2048 * n:,}"
+        assert re.search(rf"<td>{transfer.request}</td><td>{transfer.step}</td><td>{n}</td><td>{2048 * n:,}</td>"
+                         rf"<td>{written}</td><td>{text('paged.same', 'en')}</td>", page), transfer
+    lanes = charts(at)[0]
+    assert lanes.count("marker-end=") == len({x.step for x in server.transfers})
+    assert lanes.count(" bytes received at step ") == len(run.requests)
+    name, _, _ = at.session_state["tiers_compared"]
+    assert name == text("tiers.variant_alone_workers", "en")
+    assert page.count(f"<td>{text('paged.same', 'en')}</td>") == len(run.requests) + 2
+
+
+def test_reset_ends_the_worker_and_a_worker_killed_mid_run_is_said():
+    at = workers("vi")
+    run = at.session_state["tiers_run"]
+    process = run.server.worker.process
+    click(at, "tiers_reset")
+    assert not process.is_alive() and run.server.worker is None
+    assert text("tiers.worker_ended", "vi") in [m.value for m in at.markdown]
+    click(at, "tiers_next")  # a new worker
+    step_until(at, lambda step: any(s.kind == "received" for s in step.spans))
+    run.server.worker.process.kill()
+    click(at, "tiers_run_button")
+    why, step = run.server.failure
+    assert why == "died" and run.finished
+    assert at.warning[0].value == text("tiers.worker_died", "vi").format(step=step)
+    lanes = charts(at)[0]
+    assert 'stroke="#c92a2a"' in lanes  # the prefill lane crossed out from that step
+    assert all(r.stop_reason is not None for r in run.requests)
+
+
+def test_a_second_run_ends_the_first_one_s_worker():
+    at = workers()
+    first = at.session_state["tiers_run"].server.worker.process
+    click(at, "tiers_start")
+    assert not first.is_alive() and at.session_state["tiers_run"].server.worker.process.is_alive()
+    click(at, "tiers_reset")
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_browser_moves_a_request_out_and_back_then_serves_with_two_workers(app_server, browser_page, lang):
+    page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 720})  # a classroom projector
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{app_server}/tiers?lang={lang}")
+    wait_idle(page, 120_000)
+    page.locator("img.dl-chart").first.wait_for()  # the crossover, before any run
+    page.get_by_role("button", name=text("paged.start", lang)).click()
+    wait_idle(page)
+    moved_back = text("tiers.now_back", lang).split("}")[1].split("{")[0]  # " moved back (blocks: "
+    for _ in range(40):  # Next until a request has come back from the tier
+        if page.get_by_text(moved_back).count():
+            break
+        page.get_by_role("button", name=text("serving.next", lang)).click()
+        wait_idle(page)
+    page.get_by_text(moved_back).first.wait_for()
+    page.get_by_text(text("tiers.pool_and_tier", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=f"test-artifacts/tiers-tier-{lang}.png")
+    page.get_by_text(text("tiers.crossover", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=f"test-artifacts/tiers-crossover-{lang}.png")
+    page.get_by_text(text("tiers.mode_workers", lang), exact=True).click()
+    wait_idle(page)
+    page.get_by_role("button", name=text("paged.start", lang)).click()
+    wait_idle(page, 120_000)
+    page.get_by_role("button", name=text("serving.run", lang)).click()
+    wait_idle(page, 180_000)
+    page.locator("table.mini-table").last.wait_for()
+    assert page.locator("td", has_text=text("tiers.variant_alone_workers", lang)).count() == 1
+    page.get_by_text(text("tiers.workers", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.screenshot(path=f"test-artifacts/tiers-workers-{lang}.png")
+    page.get_by_role("button", name=text("serving.reset", lang)).click()
+    wait_idle(page)
+    assert page.locator("[data-testid='stException']").count() == 0 and not errors

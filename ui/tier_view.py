@@ -1,0 +1,163 @@
+"""The Tiers and workers page's drawings: the pool beside the second tier's slots, what the tier did step by step,
+the crossover measured on this machine, and the two workers' lanes with each transfer's bytes beside the cache
+formula. The numbers come from model/serving (tiers.py, disaggregated.py, paged_server.py); here they are drawn."""
+
+from __future__ import annotations
+
+import threading
+
+import streamlit as st
+
+from model.engine.runtime import LoadedModel
+from model.serving.disaggregated import DisaggregatedServer
+from model.serving.paged import PagedLayout
+from model.serving.paged_server import PagedServer
+from model.serving.tiers import Crossover, measure_crossover
+from ui import svg
+from ui.errors import error_sentence
+from ui.i18n import decimal, number, t
+from ui.widgets import legend_html, table_html
+
+_measuring = threading.Lock()  # one measurement at a time: two at once would time each other's work
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def measured_crossover(_model: LoadedModel, name: str, device: str, dtype: str, block_size: int,
+                       kind: str) -> Crossover:
+    """tiers.measure_crossover of the model (by name, device and dtype) at this block size, measured once on this
+    server and kept for every session (st.cache_resource): a property of the machine and the model's shapes."""
+    with _measuring:
+        return measure_crossover(_model, PagedLayout.of(_model.info, block_size), kind, None)
+
+
+def ms(value: float | None) -> str:
+    return "—" if value is None else decimal(value, 2)
+
+
+def draw_pool_and_tier(server: PagedServer) -> None:
+    """The pool's blocks and the tier's slots, side by side, with what went out and came back in the last step."""
+    offload, layout = server.offload, server.layout
+    pool, tier = server.pool_view(), offload.view()
+    pool_tips = [t("paged.tip_free", block=b) if pool.holder[b] < 0 else
+                 t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
+                   size=layout.block_size, refs=int(pool.refs[b])) for b in range(len(pool.holder))]
+    tier_tips = []
+    for s in range(len(tier.holder)):
+        if tier.holder[s] >= 0:
+            tier_tips.append(t("tiers.tip_out_now" if tier.went_out[s] else "tiers.tip_out", slot=s,
+                               request=int(tier.holder[s])))
+        elif tier.came_back[s] >= 0:
+            tier_tips.append(t("tiers.tip_came_back", slot=s, request=int(tier.came_back[s])))
+        else:
+            tier_tips.append(t("tiers.tip_free", slot=s))
+    free = int((pool.holder < 0).sum())
+    left, right = st.columns(2)
+    with left:
+        st.markdown(f"**{t('tiers.pool_heading', free=number(free), blocks=number(len(pool.holder)))}**")
+        st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size,
+                                   pool_tips, t("paged.pool_alt", blocks=len(pool.holder), free=free)))
+    with right:
+        held = int((tier.holder >= 0).sum())
+        st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
+        if len(tier.holder):
+            st.html(svg.tier_slots_svg(tier.holder, tier.went_out, tier.came_back, tier_tips,
+                                       t("tiers.tier_alt", held=held, slots=len(tier.holder))))
+        else:
+            st.caption(t("tiers.tier_deleted"))
+    st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
+                        outlined=True))
+    st.caption(t("tiers.grids_caption"))
+    if offload.failure is not None:
+        st.error(error_sentence(offload.failure))
+
+
+def step_events(server: PagedServer, crossover: Crossover) -> None:
+    """This step's moves as a sentence, then every step's as a table: moved out, moved back, or computed again and
+    why."""
+    offload = server.offload
+    if not server.steps:
+        st.markdown(t("tiers.now_no_step"))
+        return
+    last = server.steps[-1]
+    said = [t("tiers.now_out", request=rid, blocks=len(slots)) for rid, slots in offload.went_out.items()]
+    said += [t("tiers.now_back" if (rid, "in") in last.tier else "tiers.now_damaged", request=rid, blocks=len(slots))
+             for rid, slots in offload.came_back.items()]
+    said += [event_text(what, rid, crossover) for rid, what in last.tier if what not in ("out", "in", "damaged")]
+    st.markdown(" ".join(said) if said else t("tiers.now_nothing"))
+    rows = [[step.index, rid, event_text(what, rid, crossover), ms(step.tier_ms)]
+            for step in server.steps for rid, what in step.tier]
+    if rows:
+        st.html(table_html([t("tiers.col_step"), t("tiers.col_request"), t("tiers.col_event"),
+                            t("tiers.col_tier_ms")], rows))
+    moves = offload.moves
+    st.caption(t("tiers.moves_caption", out=number(moves.blocks_out), back=number(moves.blocks_in),
+                 ms_out=ms(moves.ms_out / moves.blocks_out if moves.blocks_out else None),
+                 ms_in=ms(moves.ms_in / moves.blocks_in if moves.blocks_in else None)))
+
+
+def event_text(what: str, request: int, crossover: Crossover) -> str:
+    """What the tier did with a victim, in words (a victim too short: from how many positions it would move)."""
+    if what == "short" and crossover.positions is None:
+        return t("tiers.event_never", request=request)
+    return t("tiers.event_" + what, request=request, positions=number(crossover.positions or 0))
+
+
+def draw_crossover(crossover: Crossover) -> None:
+    """Round trip against recompute by positions, the crossover marked and printed, the medians per block."""
+    points = crossover.points
+    positions = [p.positions for p in points]
+    label = "" if crossover.positions is None else t("tiers.crossover_mark", positions=number(crossover.positions))
+    st.html(svg.crossover_svg(positions, {t("tiers.round_trip"): [p.round_trip_ms for p in points],
+                                          t("tiers.recompute"): [p.recompute_ms for p in points]},
+                              crossover.positions, label, t("tiers.axis_positions"), "ms",
+                              t("tiers.crossover_alt"), number=lambda v: number(v)))
+    if crossover.positions is None:
+        st.markdown(t("tiers.crossover_none", most=number(positions[-1])))
+    else:
+        st.markdown(t("tiers.crossover_at", positions=number(crossover.positions)))
+    st.caption(t("tiers.crossover_caption", out=ms(crossover.ms_per_block_out), back=ms(crossover.ms_per_block_in),
+                 recompute=ms(crossover.recompute_ms_per_block), bytes=number(crossover.block_bytes),
+                 repeats=crossover.conditions.get("repeats", 0), threads=crossover.conditions.get("threads", 0)))
+
+
+def formula_text(model: LoadedModel, positions: int) -> str:
+    """The cache formula written out for `positions` positions, its value: per layer kind where there are two."""
+    shape = model.info.cache_shape
+    common = f"2 × {shape.n_kv_heads} × {shape.d_head} × {shape.bytes_per_element}"
+    n = number(positions)
+    if shape.sliding_layers:
+        full = shape.n_layers - shape.sliding_layers
+        written = f"{common} × ({full} × {n} + {shape.sliding_layers} × min({n}, {number(shape.window)}))"
+    else:
+        written = f"{shape.n_layers} × {common} × {n}"
+    return f"{written} = {number(model.info.cache_bytes_formula(positions))}"
+
+
+def draw_workers(server: DisaggregatedServer, model: LoadedModel) -> None:
+    """The two lanes, each transfer an arrow between them, then the transfers' bytes beside the formula."""
+    steps = server.steps
+    transfers = server.transfers
+    boxes = [(x.request, x.step, t("tiers.tip_transfer", request=x.request, step=x.step, bytes=number(x.bytes),
+                                   ms=ms(x.ms))) for x in transfers]
+    cells = []
+    for step in steps:
+        kinds = [span.kind for span in step.spans]
+        here = kinds.count("prefill") + kinds.count("recompute")
+        kind = "prefill" if here else next((k for k in ("received", "decode") if k in kinds), None)
+        cells.append(None if kind is None else (kind, t("tiers.tip_decode_step", step=step.index,
+                                                        received=kinds.count("received"),
+                                                        here=here,
+                                                        decodes=kinds.count("decode"))))
+    gone = None if server.failure is None else server.failure[1]
+    if steps:
+        st.html(svg.worker_lanes_svg(len(steps), boxes, cells, gone, (t("tiers.lane_prefill"), t("tiers.lane_decode")),
+                                     t("serving.axis_step"), t("tiers.lanes_alt", transfers=len(transfers))))
+        st.html(legend_html({t("tiers.legend_" + kind): colour for kind, colour in svg.WORKER_COLOURS.items()}))
+    rows = [[x.request, x.step, number(x.positions), number(x.bytes), formula_text(model, x.positions),
+             t("paged.same" if x.bytes == x.bytes_formula else "paged.not_same"), ms(x.ms), ms(x.prefill_ms)]
+            for x in transfers]
+    if rows:
+        st.html(table_html([t("tiers.col_request"), t("tiers.col_received_at"), t("tiers.col_positions"),
+                            t("tiers.col_bytes"), t("tiers.col_formula"), t("tiers.col_equal"), t("tiers.col_recv_ms"),
+                            t("tiers.col_prefill_ms")], rows))
+    st.caption(t("tiers.transfers_caption"))
