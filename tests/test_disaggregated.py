@@ -56,6 +56,27 @@ def test_two_workers_give_the_one_process_tokens_and_send_the_formula_s_bytes_an
         server.close()
 
 
+def test_two_sessions_run_their_workers_at_once(small, one_process):
+    """Each pair of workers meets in a process group of its own: a second session's worker starts and sends while the
+    first's is alive (with the process's one default group, the second failed to start and ran alone)."""
+    requests, settings, tokens = one_process
+    first = DisaggregatedServer(small, fresh(requests), settings, "small")
+    second = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        assert first.worker.process.is_alive() and second.worker.process.is_alive()
+        while not (first.finished and second.finished):  # the two interleaved, as two sessions' clicks are
+            for server in (first, second):
+                if not server.finished:
+                    server.step()
+        assert first.failure is None and second.failure is None
+        assert {r.id: r.new_ids for r in second.requests.values()} == tokens == {
+            r.id: r.new_ids for r in first.requests.values()}
+        assert len(first.transfers) == len(second.transfers) == len(requests)
+    finally:
+        first.close()
+        second.close()
+
+
 def test_a_worker_killed_mid_run_leaves_the_run_to_this_process_and_no_request_is_lost(small, one_process):
     requests, settings, tokens = one_process
     server = DisaggregatedServer(small, fresh(requests), settings, "small")

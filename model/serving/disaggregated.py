@@ -5,9 +5,11 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 "received").
 
 - Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
-  values and logits come back over torch.distributed (gloo on a CPU, NCCL between GPUs): `dist.send` / `dist.recv`,
-  rank 1 to rank 0, on a free port of 127.0.0.1 picked at run time. The pipe says when a prompt is ready, so that this
-  process only calls `recv` for a tensor already sent and never waits on a worker that is gone.
+  values and logits come back over torch.distributed (gloo on a CPU, NCCL between GPUs): send / recv, rank 1 to
+  rank 0, in a process group of the pair's own (a TCPStore on a port of 127.0.0.1 the system picks), not the
+  process's one default group, so that each session's worker has its own and several run at once. The pipe says
+  when a prompt is ready, so that this process only calls `recv` for a tensor already sent and never waits on a
+  worker that is gone.
 - What is sent is what the cache formula counts (counting.cache_bytes_formula, ModelInfo.cache_bytes_formula): per
   layer its keys and values of the prompt's positions, a sliding layer's last `window` of them (Gemma 3), the pool's
   dtype: layers × 2 × KV heads × head dim × positions × bytes. Each transfer's bytes are counted from the tensors
@@ -22,7 +24,6 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import sys
 import time
 import types
@@ -46,14 +47,15 @@ TRANSFER_S = 60.0     # torch.distributed's timeout: a transfer that takes longe
 POLL_S = 0.05
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def pair_group(store: dist.TCPStore, rank: int, device: torch.device):
+    """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through `store`."""
+    if backend(device) == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, 2)
+    return dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=TRANSFER_S))
 
 
 def held_positions(layout: PagedLayout, n: int) -> list[int]:
@@ -74,44 +76,41 @@ class Transfer:
 
 
 def prefill_worker(conn, port: int, model_name: str, device: str, block_size: int, threads: int) -> None:
-    """Rank 1: load the model, say "ready", join the group, then prefill each prompt it is sent."""
+    """Rank 1: load the model, say "ready", join the pair's group, then prefill each prompt it is sent."""
     torch.set_num_threads(threads)
     model = load_model(model_name, device)
     conn.send(("ready",))
-    dist.init_process_group(backend(model.device), init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2,
-                            timeout=timedelta(seconds=TRANSFER_S))
+    rendezvous = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=TRANSFER_S))
+    group = pair_group(rendezvous, 1, model.device)
     layout = PagedLayout.of(model.info, block_size)
     cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.module.lm_head.weight.dtype,
                        model.device)
     wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
-    try:
-        with torch.inference_mode():
-            while True:
-                message = conn.recv()
-                if message[0] == "stop":
-                    break
-                _, request, ids = message
-                n = len(ids)
-                cache.reset()
-                cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
-                                   for g in range(len(layout.groups))]
-                paged = PagedPass(cache, [Row(0, 0, n, True, n)], model.device)
-                t0 = time.perf_counter()
-                logits = model.module(torch.tensor([ids], device=model.device), paged, positions=paged.positions,
-                                      keys=paged.row_keys, last_logits_only=True).logits[0, 0].float()
-                prefill_ms = (time.perf_counter() - t0) * 1000
-                parts = []
-                for table, held in zip(cache.tables[0], held_positions(layout, n)):
-                    at = torch.tensor(table, device=model.device)
-                    keys, values = (store[:, :, at].flatten(2, 3)[:, :, n - held:n] for store in
-                                    (cache.keys, cache.values))       # (layers, n_kv, held, d_head)
-                    parts.append(torch.stack((keys, values)).flatten())
-                kv = torch.cat(parts)
-                conn.send(("prefilled", request, prefill_ms, n))
-                dist.send(logits.to(wire), dst=0)
-                dist.send(kv.to(wire), dst=0)
-    finally:
-        dist.destroy_process_group()
+    with torch.inference_mode():
+        while True:
+            message = conn.recv()
+            if message[0] == "stop":
+                break
+            _, request, ids = message
+            n = len(ids)
+            cache.reset()
+            cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
+                               for g in range(len(layout.groups))]
+            paged = PagedPass(cache, [Row(0, 0, n, True, n)], model.device)
+            t0 = time.perf_counter()
+            logits = model.module(torch.tensor([ids], device=model.device), paged, positions=paged.positions,
+                                  keys=paged.row_keys, last_logits_only=True).logits[0, 0].float()
+            prefill_ms = (time.perf_counter() - t0) * 1000
+            parts = []
+            for table, held in zip(cache.tables[0], held_positions(layout, n)):
+                at = torch.tensor(table, device=model.device)
+                keys, values = (store[:, :, at].flatten(2, 3)[:, :, n - held:n] for store in
+                                (cache.keys, cache.values))       # (layers, n_kv, held, d_head)
+                parts.append(torch.stack((keys, values)).flatten())
+            kv = torch.cat(parts)
+            conn.send(("prefilled", request, prefill_ms, n))
+            group.send([logits.to(wire)], 0, 0).wait()
+            group.send([kv.to(wire)], 0, 0).wait()
 
 
 @contextmanager
@@ -129,9 +128,8 @@ def main_set_aside() -> Iterator[None]:
             sys.modules["__main__"] = main
 
 
-def end_worker(conn, process, joined: list[bool]) -> None:
-    """The worker told to stop, then ended (killed if it does not within a few seconds); the group left if this
-    process joined it (joined[0])."""
+def end_worker(conn, process) -> None:
+    """The worker told to stop, then ended (killed if it does not within a few seconds)."""
     try:
         conn.send(("stop",))
     except OSError:
@@ -141,9 +139,6 @@ def end_worker(conn, process, joined: list[bool]) -> None:
         process.kill()
         process.join(5)
     conn.close()
-    if joined[0] and dist.is_initialized():
-        dist.destroy_process_group()
-    joined[0] = False
 
 
 class WorkerGone(Exception):
@@ -159,22 +154,20 @@ class PrefillWorker:
         self.wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        port = free_port()
+        # the pair's own store, on a port the system picks: no second worker, in this session or another, shares it
+        self.rendezvous = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
+                                        timeout=timedelta(seconds=TRANSFER_S))
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
-            child, port, model_name, str(model.device), block_size, torch.get_num_threads()))
+            child, self.rendezvous.port, model_name, str(model.device), block_size, torch.get_num_threads()))
         with main_set_aside():
             self.process.start()
         child.close()
-        # ended by stop(), or when this object is dropped without it (a page's session that ends): the group is
-        # this process's one default group, and one left joined would keep every later worker from joining
-        self._joined = [False]
-        self._end = weakref.finalize(self, end_worker, self.conn, self.process, self._joined)
+        # ended by stop(), or when this object is dropped without it (a page's session that ends)
+        self._end = weakref.finalize(self, end_worker, self.conn, self.process)
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
-            dist.init_process_group(backend(model.device), init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                    world_size=2, timeout=timedelta(seconds=TRANSFER_S))
-            self._joined[0] = True
+            self.group = pair_group(self.rendezvous, 0, model.device)
         except (WorkerGone, OSError, RuntimeError, ValueError):
             self.stop()
             raise WorkerGone from None
@@ -211,8 +204,8 @@ class PrefillWorker:
         kv = torch.empty(sum(held) * per_position, dtype=self.model.module.lm_head.weight.dtype, device=self.wire)
         t0 = time.perf_counter()
         try:
-            dist.recv(logits, src=1)
-            dist.recv(kv, src=1)
+            self.group.recv([logits], 1, 0).wait()
+            self.group.recv([kv], 1, 0).wait()
         except RuntimeError:
             raise WorkerGone from None
         ms = (time.perf_counter() - t0) * 1000
@@ -221,7 +214,7 @@ class PrefillWorker:
         return request, logits, groups, ms, prefill_ms
 
     def stop(self) -> None:
-        """The worker ended and the group left (end_worker), once."""
+        """The worker ended (end_worker), once."""
         self._end()
 
 
