@@ -2,33 +2,19 @@
 (bytes read and operations done against this machine's measured roofs); float32, bfloat16 and int8 weights;
 the profiler's ops of one step. The engine's work is model/serving/."""
 
-import tempfile
-from pathlib import Path
-
 import streamlit as st
 
-from model.engine.kernels import machine_products
 from model.engine.llama import is_packed
 from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
-from model.serving import analysis, measure, timing, workload
+from model.serving import analysis, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
-from model.serving.quality import held_out
+from ui import serving_views as views
 from ui import svg
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
-from ui.serving_run import (
-    DTYPE_REPEATS,
-    StopBar,
-    cpu_sentences,
-    dtype_context,
-    kept_dtype_costs,
-    machine,
-    measure_dtype_costs,
-    pass_costs,
-    run_steps,
-)
+from ui.serving_run import machine, pass_costs, run_steps
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, table_html
 
@@ -236,93 +222,10 @@ if longest is not None:
     if passes and decode_memory_bound:  # a prefill can be compute-bound where a small decode step is memory-bound
         st.caption(t("serving.two_designs"))
 
-# -- fewer bits: each dtype's step and accuracy ----------------------------------------------------------------
-st.subheader(t("serving.dtypes"))
-if st.button(t("serving.measure_dtypes"), key="serving_measure_dtypes", icon=":material/compare_arrows:"):
-    dtypes_bar = StopBar("serving_dtypes_stop", t("serving.measuring"))
-    guarded(lambda: measure_dtype_costs(model, lambda done: dtypes_bar.draw(done, t("serving.measuring"))))
-    dtypes_bar.clear()
-kept = kept_dtype_costs(model)
-if kept is None:
-    st.caption(t("serving.dtypes_help"))
-else:
-    costs, quality, refused = kept
-    read_roof = machine(info.device).read_gb_s
-    st.html(table_html(
-        [t("serving.col_dtype"), t("serving.col_step_b1"), t("serving.col_mb_read"), "GB/s", t("serving.col_of_read"),
-         t("serving.col_perplexity"), t("serving.col_agreement"), t("serving.col_kl")],
-        [[c.dtype, decimal(c.step_ms, 2), decimal(c.bytes_read / 1e6, 1), decimal(c.gb_s, 2),
-          f"{c.gb_s / read_roof:.0%}", decimal(c.perplexity, 3), f"{decimal(100 * c.greedy_agreement)}%",
-          decimal(c.mean_kl, 5)]
-         for c in costs]))
-    for sentence in refused:
-        st.caption(sentence)
-    st.caption(t("serving.dtypes_note", repeats=DTYPE_REPEATS, context=number(dtype_context(model)),
-                 read=decimal(read_roof), tokens=number(quality.tokens), text=quality.text,
-                 title=held_out(info.language).title, greedy=number(quality.rows[0].greedy_total),
-                 prompts=quality.prompts))
-if info.device == "cpu":
-    st.caption(" ".join(cpu_sentences(machine_products())))
-
-# -- ITL and throughput against B and context length -------------------------------------------------------------
-st.subheader(t("serving.sweep"))
-contexts = [c for c in SWEEP_CONTEXTS if c < run_info.context_length] or [run_info.context_length // 2]
-if st.button(t("serving.measure_sweep"), key="serving_measure", icon=":material/timer:"):
-    sweep_bar = StopBar("serving_measure_stop", t("serving.measuring"))
-    measured = guarded(lambda: measure.sweep(
-        run_model, list(SWEEP_BATCHES), contexts, report=lambda done, total, batch, context: sweep_bar.draw(
-            done / total, t("serving.sweep_progress", batch=batch, n=number(context), k=done + 1, total=total))))
-    sweep_bar.clear()
-    if measured is not None:
-        state.serving_sweep = (run_info.dtype, measured)
-if state.serving_sweep is not None:
-    sweep_dtype, sweep = state.serving_sweep
-    label = t("serving.context_label")
-    charts = [svg.line_chart_svg(list(SWEEP_BATCHES), {label.format(n=c): [w.p50 for w in works]
-                                                       for c, works in sweep.items()},
-                                 "B", t("serving.itl_ms"), t("serving.itl_ms"), number=lambda v: f"{v:g}"),
-              svg.line_chart_svg(list(SWEEP_BATCHES), {label.format(n=c): [w.tokens_per_s for w in works]
-                                                       for c, works in sweep.items()},
-                                 "B", t("serving.tokens_per_s"), t("serving.tokens_per_s"),
-                                 number=lambda v: f"{v:g}")]
-    st.html(f'<div class="dl-grid"><div>{charts[0]}</div><div>{charts[1]}</div></div>')
-    st.caption(t("serving.sweep_note", dtype=sweep_dtype, repeats=5))
-else:
-    listed = [number(c) for c in contexts]
-    st.caption(t("serving.sweep_help", dtype=run_info.dtype, contexts=listed[0] if len(listed) == 1
-                 else t("serving.and", a=listed[0], b=listed[1])))
-
-# -- the profiler: the ops of one step ---------------------------------------------------------------------------
-st.subheader(t("serving.profile"))
-if st.button(t("serving.run_profile"), key="serving_profile_button", icon=":material/query_stats:"):
-    profile_bar = StopBar("serving_profile_stop", t("serving.measuring"))
-    ticks = [0, 2 * run_info.n_layers + PROFILE_STEPS]  # done, and the prefill's and warm-up's layers + the steps
-
-    def tick() -> None:
-        ticks[0] += 1
-        profile_bar.draw(ticks[0] / ticks[1], t("serving.measuring"))
-
-    with tempfile.TemporaryDirectory() as folder:
-        trace = Path(folder) / "trace.json"
-        context = min(PROFILE_CONTEXT, run_info.context_length // 2)
-        ops = guarded(lambda: measure.profile_steps(run_model, max(1, last.rows), context, PROFILE_STEPS,
-                                                        str(trace), tick))
-        if ops is not None:
-            state.serving_profile = (ops, trace.read_bytes(), max(1, last.rows))
-    profile_bar.clear()
-if state.serving_profile is not None:
-    ops, trace_bytes, rows = state.serving_profile
-    on_device = ops[0].clock == "device"
-    st.html(table_html([t("serving.col_op"), t("serving.col_ms_device" if on_device else "serving.col_ms"),
-                        t("serving.col_share"), t("serving.col_calls")],
-                       [[op.name, f"{op.ms_per_step:.3f}", f"{op.share:.0%}", f"{op.calls_per_step:.0f}"]
-                        for op in ops]))
-    st.caption(t("serving.profile_note_device" if on_device else "serving.profile_note", steps=PROFILE_STEPS,
-                 rows=rows))
-    st.download_button(t("serving.download_trace"), data=trace_bytes, file_name="decode-lab-step-trace.json",
-                       mime="application/json", key="serving_trace_download", on_click="ignore")
-else:
-    st.caption(t("serving.profile_help"))
+# -- fewer bits, B and context, the profiler: measured on a click each -------------------------------------------
+views.dtype_table(model)
+views.sweep(run_model, SWEEP_BATCHES, SWEEP_CONTEXTS)
+views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last.rows))
 with st.expander(t("serving.how")):
     st.markdown(t("serving.how_text"))
     st.markdown(t("serving.how_exact" if is_packed(module) else "serving.how_not_exact"))
