@@ -238,6 +238,27 @@ void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const
   });
 }
 
+// RMSNorm of each row of x (rows, n), float32: y = (x · s) · g, s = 1 / √(Σ x² / n + eps), g = w, or 1 + w
+// (Gemma's). A row's sum of squares runs over k in LANES running sums (k mod LANES), which are then added in turn,
+// the last n mod LANES squares after them: the same bits for a row whatever rows are beside it
+void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, int plus_one, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * n;
+    f32x16 lanes = {};
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES) {
+      f32x16 v;
+      std::memcpy(&v, row + k, sizeof v);
+      lanes += v * v;
+    }
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; ++l) sum += lanes[l];
+    for (; k < n; ++k) sum += row[k] * row[k];
+    const float s = 1.0f / std::sqrt(sum / float(n) + eps);
+    for (k = 0; k < n; ++k) y[r * n + k] = (row[k] * s) * (plus_one ? 1.0f + w[k] : w[k]);
+  }
+}
+
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
 int bf16_instructions() {
 #if defined(__AVX512BF16__)

@@ -92,12 +92,24 @@ class Probe:
 
 
 class RMSNorm(nn.Module):
+    """x / rms(x) · w. The shared inference model (pack_linears sets `fused`) normalises float32 rows in one op of the
+    decode kernels (kernels.rms_norm), each row the same bits beside any others; every other model in torch's ops
+    (eager)."""
+
+    fused = False
+    plus_one = False  # the kernel's gain is 1 + w (Gemma's), not w
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
+        if self.fused and x.dtype == self.weight.dtype == torch.float32:
+            return kernels.rms_norm(x, self.weight, self.eps, self.plus_one)
+        return self.eager(x)
+
+    def eager(self, x):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -347,6 +359,8 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
     if tied:
         model.model.embed_tokens.weight = model.lm_head.weight
         model.model.embed_tokens.packed = model.lm_head.packed
+    for norm in (m for m in model.modules() if isinstance(m, RMSNorm)):
+        norm.fused = True
     return True
 
 
@@ -385,6 +399,8 @@ def dense_copy(model: nn.Module) -> nn.Module:
             module.packed = None
             if isinstance(module, Linear) and model.get_submodule(name).packed is not None:
                 module.weight = nn.Parameter(model.get_submodule(name).dense_weight(), requires_grad=False)
+        if isinstance(module, RMSNorm):
+            module.fused = False
     if model.lm_head.weight is model.model.embed_tokens.weight:
         copied.model.embed_tokens.weight = copied.lm_head.weight
     return copied
