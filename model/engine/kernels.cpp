@@ -259,6 +259,58 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps
   }
 }
 
+// Attention of one new query per row over that row's S keys, float32 (a decode step): q (B, heads, d) at strides
+// q_b, q_h; k and v (B, kv heads, S, d) at strides kv_b, kv_h, kv_s (views into a cache's buffers, never copied); query
+// head h reads kv head h / (heads / kv heads). Per head: score_s = (q · k_s) / scale, each dot product in LANES
+// running sums then added in turn; weight_s = exp(score_s − max) / Σ exp(...), the sum over s in turn; out = Σ_s
+// weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row whatever rows are
+// beside it
+static inline float dot(const float* a, const float* b, int64_t n) {
+  f32x16 lanes = {};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    f32x16 x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    lanes += x * y;
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < LANES; ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
+                const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s, float scale,
+                float* out, float* weights) {
+  const int64_t groups = heads / kv_heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* qh = q + b * q_b + h * q_h;
+      const float* kh = k + b * kv_b + (h / groups) * kv_h;
+      const float* vh = v + b * kv_b + (h / groups) * kv_h;
+      float* w = weights + (b * heads + h) * S;
+      float most = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) {
+        w[s] = dot(qh, kh + s * kv_s, d) / scale;
+        most = std::max(most, w[s]);
+      }
+      float total = 0.0f;
+      for (int64_t s = 0; s < S; ++s) {
+        w[s] = std::exp(w[s] - most);
+        total += w[s];
+      }
+      for (int64_t s = 0; s < S; ++s) w[s] /= total;
+      float* o = out + b * heads * d + h * d;
+      std::fill(o, o + d, 0.0f);
+      for (int64_t s = 0; s < S; ++s) {
+        const float* vs = vh + s * kv_s;
+        const float ws = w[s];
+        for (int64_t i = 0; i < d; ++i) o[i] += ws * vs[i];
+      }
+    }
+}
+
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
 int bf16_instructions() {
 #if defined(__AVX512BF16__)

@@ -46,6 +46,7 @@ HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
 MADV_HUGEPAGE = 14  # linux/mman.h
 PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: + float32, bfloat16, int8
 PROFILED_NORM = "decode_lab::rms_norm"
+PROFILED_ATTEND = "decode_lab::attend_one"
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -53,6 +54,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
               "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
               "rms_norm": (_ptr, _i64, _i64, _ptr, ctypes.c_float, _int, _ptr),
+              "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
+                             ctypes.c_float, _ptr, _ptr),
               "bf16_instructions": (), "int8_instructions": ()}
 
 
@@ -355,3 +358,24 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool)
     n = x.shape[-1]
     kernels().rms_norm(x.data_ptr(), x.numel() // n, n, weight.data_ptr(), eps, int(plus_one), y.data_ptr())
     return y
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ / scale)·v for one query per row, float32, in one op (kernels.cpp): q (B, n_heads, 1, d_head), k
+    and v (B, n_kv, S, d_head) as they lie in the cache (each position's d_head numbers side by side, k and v at the
+    same strides) -> out (B, 1, n_heads·d_head), weights (B, n_heads, 1, S); its own op under torch's profiler
+    (PROFILED_ATTEND)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_ATTEND):
+            return _attend_one(q, k, v, scale)
+    return _attend_one(q, k, v, scale)
+
+
+def _attend_one(q, k, v, scale):
+    B, n_heads, _, d_head = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    out = q.new_empty(B, 1, n_heads * d_head)
+    weights = q.new_empty(B, n_heads, 1, S)
+    kernels().attend_one(q.data_ptr(), B, n_heads, d_head, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+                         n_kv, S, k.stride(0), k.stride(1), k.stride(2), scale, out.data_ptr(), weights.data_ptr())
+    return out, weights
