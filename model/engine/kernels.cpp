@@ -238,9 +238,21 @@ void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const
   });
 }
 
+// The sum of a vector's 16 numbers as a tree, halves added lane by lane (a fixed order, and 4 steps where one by one
+// would be 15 in a row)
+static inline float lanes_sum(f32x16 v) {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  typedef float f32x4 __attribute__((vector_size(16)));
+  const f32x8 eight = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
+                     __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
 // RMSNorm of each row of x (rows, n), float32: y = (x · s) · g, s = 1 / √(Σ x² / n + eps), g = w, or 1 + w
-// (Gemma's). A row's sum of squares runs over k in LANES running sums (k mod LANES), which are then added in turn,
-// the last n mod LANES squares after them: the same bits for a row whatever rows are beside it
+// (Gemma's). A row's sum of squares runs over k in LANES running sums (k mod LANES), which are then added as a tree
+// (lanes_sum), the last n mod LANES squares after them: the same bits for a row whatever rows are beside it
 void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, int plus_one, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * n;
@@ -251,8 +263,7 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps
       std::memcpy(&v, row + k, sizeof v);
       lanes += v * v;
     }
-    float sum = 0.0f;
-    for (int l = 0; l < LANES; ++l) sum += lanes[l];
+    float sum = lanes_sum(lanes);
     for (; k < n; ++k) sum += row[k] * row[k];
     const float s = 1.0f / std::sqrt(sum / float(n) + eps);
     for (k = 0; k < n; ++k) y[r * n + k] = (row[k] * s) * (plus_one ? 1.0f + w[k] : w[k]);
@@ -262,9 +273,9 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps
 // Attention of one new query per row over that row's S keys, float32 (a decode step): q (B, heads, d) at strides
 // q_b, q_h; k and v (B, kv heads, S, d) at strides kv_b, kv_h, kv_s (views into a cache's buffers, never copied); query
 // head h reads kv head h / (heads / kv heads). Per head: score_s = (q · k_s) / scale, each dot product in LANES
-// running sums then added in turn; weight_s = exp(score_s − max) / Σ exp(...), the sum over s in turn; out = Σ_s
-// weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row whatever rows are
-// beside it
+// running sums then added as a tree (lanes_sum); weight_s = exp(score_s − max) / Σ exp(...), the sum over s in
+// turn; out = Σ_s weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row
+// whatever rows are beside it
 static inline float dot(const float* a, const float* b, int64_t n) {
   f32x16 lanes = {};
   int64_t i = 0;
@@ -274,8 +285,7 @@ static inline float dot(const float* a, const float* b, int64_t n) {
     std::memcpy(&y, b + i, sizeof y);
     lanes += x * y;
   }
-  float sum = 0.0f;
-  for (int l = 0; l < LANES; ++l) sum += lanes[l];
+  float sum = lanes_sum(lanes);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
@@ -302,12 +312,20 @@ void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b
       }
       for (int64_t s = 0; s < S; ++s) w[s] /= total;
       float* o = out + b * heads * d + h * d;
-      std::fill(o, o + d, 0.0f);
-      for (int64_t s = 0; s < S; ++s) {
-        const float* vs = vh + s * kv_s;
-        const float ws = w[s];
-        for (int64_t i = 0; i < d; ++i) o[i] += ws * vs[i];
+      int64_t i0 = 0;
+      for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
+        f32x16 sum[BLOCKS] = {};
+        for (int64_t s = 0; s < S; ++s)
+          for (int j = 0; j < BLOCKS; ++j) {
+            f32x16 vs;
+            std::memcpy(&vs, vh + s * kv_s + i0 + j * LANES, sizeof vs);
+            sum[j] += w[s] * vs;
+          }
+        std::memcpy(o + i0, sum, sizeof sum);
       }
+      std::fill(o + i0, o + d, 0.0f);
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
     }
 }
 

@@ -587,7 +587,8 @@ class DecoderOnly(nn.Module):
             positions = torch.arange(n_past, n_past + T, device=ids.device)
         x = self.embed(ids)                                      # (B, T, hidden)
         rope = self.rope(positions, x.dtype)                     # per layer kind: (T or B×1×T, d_head) each
-        blocks = self.model.layers[:probe.n_layers]
+        # (a ModuleList's slice is a new ModuleList, built module by module: a few µs a layer at every step)
+        blocks = self.model.layers if probe.n_layers is None else self.model.layers[:probe.n_layers]
         windows = self.windows[:len(blocks)]
         first_key = dict.fromkeys(windows, 0)  # per layer kind, the position of the first key its queries see
         if keys is None:
