@@ -256,10 +256,8 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
-        y = kernels.matmul(x.reshape(-1, self.inputs).contiguous(), self.matrix)  # (rows, outputs)
-        if self.padded:
-            y = y[:, :sum(self.outputs)]
-        return y.view(*x.shape[:-1], y.shape[-1])
+        y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
+        return y[..., :sum(self.outputs)] if self.padded else y
 
     def dense(self, member: int = 0) -> torch.Tensor:
         """The member-th stacked matrix as a dense (outputs, inputs) tensor of its own (int8: its values q · s)."""
