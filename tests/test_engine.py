@@ -16,8 +16,9 @@ from model.engine.counting import (
     positions_with_cache,
     positions_without_cache,
 )
+from model.engine.gemma3 import GemmaRMSNorm
 from model.engine.generate import back, encode_prompt, resample, run_to_end, start, step
-from model.engine.llama import Llama, LlamaConfig
+from model.engine.llama import Llama, LlamaConfig, RMSNorm, attend
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings
@@ -58,6 +59,31 @@ def test_cached_logits_equal_recompute_at_every_step(name, request):
     sampled = SamplingSettings(temperature=1.0, seed=3)
     gen = assert_every_step_matches_recompute(model, prompt, sampled, n_steps=8)
     assert len(gen.steps) >= 2
+
+
+@needs_kernels
+@pytest.mark.parametrize("norm_class", [RMSNorm, GemmaRMSNorm])
+def test_fused_norm_and_attention_agree_with_torchs_ops_and_give_a_row_its_solo_bits(norm_class):
+    """The shared model's norm (w, or Gemma's 1 + w) and one-query attention in the decode kernels: within float32
+    rounding of torch's ops, and each row of a batch (every row over the same keys, so one call) the same bits as
+    that row alone."""
+    torch.manual_seed(0)
+    norm = norm_class(577, 1e-6)  # not a multiple of the kernel's 16 lanes
+    norm.weight.data.normal_(0.0, 0.5)
+    x = torch.randn(2, 5, 577) * 3
+    norm.fused = True
+    fused = norm(x)
+    assert torch.allclose(fused, norm.eager(x), rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused[1, 3], norm(x[1, 3:4])[0])
+
+    q = torch.randn(4, 9, 1, 80)
+    k, v = torch.randn(2, 4, 3, 70, 80).unbind()  # 3 KV heads for 9 query heads
+    out, weights = attend(q, k, v, None, 8.0, fused=True)
+    eager_out, eager_weights = attend(q, k, v, None, 8.0)
+    assert torch.allclose(out, eager_out, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(weights, eager_weights, rtol=1e-5, atol=1e-7)
+    solo = attend(q[2:3], k[2:3], v[2:3], None, 8.0, fused=True)
+    assert torch.equal(out[2:3], solo[0]) and torch.equal(weights[2:3], solo[1])
 
 
 def test_micro_is_the_course_example(micro):

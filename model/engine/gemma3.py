@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.engine.llama import MLP, Attention, DecoderOnly, inverse_frequencies, over_heads, rope_cos_sin
+from model.engine.llama import MLP, Attention, DecoderOnly, RMSNorm, inverse_frequencies, over_heads, rope_cos_sin
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -84,16 +84,17 @@ class Gemma3Config:
         return self.sliding_window if self.layer_types[layer] == SLIDING else None
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """x / rms(x) · (1 + w): w starts at 0, so an untrained norm is the identity. Computed in float32, like
     transformers' Gemma3RMSNorm (the product is taken before the cast back, unlike Llama's)."""
 
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
+    plus_one = True
 
-    def forward(self, x):
+    def __init__(self, dim: int, eps: float):
+        super().__init__(dim, eps)
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def eager(self, x):
         normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
 

@@ -238,6 +238,97 @@ void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const
   });
 }
 
+// The sum of a vector's 16 numbers as a tree, halves added lane by lane (a fixed order, and 4 steps where one by one
+// would be 15 in a row)
+static inline float lanes_sum(f32x16 v) {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  typedef float f32x4 __attribute__((vector_size(16)));
+  const f32x8 eight = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                      __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const f32x4 four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) +
+                     __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  return (four[0] + four[2]) + (four[1] + four[3]);
+}
+
+// RMSNorm of each row of x (rows, n), float32: y = (x · s) · g, s = 1 / √(Σ x² / n + eps), g = w, or 1 + w
+// (Gemma's). A row's sum of squares runs over k in LANES running sums (k mod LANES), which are then added as a tree
+// (lanes_sum), the last n mod LANES squares after them: the same bits for a row whatever rows are beside it
+void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, int plus_one, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * n;
+    f32x16 lanes = {};
+    int64_t k = 0;
+    for (; k + LANES <= n; k += LANES) {
+      f32x16 v;
+      std::memcpy(&v, row + k, sizeof v);
+      lanes += v * v;
+    }
+    float sum = lanes_sum(lanes);
+    for (; k < n; ++k) sum += row[k] * row[k];
+    const float s = 1.0f / std::sqrt(sum / float(n) + eps);
+    for (k = 0; k < n; ++k) y[r * n + k] = (row[k] * s) * (plus_one ? 1.0f + w[k] : w[k]);
+  }
+}
+
+// Attention of one new query per row over that row's S keys, float32 (a decode step): q (B, heads, d) at strides
+// q_b, q_h; k and v (B, kv heads, S, d) at strides kv_b, kv_h, kv_s (views into a cache's buffers, never copied); query
+// head h reads kv head h / (heads / kv heads). Per head: score_s = (q · k_s) / scale, each dot product in LANES
+// running sums then added as a tree (lanes_sum); weight_s = exp(score_s − max) / Σ exp(...), the sum over s in
+// turn; out = Σ_s weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row
+// whatever rows are beside it
+static inline float dot(const float* a, const float* b, int64_t n) {
+  f32x16 lanes = {};
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    f32x16 x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    lanes += x * y;
+  }
+  float sum = lanes_sum(lanes);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
+                const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s, float scale,
+                float* out, float* weights) {
+  const int64_t groups = heads / kv_heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* qh = q + b * q_b + h * q_h;
+      const float* kh = k + b * kv_b + (h / groups) * kv_h;
+      const float* vh = v + b * kv_b + (h / groups) * kv_h;
+      float* w = weights + (b * heads + h) * S;
+      float most = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) {
+        w[s] = dot(qh, kh + s * kv_s, d) / scale;
+        most = std::max(most, w[s]);
+      }
+      float total = 0.0f;
+      for (int64_t s = 0; s < S; ++s) {
+        w[s] = std::exp(w[s] - most);
+        total += w[s];
+      }
+      for (int64_t s = 0; s < S; ++s) w[s] /= total;
+      float* o = out + b * heads * d + h * d;
+      int64_t i0 = 0;
+      for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
+        f32x16 sum[BLOCKS] = {};
+        for (int64_t s = 0; s < S; ++s)
+          for (int j = 0; j < BLOCKS; ++j) {
+            f32x16 vs;
+            std::memcpy(&vs, vh + s * kv_s + i0 + j * LANES, sizeof vs);
+            sum[j] += w[s] * vs;
+          }
+        std::memcpy(o + i0, sum, sizeof sum);
+      }
+      std::fill(o + i0, o + d, 0.0f);
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
+    }
+}
+
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
 int bf16_instructions() {
 #if defined(__AVX512BF16__)

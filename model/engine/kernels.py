@@ -45,12 +45,17 @@ ALIGN = 64          # bytes: each packed matrix starts on a cache line
 HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
 MADV_HUGEPAGE = 14  # linux/mman.h
 PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: + float32, bfloat16, int8
+PROFILED_NORM = "decode_lab::rms_norm"
+PROFILED_ATTEND = "decode_lab::attend_one"
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
               "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
+              "rms_norm": (_ptr, _i64, _i64, _ptr, ctypes.c_float, _int, _ptr),
+              "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
+                             ctypes.c_float, _ptr, _ptr),
               "bf16_instructions": (), "int8_instructions": ()}
 
 
@@ -313,7 +318,9 @@ def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
 
 
 def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
-    """x (rows, inputs), contiguous, times the packed matrix: (rows, 16 · blocks), in x's dtype, on torch's threads.
+    """x (…, inputs), contiguous, times the packed matrix: (…, 16 · blocks), in x's dtype, on torch's threads (the
+    rows of x are all its numbers but the last dimension's; no reshape before or view after, a µs each of 121
+    products in a decode step).
     Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
@@ -323,9 +330,10 @@ def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
 
 def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     built = kernels()
-    rows, inputs = x.shape
+    inputs = x.shape[-1]
+    rows = x.numel() // inputs
     blocks = packed.shape.blocks
-    y = x.new_empty(rows, blocks * LANES)
+    y = x.new_empty((*x.shape[:-1], blocks * LANES))
     threads = torch.get_num_threads()
     if packed.shape.dtype == torch.bfloat16:
         built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
@@ -335,3 +343,42 @@ def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     else:
         built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
+    """RMSNorm of each row of x (…, n), float32, in one pass (kernels.cpp): x / rms(x) · w, or · (1 + w) (Gemma's);
+    its own op under torch's profiler (PROFILED_NORM). A step's 61 norms as torch's seven small ops each took about
+    2 ms of SmolLM2's 27 ms decode step here."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_NORM):
+            return _rms_norm(x, weight, eps, plus_one)
+    return _rms_norm(x, weight, eps, plus_one)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    kernels().rms_norm(x.data_ptr(), x.numel() // n, n, weight.data_ptr(), eps, int(plus_one), y.data_ptr())
+    return y
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ / scale)·v for one query per row, float32, in one op (kernels.cpp): q (B, n_heads, 1, d_head), k
+    and v (B, n_kv, S, d_head) as they lie in the cache (each position's d_head numbers side by side, k and v at the
+    same strides) -> out (B, 1, n_heads·d_head), weights (B, n_heads, 1, S); its own op under torch's profiler
+    (PROFILED_ATTEND)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_ATTEND):
+            return _attend_one(q, k, v, scale)
+    return _attend_one(q, k, v, scale)
+
+
+def _attend_one(q, k, v, scale):
+    B, n_heads, _, d_head = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    out = q.new_empty(B, 1, n_heads * d_head)
+    weights = q.new_empty(B, n_heads, 1, S)
+    kernels().attend_one(q.data_ptr(), B, n_heads, d_head, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+                         n_kv, S, k.stride(0), k.stride(1), k.stride(2), scale, out.data_ptr(), weights.data_ptr())
+    return out, weights

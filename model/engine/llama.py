@@ -92,12 +92,24 @@ class Probe:
 
 
 class RMSNorm(nn.Module):
+    """x / rms(x) · w. The shared inference model (pack_linears sets `fused`) normalises float32 rows in one op of the
+    decode kernels (kernels.rms_norm), each row the same bits beside any others; every other model in torch's ops
+    (eager)."""
+
+    fused = False
+    plus_one = False  # the kernel's gain is 1 + w (Gemma's), not w
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x):
+        if self.fused and x.dtype == self.weight.dtype == torch.float32:
+            return kernels.rms_norm(x, self.weight, self.eps, self.plus_one)
+        return self.eager(x)
+
+    def eager(self, x):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -158,15 +170,20 @@ class RowKeys:
         return list(itertools.accumulate(self.queries, initial=-1))[1:]
 
 
-def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float):
+def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float, fused: bool = False):
     """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
     q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
     keys: which keys each query sees: the additive mask (T, S) of one sequence (None: every key), or RowKeys.
     GQA: query head h reads KV head h // groups. The queries of a group's heads are stacked as the rows of one
     matrix per KV head, so each KV head's K and V are read once, as they lie in the cache (a view of its buffer):
-    a matmul that broadcast K over the groups would copy it first."""
+    a matmul that broadcast K over the groups would copy it first.
+    fused (the shared inference model, pack_linears): one float32 query per row over every key it is given runs as
+    one op of the decode kernels (kernels.attend_one), each row the same bits beside any others."""
     if isinstance(keys, RowKeys):
-        return attend_rows(q, k, v, keys, scale)
+        return attend_rows(q, k, v, keys, scale, fused)
+    if (fused and keys is None and q.shape[2] == 1 and q.dtype == k.dtype == v.dtype == torch.float32
+            and q.stride(-1) == k.stride(-1) == 1 and k.stride() == v.stride()):
+        return kernels.attend_one(q, k, v, scale)
     B, n_heads, T, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     groups = n_heads // n_kv
@@ -180,27 +197,27 @@ def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float):
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
 
 
-def attend_rows(q, k, v, rows: RowKeys, scale: float):
+def attend_rows(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
     """attend for a batched decode, each row over its own keys (RowKeys); rows that read the same keys share one
     product. q (B, n_heads, 1, d_head), k and v (B, n_kv, S, d_head), S the longest row's keys -> out (B, 1,
     n_heads·d_head), weights (B, n_heads, 1, S), zero outside a row's keys."""
     if rows.queries is not None:
-        return attend_flat(q, k, v, rows, scale)
+        return attend_flat(q, k, v, rows, scale, fused)
     B, n_heads, T, d_head = q.shape
     spans = list(zip(rows.first, rows.end))
     if set(spans) == {(0, k.shape[2])}:  # every row reads every key (one row, say): the plain attend, no copies
-        return attend(q, k, v, None, scale)
+        return attend(q, k, v, None, scale, fused)
     out = q.new_empty(B, T, n_heads * d_head)
     weights = q.new_zeros(B, n_heads, T, k.shape[2])
     batches = [slice(0, B)] if len(set(spans)) == 1 else [slice(r, r + 1) for r in range(B)]  # views, no copy
     for batch in batches:
         first, end = spans[batch.start]
         out[batch], weights[batch, :, :, first:end] = attend(q[batch], k[batch, :, first:end], v[batch, :, first:end],
-                                                             None, scale)
+                                                             None, scale, fused)
     return out, weights
 
 
-def attend_flat(q, k, v, rows: RowKeys, scale: float):
+def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
     """attend for a flattened pass (RowKeys.queries): q (1, n_heads, N, d_head), N = Σ queries, and per row its own
     keys and values k[r], v[r] (1, n_kv, S_r, d_head), of which it reads first[r] .. end[r] − 1, exactly those its
     solo run's pass reads, masked as there: a prompt's chunk as rows of its prompt's one prefill, a decode over its
@@ -210,7 +227,7 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float):
     for n, start, first, end, k_row, v_row in zip(rows.queries, rows.starts, rows.first, rows.end, k, v):
         mask = causal_mask(n, start, q.device, q.dtype, rows.window, first, end)
         out[:, at:at + n] = attend(q[:, :, at:at + n], k_row[:, :, first:end], v_row[:, :, first:end], mask,
-                                   scale)[0]
+                                   scale, fused)[0]
         at += n
     return out, None
 
@@ -239,10 +256,8 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
-        y = kernels.matmul(x.reshape(-1, self.inputs).contiguous(), self.matrix)  # (rows, outputs)
-        if self.padded:
-            y = y[:, :sum(self.outputs)]
-        return y.view(*x.shape[:-1], y.shape[-1])
+        y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
+        return y[..., :sum(self.outputs)] if self.padded else y
 
     def dense(self, member: int = 0) -> torch.Tensor:
         """The member-th stacked matrix as a dense (outputs, inputs) tensor of its own (int8: its values q · s)."""
@@ -347,6 +362,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
     if tied:
         model.model.embed_tokens.weight = model.lm_head.weight
         model.model.embed_tokens.packed = model.lm_head.packed
+    for module in model.modules():
+        if isinstance(module, RMSNorm | Attention):
+            module.fused = True
     return True
 
 
@@ -385,6 +403,8 @@ def dense_copy(model: nn.Module) -> nn.Module:
             module.packed = None
             if isinstance(module, Linear) and model.get_submodule(name).packed is not None:
                 module.weight = nn.Parameter(model.get_submodule(name).dense_weight(), requires_grad=False)
+        if isinstance(module, RMSNorm | Attention):
+            module.fused = False
     if model.lm_head.weight is model.model.embed_tokens.weight:
         copied.model.embed_tokens.weight = copied.lm_head.weight
     return copied
@@ -402,6 +422,8 @@ def switch_heads_off(out: torch.Tensor, heads: tuple[int, ...], head_dim: int) -
 
 
 class Attention(nn.Module):
+    fused = False  # attend in the decode kernels where it can (pack_linears)
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -429,7 +451,7 @@ class Attention(nn.Module):
         q, k = apply_rope(qk, cos, sin).split((self.n_heads, self.n_kv_heads), dim=1)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # (B, n_kv, S, d_head): from the first key the queries see
-        out, weights = attend(q, k, v, keys, self.scale)
+        out, weights = attend(q, k, v, keys, self.scale, self.fused)
         return self.o_proj(switch_heads_off(out, heads_off, self.head_dim)), weights, (q, k, v)
 
 
@@ -563,7 +585,8 @@ class DecoderOnly(nn.Module):
             positions = torch.arange(n_past, n_past + T, device=ids.device)
         x = self.embed(ids)                                      # (B, T, hidden)
         rope = self.rope(positions, x.dtype)                     # per layer kind: (T or B×1×T, d_head) each
-        blocks = self.model.layers[:probe.n_layers]
+        # (a ModuleList's slice is a new ModuleList, built module by module: a few µs a layer at every step)
+        blocks = self.model.layers if probe.n_layers is None else self.model.layers[:probe.n_layers]
         windows = self.windows[:len(blocks)]
         first_key = dict.fromkeys(windows, 0)  # per layer kind, the position of the first key its queries see
         if keys is None:
