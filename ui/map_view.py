@@ -131,13 +131,17 @@ def _popover(cell: dict[str, Any], lang: str, labels: dict[str, str]) -> str:
         f"<p>{escape(text[part])}</p></section>"
         for part in PARTS
     )
+    # "Open the live view:" said once before the pages' names (5B links seven pages: a card must fit 1280×720);
+    # each link's accessible name still says it whole
     links = "".join(
         f'<a class="dlm-live" href="{escape(live_href(page.url, lang, anchor))}" target="_self" '
-        f'data-page="{escape(page.url)}" data-anchor="{escape(anchor)}" data-tab="{escape(tab_label(anchor, labels))}">'
-        f'{escape(labels["map.open_live"])}: {escape(labels[page.title_key])} →</a>'
+        f'data-page="{escape(page.url)}" data-anchor="{escape(anchor)}" data-tab="{escape(tab_label(anchor, labels))}" '
+        f'aria-label="{escape(labels["map.open_live"])}: {escape(labels[page.title_key])}">'
+        f'{escape(labels[page.title_key])} →</a>'
         for page, anchor in live_views(cell["id"])
     )
-    live = f'<nav class="dlm-links">{links}</nav>' if links else ""
+    live = (f'<nav class="dlm-links"><span class="dlm-links-label">{escape(labels["map.open_live"])}:</span>{links}'
+            '</nav>' if links else "")
     return (
         f'<dialog class="dlm-pop dlm-b{b}" id="dlm-pop-{cid}" data-cell="{cid}" aria-labelledby="dlm-pop-title-{cid}">'
         '<div class="dlm-pop-box">'
@@ -299,7 +303,8 @@ CSS = """
  color:var(--band-dark);}
 .dlm-part p{margin:0;font-size:15px;}
 .dlm-part-caveat{background:#fff4d6;border-left:5px solid #d99a00;padding:6px 10px;border-radius:6px;}
-.dlm-links{display:flex;flex-wrap:wrap;gap:10px;margin-top:14px;}
+.dlm-links{display:flex;flex-wrap:wrap;align-items:center;gap:8px 10px;margin-top:14px;}
+.dlm-links-label{font-weight:700;font-size:15px;}
 .dlm-live{display:inline-block;background:#14161a;color:#fff !important;text-decoration:none !important;font-weight:700;
  border-radius:8px;padding:7px 12px;font-size:15px;}
 .dlm-live:hover,.dlm-live:focus-visible{background:var(--band-dark);}
