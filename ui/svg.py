@@ -389,6 +389,15 @@ LANE_COLOURS = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f"
 LANE_IDS_MOST_SLOTS = 16  # up to this many slots a lane is tall enough to write a request's id where it joins
 
 
+def _step_axis(steps: int, left_px: float, cell_w: float, y: float, height: int, step_title: str) -> list[str]:
+    """The step numbers under a chart of one column per step (every step up to 16, else about 8 round ones) and the
+    axis title at the bottom."""
+    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
+    return ([f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{y}" text-anchor="middle">{v:g}</text>' for v in ticks]
+            + [f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+               f"{escape(step_title)}</text>"])
+
+
 def lane_ids_written(slots: int) -> bool:
     """Whether lane_chart_svg writes each request's id at the cell where it joins (else only its cells' tooltips)."""
     return slots <= LANE_IDS_MOST_SLOTS
@@ -423,12 +432,8 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
             x, y = left_px + (step + 1) * cell_w, top + holders[step].index(rid) * cell_h
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + cell_h}" stroke="{INK}" '
                          f'stroke-width="2"/>')
-    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
-    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{top + slots * cell_h + 16}" text-anchor="middle">'
-              f"{v:g}</text>" for v in ticks]
-    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
-                 f"{escape(step_title)}</text>"
-                 f'<text transform="translate(14,{top + slots * cell_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+    parts += _step_axis(steps, left_px, cell_w, top + slots * cell_h + 16, height, step_title)
+    parts.append(f'<text transform="translate(14,{top + slots * cell_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
                  f"{escape(slot_title)}</text>")
     return _svg(width, height, description, parts)
 
@@ -493,12 +498,8 @@ def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], p
             if preempted[r][step]:
                 parts.append(f'<path d="M{x:.1f},{y + 1} l{cell_w - 1:.1f},{cell_h - 2} M{x:.1f},{y + cell_h - 1} '
                              f'l{cell_w - 1:.1f},{-(cell_h - 2)}" stroke="#c92a2a" stroke-width="2"/>')
-    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
-    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{top + len(rows) * cell_h + 16}" '
-              f'text-anchor="middle">{v:g}</text>' for v in ticks]
-    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
-                 f"{escape(step_title)}</text>"
-                 f'<text transform="translate(14,{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
+    parts += _step_axis(steps, left_px, cell_w, top + len(rows) * cell_h + 16, height, step_title)
+    parts.append(f'<text transform="translate(14,{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
                  f'text-anchor="middle">{escape(row_title)}</text>')
     return _svg(width, height, description, parts)
 
@@ -633,11 +634,7 @@ def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_c
         parts.append(f'<rect x="{x:.1f}" y="{top}" width="{(steps - gone_at) * cell_w:.1f}" height="{lane_h}" '
                      f'fill="{GRID_INK}" opacity="0.6"/><path d="M{x:.1f},{top} l{min(lane_h, 40)},{lane_h} '
                      f'M{x:.1f},{top + lane_h} l{min(lane_h, 40)},{-lane_h}" stroke="#c92a2a" stroke-width="3"/>')
-    ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
-    parts += [f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{decode_y + decode_h + 16}" text-anchor="middle">'
-              f"{v:g}</text>" for v in ticks]
-    parts.append(f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
-                 f"{escape(step_title)}</text>")
+    parts += _step_axis(steps, left_px, cell_w, decode_y + decode_h + 16, height, step_title)
     return _svg(width, height, description, parts)
 
 
