@@ -396,6 +396,83 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
 
 
 @needs_kernels
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(dtype):
+    """Issue 38, item 5: on the shared model a decode step's layer runs as Block.decode (kernels.decode_in: norm, q/k/v
+    product, RoPE; the caller's cache write; kernels.decode_mid: attention, output product plus the residual, norm,
+    gate/up product; torch's SiLU × up; the down product adding the residual as it stores). It gives the bits of the
+    block's own twenty-odd ops: the logits, the attention weights, q, k and v of a layer, and the cache, for a solo
+    decode and for a batch of rows of different lengths over a slotted cache. It breaks if RoPE's two products are
+    fused into one multiply-add (kernels.cpp's `rounded`; made red once), if a residual is added to another row, or if
+    a row reads keys outside its span (every row the first's length: made red once)."""
+    from model.engine.llama import Block, Probe, pack_linears
+    from model.serving.slots import SlotCache, decode_rows
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+    module = Llama(cfg).eval().requires_grad_(False)
+    for name, weight in module.named_parameters():
+        if "norm" in name:
+            weight.normal_(1.0, 0.5)
+    assert pack_linears(module, getattr(torch, dtype))
+    blocks = [m for m in module.modules() if isinstance(m, Block)]
+    layers = [block.decode_layer for block in blocks]
+    assert all(layers)
+
+    def solo_and_batch(in_kernels: bool):
+        for block, layer in zip(blocks, layers):
+            block.decode_layer = layer if in_kernels else None
+        cache = module.new_cache()
+        module(torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1)), cache)
+        solo = [module(torch.tensor([[t]]), cache, probe=Probe(attentions=True, qkv_layer=1)) for t in (5, 17, 33)]
+        slots = SlotCache(cfg.num_hidden_layers, 3)
+        for slot, n in enumerate((9, 4, 7)):
+            row = module.new_cache()
+            module(torch.arange(n)[None] + slot, row)
+            slots.load(slot, row)
+        batch = [decode_rows(module, slots, [t, t + 1, t + 2]) for t in (3, 8)]
+        return solo, cache, batch
+
+    (solo, cache, batch), (solo_ops, cache_ops, batch_ops) = solo_and_batch(True), solo_and_batch(False)
+    for fused, ops in zip(solo, solo_ops):
+        assert torch.equal(fused.logits, ops.logits)
+        assert all(torch.equal(a, b) for a, b in zip(fused.attentions, ops.attentions))
+        assert all(torch.equal(a, b) for a, b in zip(fused.qkv, ops.qkv))
+    assert all(torch.equal(a, b) for i in range(2) for a, b in zip(cache.layer(i), cache_ops.layer(i)))
+    assert all(torch.equal(a, b) for a, b in zip(batch, batch_ops))
+
+
+@needs_kernels
+def test_the_decode_kernels_take_a_layer_only_where_they_give_its_bits():
+    """Block.decode needs float32 or int8 products whose outputs fill their blocks of 16 (it adds the residual as it
+    stores whole blocks): bfloat16, an MLP width of 84 (gate and up: 168 outputs) and a dense copy keep the block's
+    own ops. A decode step with a head switched off runs the block's ops too: the same logits with Block.decode
+    taken away, not those of every head on."""
+    from model.engine.llama import Block, Probe, dense_copy, pack_linears
+
+    def blocks(intermediate, dtype):
+        cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=intermediate, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64)
+        module = Llama(cfg).eval().requires_grad_(False)
+        pack_linears(module, dtype)
+        return module, [m for m in module.modules() if isinstance(m, Block)]
+
+    assert all(b.decode_layer is None for b in blocks(96, torch.bfloat16)[1] + blocks(84, torch.float32)[1])
+    module, (block,) = blocks(96, torch.float32)
+    assert block.decode_layer is not None
+    assert [m.decode_layer for m in dense_copy(module).modules() if isinstance(m, Block)] == [None]
+    cache = module.new_cache()
+    module(torch.tensor([[1, 2, 3]]), cache)
+    off = module(torch.tensor([[4]]), cache.copy_first(3), probe=Probe(heads_off={0: (1,)}))
+    block.decode_layer, kept = None, block.decode_layer
+    assert torch.equal(off.logits, module(torch.tensor([[4]]), cache.copy_first(3),
+                                          probe=Probe(heads_off={0: (1,)})).logits)
+    block.decode_layer = kept
+    assert not torch.equal(off.logits, module(torch.tensor([[4]]), cache.copy_first(3)).logits)
+
+
+@needs_kernels
 @pytest.mark.parametrize("d_in,d_out", [(576, 960), (1536, 576), (2048, 640), (3001, 8), (48, 525)])
 def test_the_int8_product_is_its_definition_bit_for_bit(d_in, d_out):
     """Issue 38, item 2: int8 multiplies int8 weights by each row's inputs rounded to int16 with the row's own scale,

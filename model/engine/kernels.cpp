@@ -42,9 +42,27 @@ constexpr int SPAN_INT = 256;  // int8's runs of whole numbers: 256 · 32767 · 
 static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
 static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
 
+// v as it is, rounded: the compiler may not fuse it into a multiply-add with what follows (torch rounds a product,
+// then the sum it joins; one fused multiply-add would round once)
+template <typename T> static inline T rounded(T v) {
+  volatile T kept = v;
+  return kept;
+}
+
+// y = out, or residual + out (a residual add: the same bits as torch's x + out)
+static inline void store(float* y, f32x16 out, const float* residual) {
+  if (residual) {
+    f32x16 add;
+    std::memcpy(&add, residual, sizeof add);
+    out = add + out;
+  }
+  std::memcpy(y, &out, sizeof out);
+}
+
 // float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next
 template <int R, int J>
-static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
+static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy,
+                     const float* residual) {
   f32x16 sum[R][J] = {};
   for (int64_t k0 = 0; k0 < K; k0 += SPAN) {
     const int64_t k1 = std::min(K, k0 + SPAN);
@@ -61,7 +79,7 @@ static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, i
       for (int j = 0; j < J; ++j) sum[r][j] += acc[r][j];
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) std::memcpy(y + r * ldy + j * LANES, &sum[r][j], sizeof sum[r][j]);
+    for (int j = 0; j < J; ++j) store(y + r * ldy + j * LANES, sum[r][j], residual ? residual + r * ldy + j * LANES : nullptr);
 }
 
 // bfloat16 inputs and weights, float32 sums: per pair, acc += x[2p+1]·W[2p+1], then acc += x[2p]·W[2p] (each product
@@ -119,7 +137,7 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
 // the total scaled back by the row's scale and the output's. ldw: bytes from one pair of inputs to the next
 template <int R, int J>
 static void tile_int8(const int16_t* q, int64_t ldq, const int8_t* w, int64_t ldw, int64_t K, const float* sx,
-                      const float* scale, float* y, int64_t ldy) {
+                      const float* scale, float* y, int64_t ldy, const float* residual) {
   const int64_t pairs = (K + 1) / 2;  // q is filled up with a 0 to an even length
   f32x16 sum[R][J] = {};
   for (int64_t p0 = 0; p0 < pairs; p0 += SPAN_INT / 2) {
@@ -154,8 +172,7 @@ static void tile_int8(const int16_t* q, int64_t ldq, const int8_t* w, int64_t ld
     for (int j = 0; j < J; ++j) {
       f32x16 scales;
       std::memcpy(&scales, scale + j * LANES, sizeof scales);
-      const f32x16 out = sum[r][j] * sx[r] * scales;
-      std::memcpy(y + r * ldy + j * LANES, &out, sizeof out);
+      store(y + r * ldy + j * LANES, rounded(sum[r][j] * sx[r] * scales), residual ? residual + r * ldy + j * LANES : nullptr);
     }
 }
 
@@ -191,15 +208,18 @@ struct Panels {
 extern "C" {
 
 // The products, called from Python (ctypes) on contiguous tensors: x (rows, K); w packed as above, `blocks` blocks;
-// y (rows, 16 · blocks), written whole
+// y (rows, 16 · blocks), written whole; float32 y may start from a residual of its shape (null: none), y = residual +
+// x · Wᵀ, and may be the residual itself
 
 // float32 x and weights -> float32 y
-void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t blocks, float* y, int threads) {
+void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t blocks, float* y,
+                const float* residual, int threads) {
   const Panels panels{K * LANES};
   const int64_t ldy = blocks * LANES;
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
-    tile_f32<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
-                   y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+    const int64_t at = r * ldy + (g * BLOCKS + j) * LANES;
+    tile_f32<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K, y + at, ldy,
+                   residual ? residual + at : nullptr);
   });
 }
 
@@ -218,7 +238,7 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, 
 // float32 x, int8 weights with a float32 scale per output -> float32 y. Each row is turned into int16 first:
 // q = round(x · 32767 / max|x|), its scale max|x| / 32767 (0 for a row of zeros)
 void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const float* scale, int64_t blocks,
-                 float* y, int threads) {
+                 float* y, const float* residual, int threads) {
   const int64_t pairs = (K + 1) / 2;
   std::vector<int16_t> q(rows * pairs * 2, 0);
   std::vector<float> sx(rows);
@@ -234,7 +254,8 @@ void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
     const int64_t first = (g * BLOCKS + j) * LANES;  // the tile's first output
     tile_int8<R, J>(q.data() + r * pairs * 2, pairs * 2, w + panels.start(g) + j * 2 * LANES, in_panel * 2 * LANES,
-                    K, sx.data() + r, scale + first, y + r * ldy + first, ldy);
+                    K, sx.data() + r, scale + first, y + r * ldy + first, ldy,
+                    residual ? residual + r * ldy + first : nullptr);
   });
 }
 
@@ -290,43 +311,119 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// One query head over S keys and values at stride kv_s: out (d), weights (S)
+static void attend_head(const float* qh, const float* kh, const float* vh, int64_t S, int64_t kv_s, int64_t d,
+                        float scale, float* o, float* w) {
+  float most = -INFINITY;
+  for (int64_t s = 0; s < S; ++s) {
+    w[s] = dot(qh, kh + s * kv_s, d) / scale;
+    most = std::max(most, w[s]);
+  }
+  float total = 0.0f;
+  for (int64_t s = 0; s < S; ++s) {
+    w[s] = std::exp(w[s] - most);
+    total += w[s];
+  }
+  for (int64_t s = 0; s < S; ++s) w[s] /= total;
+  int64_t i0 = 0;
+  for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
+    f32x16 sum[BLOCKS] = {};
+    for (int64_t s = 0; s < S; ++s)
+      for (int j = 0; j < BLOCKS; ++j) {
+        f32x16 vs;
+        std::memcpy(&vs, vh + s * kv_s + i0 + j * LANES, sizeof vs);
+        sum[j] += w[s] * vs;
+      }
+    std::memcpy(o + i0, sum, sizeof sum);
+  }
+  std::fill(o + i0, o + d, 0.0f);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
+}
+
 void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
                 const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s, float scale,
                 float* out, float* weights) {
   const int64_t groups = heads / kv_heads;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* qh = q + b * q_b + h * q_h;
-      const float* kh = k + b * kv_b + (h / groups) * kv_h;
-      const float* vh = v + b * kv_b + (h / groups) * kv_h;
-      float* w = weights + (b * heads + h) * S;
-      float most = -INFINITY;
-      for (int64_t s = 0; s < S; ++s) {
-        w[s] = dot(qh, kh + s * kv_s, d) / scale;
-        most = std::max(most, w[s]);
-      }
-      float total = 0.0f;
-      for (int64_t s = 0; s < S; ++s) {
-        w[s] = std::exp(w[s] - most);
-        total += w[s];
-      }
-      for (int64_t s = 0; s < S; ++s) w[s] /= total;
-      float* o = out + b * heads * d + h * d;
-      int64_t i0 = 0;
-      for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
-        f32x16 sum[BLOCKS] = {};
-        for (int64_t s = 0; s < S; ++s)
-          for (int j = 0; j < BLOCKS; ++j) {
-            f32x16 vs;
-            std::memcpy(&vs, vh + s * kv_s + i0 + j * LANES, sizeof vs);
-            sum[j] += w[s] * vs;
-          }
-        std::memcpy(o + i0, sum, sizeof sum);
-      }
-      std::fill(o + i0, o + d, 0.0f);
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
+    for (int64_t h = 0; h < heads; ++h)
+      attend_head(q + b * q_b + h * q_h, k + b * kv_b + (h / groups) * kv_h, v + b * kv_b + (h / groups) * kv_h, S,
+                  kv_s, d, scale, out + (b * heads + h) * d, weights + (b * heads + h) * S);
+}
+
+// A decode step's layer of a Llama block (model/engine/llama.py, Block.decode) as three calls instead of some twenty
+// small torch ops: the same functions in the same order as the block's own ops, so the same bits.
+//   decode_in:  normed = norm_in(x); qkv = normed · Wqkvᵀ; RoPE on the q and k heads of each row
+//   (the caller writes k and v into its cache)
+//   decode_mid: attended = attention over each row's keys; h = x + attended · Woᵀ; gate_up = norm_out(h) · Wguᵀ
+//   (the caller: act(gate) · up, then h + that · Wdownᵀ with matmul_*'s residual)
+
+// One product's packed weights (kind 0: float32, 1: int8 with a scale per output)
+struct Matrix {
+  const void* w;
+  const float* scale;
+  int64_t blocks;
+  int64_t kind;
+};
+
+struct Layer {
+  const float* norm_in;
+  const float* norm_out;
+  Matrix qkv, o, gate_up;
+  int64_t hidden, heads, kv_heads, d_head, plus_one;
+  float eps, scale;
+};
+
+static void product(const Matrix& m, const float* x, int64_t rows, int64_t K, float* y, const float* residual,
+                    int threads) {
+  if (m.kind == 1)
+    matmul_int8(x, rows, K, static_cast<const int8_t*>(m.w), m.scale, m.blocks, y, residual, threads);
+  else
+    matmul_f32(x, rows, K, static_cast<const float*>(m.w), m.blocks, y, residual, threads);
+}
+
+// x·cos + turned(x)·sin for each of `heads` heads of d numbers (turned: the halves swapped, sin's first half
+// negated: llama.apply_rope), rounded as torch rounds those ops
+static void rope(float* x, int64_t heads, int64_t d, const float* cos, const float* sin) {
+  const int64_t half = d / 2;
+  std::vector<float> head(d);
+  for (int64_t h = 0; h < heads; ++h) {
+    float* xh = x + h * d;
+    std::copy(xh, xh + d, head.begin());
+    for (int64_t i = 0; i < d; ++i) xh[i] = rounded(head[i] * cos[i]) + rounded(head[(i + half) % d] * sin[i]);
+  }
+}
+
+// x (rows, hidden); cos and sin (rows, d_head) at row stride cs_row (0: one for every row) -> qkv (rows, (heads +
+// 2 kv_heads) · d_head), q and k turned
+void decode_in(const Layer* L, const float* x, int64_t rows, const float* cos, const float* sin, int64_t cs_row,
+               float* qkv, int threads) {
+  std::vector<float> normed(rows * L->hidden);
+  rms_norm(x, rows, L->hidden, L->norm_in, L->eps, int(L->plus_one), normed.data());
+  product(L->qkv, normed.data(), rows, L->hidden, qkv, nullptr, threads);
+  const int64_t width = (L->heads + 2 * L->kv_heads) * L->d_head;
+  for (int64_t r = 0; r < rows; ++r)
+    rope(qkv + r * width, L->heads + L->kv_heads, L->d_head, cos + r * cs_row, sin + r * cs_row);
+}
+
+// qkv from decode_in; k and v (rows, kv_heads, S, d_head) at strides kv_b, kv_h, kv_s, row r reading keys
+// first[r] .. end[r] − 1 -> weights (rows, heads, S), 0 outside a row's keys; h (rows, hidden) = x + attended ·
+// Woᵀ; gate_up (rows, 16 · its blocks) from norm_out(h)
+void decode_mid(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
+                int64_t kv_b, int64_t kv_h, int64_t kv_s, const int64_t* first, const int64_t* end, int64_t S,
+                float* weights, float* h, float* gate_up, int threads) {
+  const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d, groups = L->heads / L->kv_heads;
+  std::vector<float> attended(rows * L->heads * d), normed(rows * L->hidden);
+  std::fill(weights, weights + rows * L->heads * S, 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t head = 0; head < L->heads; ++head) {
+      const int64_t at = r * kv_b + (head / groups) * kv_h + first[r] * kv_s;
+      attend_head(qkv + r * width + head * d, k + at, v + at, end[r] - first[r], kv_s, d, L->scale,
+                  attended.data() + (r * L->heads + head) * d, weights + (r * L->heads + head) * S + first[r]);
     }
+  product(L->o, attended.data(), rows, L->heads * d, h, x, threads);
+  rms_norm(h, rows, L->hidden, L->norm_out, L->eps, int(L->plus_one), normed.data());
+  product(L->gate_up, normed.data(), rows, L->hidden, gate_up, nullptr, threads);
 }
 
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds

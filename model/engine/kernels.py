@@ -44,18 +44,23 @@ BLOCKS = 4          # blocks in a panel
 ALIGN = 64          # bytes: each packed matrix starts on a cache line
 HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
 MADV_HUGEPAGE = 14  # linux/mman.h
-PROFILED_AS = "decode_lab::matmul_"  # the products' name in torch's profiler: + float32, bfloat16, int8
-PROFILED_NORM = "decode_lab::rms_norm"
-PROFILED_ATTEND = "decode_lab::attend_one"
+PROFILED = "decode_lab::"  # the kernels' ops in torch's profiler, each a mark of its own:
+PROFILED_AS = PROFILED + "matmul_"  # the products: + float32, bfloat16, int8
+PROFILED_NORM = PROFILED + "rms_norm"
+PROFILED_ATTEND = PROFILED + "attend_one"
+PROFILED_LAYER = PROFILED + "decode_"  # + in, mid: a decode step's layer (decode_in, decode_mid)
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
-              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _int),
+SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
+              "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
               "rms_norm": (_ptr, _i64, _i64, _ptr, ctypes.c_float, _int, _ptr),
               "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                              ctypes.c_float, _ptr, _ptr),
+              "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
+              "decode_mid": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
+                             _int),
               "bf16_instructions": (), "int8_instructions": ()}
 
 
@@ -317,31 +322,33 @@ def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, shape.inputs)
 
 
-def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+def matmul(x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x (…, inputs), contiguous, times the packed matrix: (…, 16 · blocks), in x's dtype, on torch's threads (the
     rows of x are all its numbers but the last dimension's; no reshape before or view after, a µs each of 121
-    products in a decode step).
+    products in a decode step). residual (float32 and int8 weights): a contiguous float32 tensor of the output's
+    shape added to it as the product is stored, the same bits as torch's residual + product, one op fewer.
     Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
-            return _matmul(x, packed)
-    return _matmul(x, packed)
+            return _matmul(x, packed, residual)
+    return _matmul(x, packed, residual)
 
 
-def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+def _matmul(x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None) -> torch.Tensor:
     built = kernels()
     inputs = x.shape[-1]
     rows = x.numel() // inputs
     blocks = packed.shape.blocks
     y = x.new_empty((*x.shape[:-1], blocks * LANES))
     threads = torch.get_num_threads()
+    added = None if residual is None else residual.data_ptr()
     if packed.shape.dtype == torch.bfloat16:
         built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     elif packed.shape.dtype == torch.int8:
         built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(), blocks,
-                          y.data_ptr(), threads)
+                          y.data_ptr(), added, threads)
     else:
-        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
+        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), added, threads)
     return y
 
 
@@ -382,3 +389,79 @@ def _attend_one(q, k, v, scale):
     kernels().attend_one(q.data_ptr(), B, n_heads, d_head, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
                          n_kv, S, k.stride(0), k.stride(1), k.stride(2), scale, out.data_ptr(), weights.data_ptr())
     return out, weights
+
+
+# -- a decode step's layer ----------------------------------------------------------------------------------------
+
+class Matrix(ctypes.Structure):
+    """One product's packed weights as decode_in and decode_mid read them (kernels.cpp's struct Matrix)."""
+    _fields_ = [("w", _ptr), ("scale", _ptr), ("blocks", _i64), ("kind", _i64)]
+
+
+class Layer(ctypes.Structure):
+    """What decode_in and decode_mid read of a Llama block (kernels.cpp's struct Layer)."""
+    _fields_ = [("norm_in", _ptr), ("norm_out", _ptr), ("qkv", Matrix), ("o", Matrix), ("gate_up", Matrix),
+                ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("d_head", _i64), ("plus_one", _i64),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+def _matrix(packed: Packed) -> Matrix:
+    int8 = packed.shape.dtype == torch.int8
+    return Matrix(packed.flat.data_ptr(), packed.scale.data_ptr() if int8 else None, packed.shape.blocks, int(int8))
+
+
+class DecodeLayer:
+    """A Llama block's weights as decode_in and decode_mid read them: a Layer of pointers into the shared model's
+    norms and packed products, which it keeps alive. A copy of the block (deepcopy) gets None: its weights are its
+    own (pack_linears makes its DecodeLayer anew)."""
+
+    def __init__(self, norm_in: torch.Tensor, norm_out: torch.Tensor, plus_one: bool, eps: float, qkv: Packed,
+                 o: Packed, gate_up: Packed, heads: int, kv_heads: int, d_head: int, scale: float):
+        self.layer = Layer(norm_in.data_ptr(), norm_out.data_ptr(), _matrix(qkv), _matrix(o), _matrix(gate_up),
+                           o.shape.outputs, heads, kv_heads, d_head, int(plus_one), eps, scale)
+        self.pointed_at = (norm_in, norm_out, qkv, o, gate_up)
+
+    def __deepcopy__(self, memo):
+        return None
+
+
+def decode_in(layer: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, 1, hidden) -> the q, k and v heads (B, 1, heads + 2·kv_heads, d_head), q and k turned by RoPE at cos and
+    sin (B or 1 rows of d_head numbers): norm, product and RoPE in one op (PROFILED_LAYER + "in")."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_LAYER + "in"):
+            return _decode_in(layer, x, cos, sin)
+    return _decode_in(layer, x, cos, sin)
+
+
+def _decode_in(decode: DecodeLayer, x, cos, sin):
+    layer = decode.layer
+    B, d = x.shape[0], layer.d_head
+    qkv = x.new_empty(B, 1, layer.heads + 2 * layer.kv_heads, d)
+    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
+    kernels().decode_in(ctypes.byref(layer), x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(),
+                        d if cos.shape[0] > 1 else 0, qkv.data_ptr(), torch.get_num_threads())
+    return qkv
+
+
+def decode_mid(layer: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               first: torch.Tensor, end: torch.Tensor, gate_up_width: int) -> tuple[torch.Tensor, ...]:
+    """Attention of each row's query (in qkv) over its keys first[r] .. end[r] − 1 of k and v (B, kv_heads, S,
+    d_head), the output product and residual, the second norm and the gate/up product, in one op (PROFILED_LAYER +
+    "mid") -> h (B, 1, hidden), the residual stream after attention; gate_up (B, 1, gate_up_width); weights (B, heads,
+    1, S), 0 outside a row's keys."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_LAYER + "mid"):
+            return _decode_mid(layer, x, qkv, k, v, first, end, gate_up_width)
+    return _decode_mid(layer, x, qkv, k, v, first, end, gate_up_width)
+
+
+def _decode_mid(decode: DecodeLayer, x, qkv, k, v, first, end, gate_up_width):
+    layer = decode.layer
+    B, S = x.shape[0], k.shape[2]
+    h, gate_up = torch.empty_like(x), x.new_empty(B, 1, gate_up_width)
+    weights = x.new_empty(B, layer.heads, 1, S)
+    kernels().decode_mid(ctypes.byref(layer), x.data_ptr(), B, qkv.data_ptr(), k.data_ptr(), v.data_ptr(),
+                         k.stride(0), k.stride(1), k.stride(2), first.data_ptr(), end.data_ptr(), S,
+                         weights.data_ptr(), h.data_ptr(), gate_up.data_ptr(), torch.get_num_threads())
+    return h, gate_up, weights

@@ -9,6 +9,7 @@ load in transformers and give the same logits. The model never holds a KV cache:
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import math
@@ -254,9 +255,11 @@ class PackedWeight:
         """What the process holds for these weights (int8's scales and weight sums included)."""
         return self.matrix.nbytes
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
-        y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side; plus residual, a float32
+        tensor of that shape, added as the product is stored (float32 and int8 weights whose outputs fill their
+        blocks: Block.decode)."""
+        y = kernels.matmul(x.contiguous(), self.matrix, residual)  # (…, outputs filled up to a block)
         return y[..., :sum(self.outputs)] if self.padded else y
 
     def dense(self, member: int = 0) -> torch.Tensor:
@@ -365,6 +368,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
     for module in model.modules():
         if isinstance(module, RMSNorm | Attention):
             module.fused = True
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.decode_layer = module.decode_weights()
     return True
 
 
@@ -475,6 +481,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    # the block's weights as the decode kernels' decode_in and decode_mid read them (pack_linears, where every product
+    # is float32 or int8 and fills its blocks): a decode step's layer then runs as Block.decode
+    decode_layer: kernels.DecodeLayer | None = None
+
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -483,10 +493,55 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, keys, cache, layer, heads_off=()):
+        if (self.decode_layer is not None and x.shape[1] == 1 and x.dtype == torch.float32 and cache is not None
+                and not heads_off and (keys is None or (isinstance(keys, RowKeys) and keys.queries is None))):
+            return self.decode(x, cos, sin, keys, cache, layer)
         attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, keys, cache, layer, heads_off)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, weights, qkv
+
+    def decode(self, x, cos, sin, keys: RowKeys | None, cache, layer):
+        """forward for one new position per row, in three calls of the decode kernels and four torch ops where
+        forward makes some twenty: the same functions in the same order (kernels.cpp, decode_in and decode_mid), so
+        the same bits (tests/test_engine.py); SmolLM2's float32 step on this 2-core CPU went from 25–30 ms to 21–27
+        (docs/benchmarks.md)."""
+        attn, mlp, x = self.self_attn, self.mlp, x.contiguous()
+        qkv = kernels.decode_in(self.decode_layer, x, cos, sin)                  # (B, 1, n_heads + 2·n_kv, d_head)
+        q, k, v = qkv.transpose(1, 2).split((attn.n_heads, attn.n_kv_heads, attn.n_kv_heads), dim=1)
+        k, v = cache.append(layer, k, v)                                          # (B, n_kv, S, d_head)
+        first, end = key_spans(keys, x.shape[0], k.shape[2])
+        outputs = mlp.gate_proj.packed.outputs
+        h, gate_up, weights = kernels.decode_mid(self.decode_layer, x, qkv, k, v, first, end, sum(outputs))
+        gate, up = gate_up.split(outputs, dim=-1)
+        return mlp.down_proj.packed(mlp.activation(gate) * up, residual=h), weights, (q, k, v)
+
+    def decode_weights(self) -> kernels.DecodeLayer | None:
+        """decode_layer for this block's packed weights, None where a product is bfloat16 or leaves a block part
+        empty (the kernels add the residual and read the heads block by block)."""
+        attn, mlp = self.self_attn, self.mlp
+        products = (attn.q_proj.packed, attn.o_proj.packed, mlp.gate_proj.packed, mlp.down_proj.packed)
+        stacked = (attn.q_proj.packed is attn.k_proj.packed is attn.v_proj.packed
+                   and mlp.gate_proj.packed is mlp.up_proj.packed)
+        if not stacked or any(p is None or p.padded or p.dtype == torch.bfloat16 for p in products):
+            return None
+        qkv, o, gate_up, _ = products
+        norm_in, norm_out = self.input_layernorm, self.post_attention_layernorm
+        return kernels.DecodeLayer(norm_in.weight, norm_out.weight, norm_in.plus_one, norm_in.eps, qkv.matrix,
+                                   o.matrix, gate_up.matrix, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.scale)
+
+
+@functools.lru_cache(maxsize=64)
+def _spans(first: tuple[int, ...], end: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor(first), torch.tensor(end)
+
+
+def key_spans(keys: RowKeys | None, rows: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffer indices each row's query reads, first[r] .. end[r] − 1, as two int64 tensors: RowKeys', or every
+    one of the S keys (None). Made once per set of spans (a step's layers share them)."""
+    if keys is None:
+        return _spans((0,) * rows, (S,) * rows)
+    return _spans(keys.first, keys.end)
 
 
 def causal_mask(n_new: int, n_past: int, device, dtype, window: int | None = None,

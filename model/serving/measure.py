@@ -254,8 +254,8 @@ def op_shares(events, steps: int, clock: str) -> list[OpShare]:
     step waits for (an op's CPU time there is its launch, and the step's synchronize soaks up the wait)."""
     if clock == "device":
         kept = [e for e in events if e.device_type != DeviceType.CPU and not e.is_user_annotation]
-    else:  # the "decode step i" marks hold every op; the decode kernels' products are marks of ops of their own
-        kept = [e for e in events if not e.is_user_annotation or e.key.startswith(kernels.PROFILED_AS)]
+    else:  # the "decode step i" marks hold every op; the decode kernels' ops are marks of ops of their own
+        kept = [e for e in events if not e.is_user_annotation or e.key.startswith(kernels.PROFILED)]
 
     def own_us(e) -> float:
         return e.self_device_time_total if clock == "device" else e.self_cpu_time_total
