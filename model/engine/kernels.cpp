@@ -351,12 +351,62 @@ void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b
                   kv_s, d, scale, out + (b * heads + h) * d, weights + (b * heads + h) * S);
 }
 
-// A decode step's layer of a Llama block (model/engine/llama.py, Block.decode) as three calls instead of some twenty
-// small torch ops: the same functions in the same order as the block's own ops, so the same bits.
+// SiLU(gate) · up of each row of gate_up (rows, 2I at row stride ld: gate, then up), into y (rows, I): gate / (1 +
+// exp(−gate)) · up. exp as Cephes' expf (a degree-6 polynomial after taking out the power of two), 16 numbers at a
+// time; the last I mod 16 go through the same vector code, filled up with zeros, so every number gets the same bits
+// wherever it lies: a row beside any others, a decode step's row and a prefill's (the shared model's MLP, llama.MLP)
+static inline f32x16 exp16(f32x16 x) {
+  x = x > 88.3f ? 88.3f : x;  // e^x stays within float32's normal numbers (a NaN stays NaN)
+  x = x < -87.3f ? -87.3f : x;
+  const f32x16 magic = f32x16{} + 12582912.0f;  // 1.5 · 2²³: adding it rounds to a whole number
+  const f32x16 n = (x * 1.44269504088896341f + magic) - magic;
+  f32x16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f32x16 p = f32x16{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 e = p * (r * r) + r + 1.0f;
+  const i32x16 two_n = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  f32x16 scale;
+  std::memcpy(&scale, &two_n, sizeof scale);
+  return e * scale;
+}
+
+static inline f32x16 silu_times(f32x16 gate, f32x16 up) { return gate / (1.0f + exp16(-gate)) * up; }
+
+void silu_mul(const float* gate_up, int64_t rows, int64_t I, int64_t ld, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = gate_up + r * ld;
+    const float* up = gate + I;
+    float* out = y + r * I;
+    int64_t i = 0;
+    for (; i + LANES <= I; i += LANES) {
+      f32x16 g, u;
+      std::memcpy(&g, gate + i, sizeof g);
+      std::memcpy(&u, up + i, sizeof u);
+      const f32x16 o = silu_times(g, u);
+      std::memcpy(out + i, &o, sizeof o);
+    }
+    if (i < I) {
+      f32x16 g = {}, u = {};
+      std::memcpy(&g, gate + i, (I - i) * sizeof(float));
+      std::memcpy(&u, up + i, (I - i) * sizeof(float));
+      const f32x16 o = silu_times(g, u);
+      std::memcpy(out + i, &o, (I - i) * sizeof(float));
+    }
+  }
+}
+
+// A decode step's layer of a Llama block (model/engine/llama.py, Block.decode) as two calls instead of some twenty
+// small torch ops: the same functions in the same order as the block's own ops (llama.Block.forward on the shared
+// model), so the same bits.
 //   decode_in:  normed = norm_in(x); qkv = normed · Wqkvᵀ; RoPE on the q and k heads of each row
 //   (the caller writes k and v into its cache)
-//   decode_mid: attended = attention over each row's keys; h = x + attended · Woᵀ; gate_up = norm_out(h) · Wguᵀ
-//   (the caller: act(gate) · up, then h + that · Wdownᵀ with matmul_*'s residual)
+//   decode_out: attended = attention over each row's keys; h = x + attended · Woᵀ;
+//               out = h + silu_mul(norm_out(h) · Wguᵀ) · Wdownᵀ
 
 // One product's packed weights (kind 0: float32, 1: int8 with a scale per output)
 struct Matrix {
@@ -369,8 +419,8 @@ struct Matrix {
 struct Layer {
   const float* norm_in;
   const float* norm_out;
-  Matrix qkv, o, gate_up;
-  int64_t hidden, heads, kv_heads, d_head, plus_one;
+  Matrix qkv, o, gate_up, down;
+  int64_t hidden, intermediate, heads, kv_heads, d_head, plus_one;
   float eps, scale;
 };
 
@@ -407,13 +457,13 @@ void decode_in(const Layer* L, const float* x, int64_t rows, const float* cos, c
 }
 
 // qkv from decode_in; k and v (rows, kv_heads, S, d_head) at strides kv_b, kv_h, kv_s, row r reading keys
-// first[r] .. end[r] − 1 -> weights (rows, heads, S), 0 outside a row's keys; h (rows, hidden) = x + attended ·
-// Woᵀ; gate_up (rows, 16 · its blocks) from norm_out(h)
-void decode_mid(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
+// first[r] .. end[r] − 1 -> weights (rows, heads, S), 0 outside a row's keys; out (rows, hidden), the block's output
+void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
                 int64_t kv_b, int64_t kv_h, int64_t kv_s, const int64_t* first, const int64_t* end, int64_t S,
-                float* weights, float* h, float* gate_up, int threads) {
+                float* weights, float* out, int threads) {
   const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d, groups = L->heads / L->kv_heads;
-  std::vector<float> attended(rows * L->heads * d), normed(rows * L->hidden);
+  std::vector<float> attended(rows * L->heads * d), normed(rows * L->hidden), gate_up(rows * 2 * L->intermediate),
+      act(rows * L->intermediate);
   std::fill(weights, weights + rows * L->heads * S, 0.0f);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t head = 0; head < L->heads; ++head) {
@@ -421,9 +471,11 @@ void decode_mid(const Layer* L, const float* x, int64_t rows, const float* qkv, 
       attend_head(qkv + r * width + head * d, k + at, v + at, end[r] - first[r], kv_s, d, L->scale,
                   attended.data() + (r * L->heads + head) * d, weights + (r * L->heads + head) * S + first[r]);
     }
-  product(L->o, attended.data(), rows, L->heads * d, h, x, threads);
-  rms_norm(h, rows, L->hidden, L->norm_out, L->eps, int(L->plus_one), normed.data());
-  product(L->gate_up, normed.data(), rows, L->hidden, gate_up, nullptr, threads);
+  product(L->o, attended.data(), rows, L->heads * d, out, x, threads);
+  rms_norm(out, rows, L->hidden, L->norm_out, L->eps, int(L->plus_one), normed.data());
+  product(L->gate_up, normed.data(), rows, L->hidden, gate_up.data(), nullptr, threads);
+  silu_mul(gate_up.data(), rows, L->intermediate, 2 * L->intermediate, act.data());
+  product(L->down, act.data(), rows, L->intermediate, out, out, threads);
 }
 
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds

@@ -48,7 +48,8 @@ PROFILED = "decode_lab::"  # the kernels' ops in torch's profiler, each a mark o
 PROFILED_AS = PROFILED + "matmul_"  # the products: + float32, bfloat16, int8
 PROFILED_NORM = PROFILED + "rms_norm"
 PROFILED_ATTEND = PROFILED + "attend_one"
-PROFILED_LAYER = PROFILED + "decode_"  # + in, mid: a decode step's layer (decode_in, decode_mid)
+PROFILED_LAYER = PROFILED + "decode_"  # + in, out: a decode step's layer (decode_in, decode_out)
+PROFILED_SILU = PROFILED + "silu_mul"
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -59,8 +60,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
               "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                              ctypes.c_float, _ptr, _ptr),
               "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
-              "decode_mid": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr,
-                             _int),
+              "decode_out": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
+              "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
               "bf16_instructions": (), "int8_instructions": ()}
 
 
@@ -322,33 +323,31 @@ def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, shape.inputs)
 
 
-def matmul(x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     """x (…, inputs), contiguous, times the packed matrix: (…, 16 · blocks), in x's dtype, on torch's threads (the
     rows of x are all its numbers but the last dimension's; no reshape before or view after, a µs each of 121
-    products in a decode step). residual (float32 and int8 weights): a contiguous float32 tensor of the output's
-    shape added to it as the product is stored, the same bits as torch's residual + product, one op fewer.
+    products in a decode step).
     Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
     if torch.autograd._profiler_enabled():
         with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
-            return _matmul(x, packed, residual)
-    return _matmul(x, packed, residual)
+            return _matmul(x, packed)
+    return _matmul(x, packed)
 
 
-def _matmul(x: torch.Tensor, packed: Packed, residual: torch.Tensor | None = None) -> torch.Tensor:
+def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     built = kernels()
     inputs = x.shape[-1]
     rows = x.numel() // inputs
     blocks = packed.shape.blocks
     y = x.new_empty((*x.shape[:-1], blocks * LANES))
     threads = torch.get_num_threads()
-    added = None if residual is None else residual.data_ptr()
     if packed.shape.dtype == torch.bfloat16:
         built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     elif packed.shape.dtype == torch.int8:
         built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(), blocks,
-                          y.data_ptr(), added, threads)
+                          y.data_ptr(), None, threads)
     else:
-        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), added, threads)
+        built.matmul_f32(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), None, threads)
     return y
 
 
@@ -399,10 +398,10 @@ class Matrix(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    """What decode_in and decode_mid read of a Llama block (kernels.cpp's struct Layer)."""
+    """What decode_in and decode_out read of a Llama block (kernels.cpp's struct Layer)."""
     _fields_ = [("norm_in", _ptr), ("norm_out", _ptr), ("qkv", Matrix), ("o", Matrix), ("gate_up", Matrix),
-                ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("d_head", _i64), ("plus_one", _i64),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                ("down", Matrix), ("hidden", _i64), ("intermediate", _i64), ("heads", _i64), ("kv_heads", _i64),
+                ("d_head", _i64), ("plus_one", _i64), ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
 def _matrix(packed: Packed) -> Matrix:
@@ -411,15 +410,16 @@ def _matrix(packed: Packed) -> Matrix:
 
 
 class DecodeLayer:
-    """A Llama block's weights as decode_in and decode_mid read them: a Layer of pointers into the shared model's
+    """A Llama block's weights as decode_in and decode_out read them: a Layer of pointers into the shared model's
     norms and packed products, which it keeps alive. A copy of the block (deepcopy) gets None: its weights are its
     own (pack_linears makes its DecodeLayer anew)."""
 
     def __init__(self, norm_in: torch.Tensor, norm_out: torch.Tensor, plus_one: bool, eps: float, qkv: Packed,
-                 o: Packed, gate_up: Packed, heads: int, kv_heads: int, d_head: int, scale: float):
+                 o: Packed, gate_up: Packed, down: Packed, heads: int, kv_heads: int, d_head: int, scale: float):
         self.layer = Layer(norm_in.data_ptr(), norm_out.data_ptr(), _matrix(qkv), _matrix(o), _matrix(gate_up),
-                           o.shape.outputs, heads, kv_heads, d_head, int(plus_one), eps, scale)
-        self.pointed_at = (norm_in, norm_out, qkv, o, gate_up)
+                           _matrix(down), o.shape.outputs, down.shape.inputs, heads, kv_heads, d_head, int(plus_one),
+                           eps, scale)
+        self.pointed_at = (norm_in, norm_out, qkv, o, gate_up, down)
 
     def __deepcopy__(self, memo):
         return None
@@ -444,24 +444,41 @@ def _decode_in(decode: DecodeLayer, x, cos, sin):
     return qkv
 
 
-def decode_mid(layer: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               first: torch.Tensor, end: torch.Tensor, gate_up_width: int) -> tuple[torch.Tensor, ...]:
-    """Attention of each row's query (in qkv) over its keys first[r] .. end[r] − 1 of k and v (B, kv_heads, S,
-    d_head), the output product and residual, the second norm and the gate/up product, in one op (PROFILED_LAYER +
-    "mid") -> h (B, 1, hidden), the residual stream after attention; gate_up (B, 1, gate_up_width); weights (B, heads,
-    1, S), 0 outside a row's keys."""
+def decode_out(layer: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               first: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rest of the layer in one op (PROFILED_LAYER + "out"): attention of each row's query (in qkv) over its keys
+    first[r] .. end[r] − 1 of k and v (B, kv_heads, S, d_head), the output product plus the residual, the second
+    norm, the gate/up product, silu_mul, the down product plus the residual -> the block's output (B, 1, hidden) and
+    the attention weights (B, heads, 1, S), 0 outside a row's keys."""
     if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_LAYER + "mid"):
-            return _decode_mid(layer, x, qkv, k, v, first, end, gate_up_width)
-    return _decode_mid(layer, x, qkv, k, v, first, end, gate_up_width)
+        with torch.profiler.record_function(PROFILED_LAYER + "out"):
+            return _decode_out(layer, x, qkv, k, v, first, end)
+    return _decode_out(layer, x, qkv, k, v, first, end)
 
 
-def _decode_mid(decode: DecodeLayer, x, qkv, k, v, first, end, gate_up_width):
+def _decode_out(decode: DecodeLayer, x, qkv, k, v, first, end):
     layer = decode.layer
     B, S = x.shape[0], k.shape[2]
-    h, gate_up = torch.empty_like(x), x.new_empty(B, 1, gate_up_width)
-    weights = x.new_empty(B, layer.heads, 1, S)
-    kernels().decode_mid(ctypes.byref(layer), x.data_ptr(), B, qkv.data_ptr(), k.data_ptr(), v.data_ptr(),
+    out, weights = torch.empty_like(x), x.new_empty(B, layer.heads, 1, S)
+    kernels().decode_out(ctypes.byref(layer), x.data_ptr(), B, qkv.data_ptr(), k.data_ptr(), v.data_ptr(),
                          k.stride(0), k.stride(1), k.stride(2), first.data_ptr(), end.data_ptr(), S,
-                         weights.data_ptr(), h.data_ptr(), gate_up.data_ptr(), torch.get_num_threads())
-    return h, gate_up, weights
+                         weights.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return out, weights
+
+
+def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
+    """SiLU(gate) · up of float32 gate_up (…, 2·width: gate, then up; its rows at any stride, their numbers side by
+    side) -> (…, width), in one op (kernels.cpp; PROFILED_SILU): the shared model's SwiGLU, each number the same bits
+    wherever it lies (torch's SiLU finishes a row's last width mod 16 numbers another way than the rest), within 3
+    float32 ulps of the exact value."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(PROFILED_SILU):
+            return _silu_mul(gate_up, width)
+    return _silu_mul(gate_up, width)
+
+
+def _silu_mul(gate_up, width):
+    rows = gate_up.flatten(0, -2)  # a view where the rows lie at one stride (a packed product's output, sliced)
+    out = gate_up.new_empty(*gate_up.shape[:-1], width)
+    kernels().silu_mul(rows.data_ptr(), rows.shape[0], width, rows.stride(0), out.data_ptr())
+    return out

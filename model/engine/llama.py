@@ -255,11 +255,9 @@ class PackedWeight:
         """What the process holds for these weights (int8's scales and weight sums included)."""
         return self.matrix.nbytes
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side; plus residual, a float32
-        tensor of that shape, added as the product is stored (float32 and int8 weights whose outputs fill their
-        blocks: Block.decode)."""
-        y = kernels.matmul(x.contiguous(), self.matrix, residual)  # (…, outputs filled up to a block)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
+        y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
         return y[..., :sum(self.outputs)] if self.padded else y
 
     def dense(self, member: int = 0) -> torch.Tensor:
@@ -371,7 +369,7 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
         model.model.embed_tokens.weight = model.lm_head.weight
         model.model.embed_tokens.packed = model.lm_head.packed
     for module in model.modules():
-        if isinstance(module, RMSNorm | Attention):
+        if isinstance(module, RMSNorm | Attention | MLP):
             module.fused = True
     for module in model.modules():
         if isinstance(module, Block):
@@ -414,7 +412,7 @@ def dense_copy(model: nn.Module) -> nn.Module:
             module.packed = None
             if isinstance(module, Linear) and model.get_submodule(name).packed is not None:
                 module.weight = nn.Parameter(model.get_submodule(name).dense_weight(), requires_grad=False)
-        if isinstance(module, RMSNorm | Attention):
+        if isinstance(module, RMSNorm | Attention | MLP):
             module.fused = False
     if model.lm_head.weight is model.model.embed_tokens.weight:
         copied.model.embed_tokens.weight = copied.lm_head.weight
@@ -467,7 +465,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The gated MLP down(act(gate(x)) * up(x)): SwiGLU with SiLU here, GeGLU with tanh-GELU in Gemma 3."""
+    """The gated MLP down(act(gate(x)) * up(x)): SwiGLU with SiLU here, GeGLU with tanh-GELU in Gemma 3. The shared
+    inference model (pack_linears sets `fused`) takes SiLU · up of float32 rows in one op of the decode kernels
+    (kernels.silu_mul), each number the same bits wherever it lies, so a decode step's layer in the kernels
+    (Block.decode) gives the bits of these ops."""
+
+    fused = False
 
     def __init__(self, cfg, activation=F.silu):
         super().__init__()
@@ -479,7 +482,10 @@ class MLP(nn.Module):
     def forward(self, x):
         packed = getattr(self.gate_proj, "packed", None)  # (a trainer's LoRA layer has none)
         if packed is not None and packed is self.up_proj.packed:  # one product (pack_linears)
-            gate, up = packed(x).split(packed.outputs, dim=-1)
+            gate_up = packed(x)
+            if self.fused and self.activation is F.silu and gate_up.dtype == torch.float32:
+                return self.down_proj(kernels.silu_mul(gate_up, packed.outputs[0]))
+            gate, up = gate_up.split(packed.outputs, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.activation(gate) * up)
@@ -507,33 +513,34 @@ class Block(nn.Module):
         return x, weights, qkv
 
     def decode(self, x, cos, sin, keys: RowKeys | None, cache, layer):
-        """forward for one new position per row, in three calls of the decode kernels and four torch ops where
-        forward makes some twenty: the same functions in the same order (kernels.cpp, decode_in and decode_mid), so
-        the same bits (tests/test_engine.py); SmolLM2's float32 step on this 2-core CPU went from 25–30 ms to 21–27
+        """forward for one new position per row, in two calls of the decode kernels where forward makes some twenty
+        torch ops: the same functions in the same order (kernels.cpp, decode_in and decode_out), so the same bits
+        (tests/test_engine.py); SmolLM2's float32 step on this 2-core CPU went from 25–30 ms to 21–25
         (docs/benchmarks.md)."""
-        attn, mlp, x = self.self_attn, self.mlp, x.contiguous()
+        attn, x = self.self_attn, x.contiguous()
         qkv = kernels.decode_in(self.decode_layer, x, cos, sin)                  # (B, 1, n_heads + 2·n_kv, d_head)
         q, k, v = qkv.transpose(1, 2).split((attn.n_heads, attn.n_kv_heads, attn.n_kv_heads), dim=1)
         k, v = cache.append(layer, k, v)                                          # (B, n_kv, S, d_head)
         first, end = key_spans(keys, x.shape[0], k.shape[2])
-        outputs = mlp.gate_proj.packed.outputs
-        h, gate_up, weights = kernels.decode_mid(self.decode_layer, x, qkv, k, v, first, end, sum(outputs))
-        gate, up = gate_up.split(outputs, dim=-1)
-        return mlp.down_proj.packed(mlp.activation(gate) * up, residual=h), weights, (q, k, v)
+        out, weights = kernels.decode_out(self.decode_layer, x, qkv, k, v, first, end)
+        return out, weights, (q, k, v)
 
     def decode_weights(self) -> kernels.DecodeLayer | None:
         """decode_layer for this block's packed weights, None where a product is bfloat16 or leaves a block part
-        empty (the kernels add the residual and read the heads block by block)."""
+        empty (the kernels add the residual and read the heads block by block), or the MLP's activation is not
+        SiLU."""
         attn, mlp = self.self_attn, self.mlp
         products = (attn.q_proj.packed, attn.o_proj.packed, mlp.gate_proj.packed, mlp.down_proj.packed)
         stacked = (attn.q_proj.packed is attn.k_proj.packed is attn.v_proj.packed
                    and mlp.gate_proj.packed is mlp.up_proj.packed)
-        if not stacked or any(p is None or p.padded or p.dtype == torch.bfloat16 for p in products):
+        if (not stacked or mlp.activation is not F.silu
+                or any(p is None or p.padded or p.dtype == torch.bfloat16 for p in products)):
             return None
-        qkv, o, gate_up, _ = products
+        qkv, o, gate_up, down = products
         norm_in, norm_out = self.input_layernorm, self.post_attention_layernorm
         return kernels.DecodeLayer(norm_in.weight, norm_out.weight, norm_in.plus_one, norm_in.eps, qkv.matrix,
-                                   o.matrix, gate_up.matrix, attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.scale)
+                                   o.matrix, gate_up.matrix, down.matrix, attn.n_heads, attn.n_kv_heads,
+                                   attn.head_dim, attn.scale)
 
 
 @functools.lru_cache(maxsize=64)
