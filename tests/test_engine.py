@@ -399,8 +399,8 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(dtype):
     """Issue 38, item 5: on the shared model a decode step's layer runs as Block.decode (kernels.decode_in: norm, q/k/v
-    product, RoPE; the caller's cache write; kernels.decode_mid: attention, output product plus the residual, norm,
-    gate/up product; torch's SiLU × up; the down product adding the residual as it stores). It gives the bits of the
+    product, RoPE; the caller's cache write; kernels.decode_out: attention, output product plus the residual, norm,
+    gate/up product, silu_mul, down product plus the residual). It gives the bits of the
     block's own twenty-odd ops: the logits, the attention weights, q, k and v of a layer, and the cache, for a solo
     decode and for a batch of rows of different lengths over a slotted cache. It breaks if RoPE's two products are
     fused into one multiply-add (kernels.cpp's `rounded`; made red once), if a residual is added to another row, or if

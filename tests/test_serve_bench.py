@@ -171,11 +171,11 @@ def test_on_a_gpu_the_ops_are_ranked_and_timed_by_their_time_on_the_device():
     on_cpu = [(o.name, o.share, o.clock) for o in measure.op_shares(events, 3, "cpu")]
     assert on_cpu[:2] == [("aten::mm", 0.6, "cpu"), ("cudaLaunchKernel", 0.4, "cpu")]
     # on a CPU the decode kernels' ops (a decode step's layer, the products) are marks of their own, and kept
-    kernel_ops = [event("decode_lab::decode_mid", DeviceType.CPU, 3000, 0, 6, annotation=True),
+    kernel_ops = [event("decode_lab::decode_out", DeviceType.CPU, 3000, 0, 6, annotation=True),
                   event("decode_lab::matmul_float32", DeviceType.CPU, 1000, 0, 3, annotation=True)]
     kernel_ops.append(event("aten::silu", DeviceType.CPU, 1000, 0, 3))
     on_cpu = [(o.name, o.share) for o in measure.op_shares(events[-1:] + kernel_ops, 3, "cpu")]
-    assert on_cpu == [("decode_lab::decode_mid", 0.6), ("decode_lab::matmul_float32", 0.2), ("aten::silu", 0.2)]
+    assert on_cpu == [("decode_lab::decode_out", 0.6), ("decode_lab::matmul_float32", 0.2), ("aten::silu", 0.2)]
 
 
 def test_pass_costs_draw_a_line_and_the_estimate_reads_the_queue():

@@ -393,7 +393,7 @@ def _attend_one(q, k, v, scale):
 # -- a decode step's layer ----------------------------------------------------------------------------------------
 
 class Matrix(ctypes.Structure):
-    """One product's packed weights as decode_in and decode_mid read them (kernels.cpp's struct Matrix)."""
+    """One product's packed weights as decode_in and decode_out read them (kernels.cpp's struct Matrix)."""
     _fields_ = [("w", _ptr), ("scale", _ptr), ("blocks", _i64), ("kind", _i64)]
 
 

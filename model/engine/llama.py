@@ -492,7 +492,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    # the block's weights as the decode kernels' decode_in and decode_mid read them (pack_linears, where every product
+    # the block's weights as the decode kernels' decode_in and decode_out read them (pack_linears, where every product
     # is float32 or int8 and fills its blocks): a decode step's layer then runs as Block.decode
     decode_layer: kernels.DecodeLayer | None = None
 
