@@ -13,9 +13,9 @@ from ui import svg
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
-from ui.serving_run import run_queue_steps, run_variants
+from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
 from ui.state import keep_across_pages
-from ui.widgets import NEXT_KEY, legend_html, table_html
+from ui.widgets import legend_html, table_html
 
 # paged_wanted: what the last click asked for, run by this script where Stop reaches it ("one" step, or to the "end")
 PAGE_DEFAULTS = {"paged_run": None, "paged_for": None, "paged_queue": "mixed", "paged_block_size": 16,
@@ -69,12 +69,8 @@ def start() -> None:
         state.paged_for = ((info.name, info.device), state.paged_queue, live)
 
 
-def next_step() -> None:
-    state.paged_wanted = "one"
-
-
-def request_run() -> None:
-    state.paged_wanted = "end"
+def ask_compare() -> None:
+    state.paged_wanted = "end"  # a finished run's comparison runs where Stop reaches it
 
 
 def reset() -> None:
@@ -100,24 +96,8 @@ st.caption(t("paged.compares", live=variant_name(compared[0]),
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 run = state.paged_run
-wanted, state.paged_wanted = state.paged_wanted, None
-stopped = state.paged_running and run is not None and not run.finished  # the last run was cut short
-state.paged_running = False
-if wanted is not None and run is not None and not run.finished:
-    state.paged_running, stopped = True, False
-    error = run_queue_steps(run, to_end=wanted == "end")
-    state.paged_running = False
-    if error is not None:
-        state.callback_error = error
-with st.container(horizontal=True):
-    st.button(t("paged.start"), key="paged_start", type="primary" if run is None else "secondary",
-              icon=":material/play_arrow:", on_click=start)
-    if run is not None:
-        st.button(t("serving.next"), key="paged_next", type="primary", icon=":material/skip_next:",
-                  disabled=run.finished, on_click=next_step, shortcut=NEXT_KEY)
-        st.button(t("serving.run"), key="paged_run_button", icon=":material/fast_forward:", disabled=run.finished,
-                  on_click=request_run)
-        st.button(t("serving.reset"), key="paged_reset", icon=":material/restart_alt:", on_click=reset)
+wanted, stopped = asked_steps("paged", run, lambda to_end: run_queue_steps(run, to_end))
+run_buttons("paged", run, "paged.start", start, reset, run_key="paged_run_button")
 callback_error_here()
 if run is None:
     st.info(t("paged.press_start"))
@@ -219,7 +199,7 @@ if run.finished and state.paged_compared is None and wanted is not None:
 if state.paged_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
     if run.finished:
-        st.button(t("paged.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=request_run)
+        st.button(t("paged.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=ask_compare)
 else:
     mine = [r.new_ids for r in run.requests]
 

@@ -14,9 +14,9 @@ from ui import svg
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
-from ui.serving_run import machine, pass_costs, run_steps
+from ui.serving_run import asked_steps, machine, pass_costs, run_buttons, run_steps
 from ui.state import keep_across_pages
-from ui.widgets import NEXT_KEY, table_html
+from ui.widgets import table_html
 
 # serving_wanted: what the last click asked for, run by this script where Stop reaches it ("one" step, or to the "end")
 PAGE_DEFAULTS = {"serving_server": None, "serving_for": None, "serving_dtype": "float32", "serving_slots": 4,
@@ -59,14 +59,6 @@ def start() -> None:
         state.serving_profile, state.serving_wanted = None, "one"
 
 
-def next_step() -> None:
-    state.serving_wanted = "one"
-
-
-def request_run() -> None:
-    state.serving_wanted = "end"
-
-
 def reset() -> None:
     state.serving_server, state.serving_wanted = None, None
 
@@ -106,24 +98,8 @@ if costs is not None:
                      decode=decimal(estimate.decode_ms / 1000), probe=workload.PROBE_ROWS))
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
-wanted, state.serving_wanted = state.serving_wanted, None
-stopped = state.serving_running and server is not None and not server.finished  # the last run was cut short
-state.serving_running = False
-if wanted is not None and server is not None and not server.finished:
-    state.serving_running, stopped = True, False
-    error = run_steps(server, to_end=wanted == "end")
-    state.serving_running = False
-    if error is not None:
-        state.callback_error = error
-with st.container(horizontal=True):
-    st.button(t("serving.start"), key="serving_start", type="primary" if server is None else "secondary",
-              icon=":material/play_arrow:", on_click=start)
-    if server is not None:
-        st.button(t("serving.next"), key="serving_next", type="primary", icon=":material/skip_next:",
-                  disabled=server.finished, on_click=next_step, shortcut=NEXT_KEY)
-        st.button(t("serving.run"), key="serving_run", icon=":material/fast_forward:", disabled=server.finished,
-                  on_click=request_run)
-        st.button(t("serving.reset"), key="serving_reset", icon=":material/restart_alt:", on_click=reset)
+_, stopped = asked_steps("serving", server, lambda to_end: run_steps(server, to_end))
+run_buttons("serving", server, "serving.start", start, reset, run_key="serving_run")
 callback_error_here()
 if server is None:
     st.info(t("serving.press_start"))

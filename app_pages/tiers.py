@@ -15,10 +15,10 @@ from model.serving.tiers import tier_kind
 from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
-from ui.serving_run import run_queue_steps, run_variants
+from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
 from ui.state import keep_across_pages
 from ui.tier_view import draw_crossover, draw_pool_and_tier, draw_workers, measured_crossover, ms, step_events
-from ui.widgets import NEXT_KEY, table_html
+from ui.widgets import table_html
 
 QUEUE = "mixed"  # the queue whose budget runs short: its growing decodes preempt one another
 MODES = ("tier", "workers")
@@ -93,23 +93,9 @@ if wanted == "start" and (mode == "workers" or crossover is not None):
     state.tiers_for = ((info.name, info.device), mode)
     wanted = "one" if state.tiers_run is not None else None
 run = state.tiers_run
-stopped = state.tiers_running and run is not None and not run.finished
-state.tiers_running = False
-if wanted in ("one", "end") and run is not None and not run.finished:
-    state.tiers_running, stopped = True, False
-    error = run_queue_steps(run, to_end=wanted == "end")
-    state.tiers_running = False
-    if error is not None:
-        st.error(error)
-with st.container(horizontal=True):
-    st.button(t("paged.start"), key="tiers_start", type="primary" if run is None else "secondary",
-              icon=":material/play_arrow:", on_click=request, args=("start",))
-    if run is not None:
-        st.button(t("serving.next"), key="tiers_next", type="primary", icon=":material/skip_next:",
-                  disabled=run.finished, on_click=request, args=("one",), shortcut=NEXT_KEY)
-        st.button(t("serving.run"), key="tiers_run_button", icon=":material/fast_forward:", disabled=run.finished,
-                  on_click=request, args=("end",))
-        st.button(t("serving.reset"), key="tiers_reset", icon=":material/restart_alt:", on_click=reset)
+state.tiers_wanted = wanted  # a start's first step, Next's or Run's: asked_steps runs them
+wanted, stopped = asked_steps("tiers", run, lambda to_end: run_queue_steps(run, to_end))
+run_buttons("tiers", run, "paged.start", lambda: request("start"), reset, run_key="tiers_run_button")
 callback_error_here()
 if run is None:
     st.info(t("tiers.press_start"))

@@ -25,6 +25,7 @@ from ui.errors import attempt, error_sentence
 from ui.i18n import t
 from ui.models import shared_model_in
 from ui.run import RUN_REDRAW_S
+from ui.widgets import NEXT_KEY
 
 
 class StopBar:
@@ -104,6 +105,44 @@ def run_queue_steps(run: QueueRun, to_end: bool) -> str | None:
             break
     bar.clear()
     return error
+
+
+def asked_steps(prefix: str, run: Server | QueueRun | None,
+                run_steps: Callable[[bool], str | None]) -> tuple[str | None, bool]:
+    """The steps the last click asked for (state[prefix + "_wanted"]: "one", or to the "end"), run here in the page's
+    script, where a click on Stop reaches them (a callback cannot be stopped); state[prefix + "_running"] is True
+    while they run, so the script run after a Stop knows the steps were cut short. run_steps(to_end) runs them and
+    gives the sentence saying why a step failed, kept for callback_error_here. Returns what was asked (None: no
+    click asked for anything) and whether the last steps were cut short."""
+    state = st.session_state
+    wanted, state[prefix + "_wanted"] = state[prefix + "_wanted"], None
+    stopped = state[prefix + "_running"] and run is not None and not run.finished
+    state[prefix + "_running"] = False
+    if wanted in ("one", "end") and run is not None and not run.finished:
+        state[prefix + "_running"], stopped = True, False
+        error = run_steps(wanted == "end")
+        state[prefix + "_running"] = False
+        if error is not None:
+            state.callback_error = error
+    return wanted, stopped
+
+
+def run_buttons(prefix: str, run: Server | QueueRun | None, start_label: str, on_start: Callable[[], None],
+                on_reset: Callable[[], None], run_key: str) -> None:
+    """Start, then Next, Run (to the end) and Reset once there is a run: Next and Run ask asked_steps for one step
+    or all of them (state[prefix + "_wanted"]); each button's key is prefix + its name, Run's run_key."""
+    def ask(wanted: str) -> None:
+        st.session_state[prefix + "_wanted"] = wanted
+
+    with st.container(horizontal=True):
+        st.button(t(start_label), key=prefix + "_start", type="primary" if run is None else "secondary",
+                  icon=":material/play_arrow:", on_click=on_start)
+        if run is not None:
+            st.button(t("serving.next"), key=prefix + "_next", type="primary", icon=":material/skip_next:",
+                      disabled=run.finished, on_click=ask, args=("one",), shortcut=NEXT_KEY)
+            st.button(t("serving.run"), key=run_key, icon=":material/fast_forward:", disabled=run.finished,
+                      on_click=ask, args=("end",))
+            st.button(t("serving.reset"), key=prefix + "_reset", icon=":material/restart_alt:", on_click=on_reset)
 
 
 def run_variants(runs: list[QueueRun], names: list[str]) -> str | None:
