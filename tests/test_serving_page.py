@@ -136,6 +136,10 @@ def test_profile_shows_the_ops_of_a_step_and_a_trace():
     ops, trace, rows = at.session_state["serving_profile"]
     assert ops and json.loads(trace)["traceEvents"] and rows >= 1
     assert any(op.name.startswith("aten::") for op in ops)
+    # what the decode_lab:: ops are is said where the table has some (the model ran in the decode kernels), only there
+    in_kernels = any(op.name.startswith("decode_lab::") for op in ops)
+    said = any(c.value.startswith("Ops named decode_lab::") for c in at.caption)
+    assert said == in_kernels
 
 
 @needs_kernels

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from model.engine.kernels import machine_products
+from model.engine.kernels import PROFILED, machine_products
 from model.engine.runtime import LoadedModel
 from model.serving import measure
 from model.serving.quality import held_out
@@ -110,5 +110,7 @@ def profile(run_model: LoadedModel, steps: int, most_context: int, rows: int) ->
                         for op in ops]))
     st.caption(t("serving.profile_note_device" if on_device else "serving.profile_note", steps=steps,
                  rows=profiled_rows))
+    if any(op.name.startswith(PROFILED) for op in ops):  # the model ran in the decode kernels
+        st.caption(t("serving.profile_kernels"))
     st.download_button(t("serving.download_trace"), data=trace_bytes, file_name="decode-lab-step-trace.json",
                        mime="application/json", key="serving_trace_download", on_click="ignore")

@@ -341,14 +341,27 @@ static void attend_head(const float* qh, const float* kh, const float* vh, int64
     for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
 }
 
+// Every head of rows 0 .. B − 1, row b over keys first[b] .. end[b] − 1 (first null: all S) -> out (B, heads · d),
+// weights (B, heads, S), 0 outside a row's keys
+static void attend_rows(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
+                        const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s,
+                        const int64_t* first, const int64_t* end, float scale, float* out, float* weights) {
+  const int64_t groups = heads / kv_heads;
+  if (first) std::fill(weights, weights + B * heads * S, 0.0f);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t from = first ? first[b] : 0, to = first ? end[b] : S;
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t at = b * kv_b + (h / groups) * kv_h + from * kv_s;
+      attend_head(q + b * q_b + h * q_h, k + at, v + at, to - from, kv_s, d, scale, out + (b * heads + h) * d,
+                  weights + (b * heads + h) * S + from);
+    }
+  }
+}
+
 void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
                 const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s, float scale,
                 float* out, float* weights) {
-  const int64_t groups = heads / kv_heads;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < heads; ++h)
-      attend_head(q + b * q_b + h * q_h, k + b * kv_b + (h / groups) * kv_h, v + b * kv_b + (h / groups) * kv_h, S,
-                  kv_s, d, scale, out + (b * heads + h) * d, weights + (b * heads + h) * S);
+  attend_rows(q, B, heads, d, q_b, q_h, k, v, kv_heads, S, kv_b, kv_h, kv_s, nullptr, nullptr, scale, out, weights);
 }
 
 // SiLU(gate) · up of each row of gate_up (rows, 2I at row stride ld: gate, then up), into y (rows, I): gate / (1 +
@@ -461,16 +474,11 @@ void decode_in(const Layer* L, const float* x, int64_t rows, const float* cos, c
 void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
                 int64_t kv_b, int64_t kv_h, int64_t kv_s, const int64_t* first, const int64_t* end, int64_t S,
                 float* weights, float* out, int threads) {
-  const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d, groups = L->heads / L->kv_heads;
+  const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d;
   std::vector<float> attended(rows * L->heads * d), normed(rows * L->hidden), gate_up(rows * 2 * L->intermediate),
       act(rows * L->intermediate);
-  std::fill(weights, weights + rows * L->heads * S, 0.0f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t head = 0; head < L->heads; ++head) {
-      const int64_t at = r * kv_b + (head / groups) * kv_h + first[r] * kv_s;
-      attend_head(qkv + r * width + head * d, k + at, v + at, end[r] - first[r], kv_s, d, L->scale,
-                  attended.data() + (r * L->heads + head) * d, weights + (r * L->heads + head) * S + first[r]);
-    }
+  attend_rows(qkv, rows, L->heads, d, width, d, k, v, L->kv_heads, S, kv_b, kv_h, kv_s, first, end, L->scale,
+              attended.data(), weights);
   product(L->o, attended.data(), rows, L->heads * d, out, x, threads);
   rms_norm(out, rows, L->hidden, L->norm_out, L->eps, int(L->plus_one), normed.data());
   product(L->gate_up, normed.data(), rows, L->hidden, gate_up.data(), nullptr, threads);

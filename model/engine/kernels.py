@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,12 +45,7 @@ BLOCKS = 4          # blocks in a panel
 ALIGN = 64          # bytes: each packed matrix starts on a cache line
 HUGE_PAGE = 2**21   # bytes of a transparent huge page on x86-64 and arm64 Linux
 MADV_HUGEPAGE = 14  # linux/mman.h
-PROFILED = "decode_lab::"  # the kernels' ops in torch's profiler, each a mark of its own:
-PROFILED_AS = PROFILED + "matmul_"  # the products: + float32, bfloat16, int8
-PROFILED_NORM = PROFILED + "rms_norm"
-PROFILED_ATTEND = PROFILED + "attend_one"
-PROFILED_LAYER = PROFILED + "decode_"  # + in, out: a decode step's layer (decode_in, decode_out)
-PROFILED_SILU = PROFILED + "silu_mul"
+PROFILED = "decode_lab::"  # the kernels' ops in torch's profiler, each a mark of its own (profiled)
 
 _build_lock = threading.Lock()
 _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -323,18 +319,25 @@ def gather_rows(packed: Packed, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, shape.inputs)
 
 
+def profiled(name: str | Callable[..., str]):
+    """The kernel op `f` as an op of its own under torch's profiler, named PROFILED + name (or + name(*its
+    arguments)); outside the profiler, the call alone."""
+    def wrap(f):
+        @functools.wraps(f)
+        def op(*args):
+            if torch.autograd._profiler_enabled():
+                with torch.profiler.record_function(PROFILED + (name if isinstance(name, str) else name(*args))):
+                    return f(*args)
+            return f(*args)
+        return op
+    return wrap
+
+
+@profiled(lambda x, packed: "matmul_" + str(packed.shape.dtype).removeprefix("torch."))
 def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     """x (…, inputs), contiguous, times the packed matrix: (…, 16 · blocks), in x's dtype, on torch's threads (the
     rows of x are all its numbers but the last dimension's; no reshape before or view after, a µs each of 121
-    products in a decode step).
-    Under torch's profiler the product is an op of its own, PROFILED_AS + its weights' dtype."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_AS + str(packed.shape.dtype).removeprefix("torch.")):
-            return _matmul(x, packed)
-    return _matmul(x, packed)
-
-
-def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
+    products in a decode step)."""
     built = kernels()
     inputs = x.shape[-1]
     rows = x.numel() // inputs
@@ -351,17 +354,10 @@ def _matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     return y
 
 
+@profiled("rms_norm")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
-    """RMSNorm of each row of x (…, n), float32, in one pass (kernels.cpp): x / rms(x) · w, or · (1 + w) (Gemma's);
-    its own op under torch's profiler (PROFILED_NORM). A step's 61 norms as torch's seven small ops each took about
-    2 ms of SmolLM2's 27 ms decode step here."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_NORM):
-            return _rms_norm(x, weight, eps, plus_one)
-    return _rms_norm(x, weight, eps, plus_one)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool) -> torch.Tensor:
+    """RMSNorm of each row of x (…, n), float32, in one pass (kernels.cpp): x / rms(x) · w, or · (1 + w) (Gemma's).
+    A step's 61 norms as torch's seven small ops each took about 2 ms of SmolLM2's 27 ms decode step here."""
     x = x.contiguous()
     y = torch.empty_like(x)
     n = x.shape[-1]
@@ -369,18 +365,11 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, plus_one: bool)
     return y
 
 
+@profiled("attend_one")
 def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q·kᵀ / scale)·v for one query per row, float32, in one op (kernels.cpp): q (B, n_heads, 1, d_head), k
     and v (B, n_kv, S, d_head) as they lie in the cache (each position's d_head numbers side by side, k and v at the
-    same strides) -> out (B, 1, n_heads·d_head), weights (B, n_heads, 1, S); its own op under torch's profiler
-    (PROFILED_ATTEND)."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_ATTEND):
-            return _attend_one(q, k, v, scale)
-    return _attend_one(q, k, v, scale)
-
-
-def _attend_one(q, k, v, scale):
+    same strides) -> out (B, 1, n_heads·d_head), weights (B, n_heads, 1, S)."""
     B, n_heads, _, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     out = q.new_empty(B, 1, n_heads * d_head)
@@ -425,16 +414,10 @@ class DecodeLayer:
         return None
 
 
-def decode_in(layer: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+@profiled("decode_in")
+def decode_in(decode: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, 1, hidden) -> the q, k and v heads (B, 1, heads + 2·kv_heads, d_head), q and k turned by RoPE at cos and
-    sin (B or 1 rows of d_head numbers): norm, product and RoPE in one op (PROFILED_LAYER + "in")."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_LAYER + "in"):
-            return _decode_in(layer, x, cos, sin)
-    return _decode_in(layer, x, cos, sin)
-
-
-def _decode_in(decode: DecodeLayer, x, cos, sin):
+    sin (B or 1 rows of d_head numbers): norm, product and RoPE in one op."""
     layer = decode.layer
     B, d = x.shape[0], layer.d_head
     qkv = x.new_empty(B, 1, layer.heads + 2 * layer.kv_heads, d)
@@ -444,19 +427,13 @@ def _decode_in(decode: DecodeLayer, x, cos, sin):
     return qkv
 
 
-def decode_out(layer: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+@profiled("decode_out")
+def decode_out(decode: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                first: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rest of the layer in one op (PROFILED_LAYER + "out"): attention of each row's query (in qkv) over its keys
-    first[r] .. end[r] − 1 of k and v (B, kv_heads, S, d_head), the output product plus the residual, the second
-    norm, the gate/up product, silu_mul, the down product plus the residual -> the block's output (B, 1, hidden) and
-    the attention weights (B, heads, 1, S), 0 outside a row's keys."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_LAYER + "out"):
-            return _decode_out(layer, x, qkv, k, v, first, end)
-    return _decode_out(layer, x, qkv, k, v, first, end)
-
-
-def _decode_out(decode: DecodeLayer, x, qkv, k, v, first, end):
+    """The rest of the layer in one op: attention of each row's query (in qkv) over its keys first[r] .. end[r] − 1
+    of k and v (B, kv_heads, S, d_head), the output product plus the residual, the second norm, the gate/up product,
+    silu_mul, the down product plus the residual -> the block's output (B, 1, hidden) and the attention weights (B,
+    heads, 1, S), 0 outside a row's keys."""
     layer = decode.layer
     B, S = x.shape[0], k.shape[2]
     out, weights = torch.empty_like(x), x.new_empty(B, layer.heads, 1, S)
@@ -466,18 +443,12 @@ def _decode_out(decode: DecodeLayer, x, qkv, k, v, first, end):
     return out, weights
 
 
+@profiled("silu_mul")
 def silu_mul(gate_up: torch.Tensor, width: int) -> torch.Tensor:
     """SiLU(gate) · up of float32 gate_up (…, 2·width: gate, then up; its rows at any stride, their numbers side by
-    side) -> (…, width), in one op (kernels.cpp; PROFILED_SILU): the shared model's SwiGLU, each number the same bits
-    wherever it lies (torch's SiLU finishes a row's last width mod 16 numbers another way than the rest), within 3
-    float32 ulps of the exact value."""
-    if torch.autograd._profiler_enabled():
-        with torch.profiler.record_function(PROFILED_SILU):
-            return _silu_mul(gate_up, width)
-    return _silu_mul(gate_up, width)
-
-
-def _silu_mul(gate_up, width):
+    side) -> (…, width), in one op (kernels.cpp): the shared model's SwiGLU, each number the same bits wherever it
+    lies (torch's SiLU finishes a row's last width mod 16 numbers another way than the rest), within 3 float32 ulps
+    of the exact value."""
     rows = gate_up.flatten(0, -2)  # a view where the rows lie at one stride (a packed product's output, sliced)
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
     kernels().silu_mul(rows.data_ptr(), rows.shape[0], width, rows.stride(0), out.data_ptr())

@@ -371,7 +371,6 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
     for module in model.modules():
         if isinstance(module, RMSNorm | Attention | MLP):
             module.fused = True
-    for module in model.modules():
         if isinstance(module, Block):
             module.decode_layer = module.decode_weights()
     return True
@@ -515,8 +514,7 @@ class Block(nn.Module):
     def decode(self, x, cos, sin, keys: RowKeys | None, cache, layer):
         """forward for one new position per row, in two calls of the decode kernels where forward makes some twenty
         torch ops: the same functions in the same order (kernels.cpp, decode_in and decode_out), so the same bits
-        (tests/test_engine.py); SmolLM2's float32 step on this 2-core CPU went from 25–30 ms to 21–25
-        (docs/benchmarks.md)."""
+        (tests/test_engine.py); what it saves is timed in docs/benchmarks.md."""
         attn, x = self.self_attn, x.contiguous()
         qkv = kernels.decode_in(self.decode_layer, x, cos, sin)                  # (B, 1, n_heads + 2·n_kv, d_head)
         q, k, v = qkv.transpose(1, 2).split((attn.n_heads, attn.n_kv_heads, attn.n_kv_heads), dim=1)
