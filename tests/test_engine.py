@@ -599,6 +599,31 @@ def test_a_compiler_that_fails_leaves_no_partial_library_and_says_so(monkeypatch
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind", ["not_writable", "damaged"])
+def test_a_cache_folder_that_cannot_hold_the_kernels_still_gives_them(kind, monkeypatch, tmp_path):
+    """faults 2026-12-04 #4: a cache folder that cannot be written, or a library there cut short, raised a plain
+    OSError, and no model loaded (float32 too). Now the kernels are built in a temporary folder of the process."""
+    import functools
+
+    from model.engine import kernels
+
+    cache = tmp_path / "cache"
+    if kind == "not_writable":  # a path under a file: mkdir fails as in a read-only folder, for root too
+        (tmp_path / "a-file").write_text("")
+        cache = tmp_path / "a-file" / "cache"
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(cache))
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+    if kind == "damaged":  # a library of 100 bytes where this machine's should be
+        (cache / "kernels").mkdir(parents=True)
+        (cache / "kernels" / kernels.library_name(kernels.compiler())).write_bytes(b"\x7fELF" + bytes(96))
+    assert kernels.unavailable_reason() is None
+    x = torch.randn(3, 32)
+    w = torch.randn(16, 32)
+    arena = kernels.Arena(kernels.packed_nbytes(16, 32, torch.float32))
+    assert torch.allclose(kernels.matmul(x, kernels.pack(w, torch.float32, arena)), x @ w.T, atol=1e-5)
+
+
+@needs_kernels
 @pytest.mark.slow
 def test_two_processes_building_the_kernels_at_once_both_load_them(tmp_path):
     """Two fresh processes (the app and a test, say) build the kernels into one empty cache folder at the same time:

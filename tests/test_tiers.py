@@ -1,5 +1,5 @@
 """The paged cache's second tier (model/serving/tiers.py, PagedServer with `offload`): a preempted request's blocks
-moved out to a memory-mapped file and back, its tokens and logits its solo run's; a tier that cannot be made is one
+moved out to a file and back, its tokens and logits its solo run's; a tier that cannot be made is one
 sentence before any step; a tier too full, or a block that comes back damaged, has its request computed again and
 the step says so; a reset and a close delete the file; the crossover is the fewest positions from which a round
 trip beats the recompute at every larger point."""
@@ -118,6 +118,78 @@ def test_a_block_damaged_in_the_file_is_found_and_its_request_computed_again(sma
     # the same step computes its positions again from its first
     step = server.steps[damaged[0][0]]
     assert any(s.request == seen["request"] and s.start == 0 and s.kind == "recompute" for s in step.spans)
+
+
+def test_a_tier_file_cut_short_is_a_damaged_block_not_a_signal(small, tmp_path, monkeypatch):
+    """The file truncated to 0 bytes while blocks are out (faults 2026-12-04 #1: through a memory mapping, SIGBUS
+    ended the whole server): the blocks come back damaged and their request is computed again, tokens still solo."""
+    requests, settings = tight(small, tmp_path)
+    original = PagedServer.step
+
+    def stepped(self, report=None):
+        step = original(self, report)
+        if any(what == "out" for _, what in step.tier):
+            os.truncate(self.offload.tier.path, 0)
+        return step
+
+    monkeypatch.setattr(PagedServer, "step", stepped)
+    server = serve_and_check(small, requests, settings, monkeypatch, EXACT)
+    assert "damaged" in events(server) and "in" not in events(server)
+    server.close()
+    assert tier_files(tmp_path) == []
+
+
+def test_reset_in_a_folder_made_read_only_succeeds_and_the_next_start_sweeps_the_file(small, tmp_path, caplog):
+    """faults #5: Reset with the tier's folder read-only raised, broke the run and left the file for good."""
+    with tempfile.TemporaryDirectory() as parent:
+        os.chmod(parent, 0o755)
+        folder = Path(parent) / "tier"
+        folder.mkdir()
+        requests, settings = tight(small, folder)
+        server = PagedServer(small, requests, settings)
+        while "out" not in events(server):
+            server.step()
+        back = read_only(folder)
+        try:
+            server.reset()  # the file cannot go: logged, not raised
+        finally:
+            back()
+            folder.chmod(0o755)
+        assert server.offload.tier is None and "could not be deleted" in caplog.text
+        left = tier_files(folder)
+        assert len(left) == 1
+        stale = folder / left[0].name.replace(f"-{os.getpid()}-", "-999999999-")
+        left[0].rename(stale)  # as a server that ended would leave it
+        server.step()  # the run goes on; its next tier is made at its first move out, which sweeps the stale one
+        while not server.finished and "out" not in events(server):
+            server.step()
+        assert not stale.exists()
+        server.close()
+        assert tier_files(folder) == []
+
+
+def test_the_tiers_of_one_process_have_a_cap(small, tmp_path, monkeypatch):
+    """faults #12: one tier file per tab, with no cap on tabs, could fill the server's disk."""
+    layout = PagedLayout.of(small.info, 16)
+    dtype = small.module.lm_head.weight.dtype
+    first = disk_tier(str(tmp_path), 16, layout, dtype)
+    monkeypatch.setenv("DECODE_LAB_TIER_MB", str(first.nbytes * 1.5 / MB))
+    with pytest.raises(InputError) as refused:
+        disk_tier(str(tmp_path), 16, layout, dtype)
+    assert refused.value.code == "tier_cap" and "DECODE_LAB_TIER_MB" in refused.value.message("en")
+    assert "DECODE_LAB_TIER_MB" in refused.value.message("vi") and len(tier_files(tmp_path)) == 1
+    first.close()
+    disk_tier(str(tmp_path), 16, layout, dtype).close()  # room again once the first is gone
+    assert tier_files(tmp_path) == []
+
+
+def test_a_file_given_as_the_tier_folder_is_said_so(small, tmp_path):
+    """faults #15: a file given as the folder was 'this folder does not exist'."""
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    with pytest.raises(InputError) as refused:
+        disk_tier(str(file), 16, PagedLayout.of(small.info, 16), small.module.lm_head.weight.dtype)
+    assert "this is a file, not a folder" in refused.value.message("en")
 
 
 def test_reset_and_close_delete_the_tier_s_file(small, tmp_path):

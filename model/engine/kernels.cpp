@@ -364,6 +364,30 @@ void attend_one(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b
   attend_rows(q, B, heads, d, q_b, q_h, k, v, kv_heads, S, kv_b, kv_h, kv_s, nullptr, nullptr, scale, out, weights);
 }
 
+// Attention of T queries per row (a prefill, a prompt's chunk), query t over keys first[t] .. end[t] − 1 of its
+// row (its causal span, a sliding window's), each query as attend_head does a decode step's: a position's output has
+// the same bits whichever pass computes it, whatever the number of queries or keys beside it and on every CPU that
+// runs this code (the order of every sum is this code's, not a library's blocking). q (B, heads, T, d) at strides
+// q_b, q_h, q_t; k and v (B, kv heads, S, d) at strides kv_b, kv_h, kv_s -> out (B, T, heads · d), weights (B,
+// heads, T, S), 0 outside a query's keys
+void attend_spans(const float* q, int64_t B, int64_t heads, int64_t T, int64_t d, int64_t q_b, int64_t q_h,
+                  int64_t q_t, const float* k, const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h,
+                  int64_t kv_s, const int64_t* first, const int64_t* end, float scale, float* out, float* weights,
+                  int threads) {
+  const int64_t groups = heads / kv_heads;
+#pragma omp parallel for collapse(3) schedule(dynamic, 8) num_threads(threads) if (threads > 1)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        float* w = weights + ((b * heads + h) * T + t) * S;
+        std::fill(w, w + first[t], 0.0f);
+        std::fill(w + end[t], w + S, 0.0f);
+        const int64_t at = b * kv_b + (h / groups) * kv_h + first[t] * kv_s;
+        attend_head(q + b * q_b + h * q_h + t * q_t, k + at, v + at, end[t] - first[t], kv_s, d, scale,
+                    out + ((b * T + t) * heads + h) * d, w + first[t]);
+      }
+}
+
 // SiLU(gate) · up of each row of gate_up (rows, 2I at row stride ld: gate, then up), into y (rows, I): gate / (1 +
 // exp(−gate)) · up. exp as Cephes' expf (a degree-6 polynomial after taking out the power of two), 16 numbers at a
 // time; the last I mod 16 go through the same vector code, filled up with zeros, so every number gets the same bits

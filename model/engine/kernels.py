@@ -55,6 +55,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
               "rms_norm": (_ptr, _i64, _i64, _ptr, ctypes.c_float, _int, _ptr),
               "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                              ctypes.c_float, _ptr, _ptr),
+              "attend_spans": (_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
+                               _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _int),
               "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "decode_out": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
               "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
@@ -120,26 +122,55 @@ def compiler() -> str | None:
 @functools.cache
 def _built() -> ctypes.CDLL:
     """The compiled products, loaded; built at the first call on a machine (kernels/<hash>.so in the cache folder,
-    the hash of the source, the flags and this CPU's), or KernelsUnavailable with the reason."""
+    the hash of the source, the flags and this CPU's; in a temporary folder of this process where the cache folder
+    cannot be written), or KernelsUnavailable with the reason: any failure to build or load the library (no compiler,
+    a build that fails or hangs, a folder that cannot be written, a damaged library), so that models then multiply
+    with torch's product."""
     program = compiler()
     if program is None:
         raise KernelsUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
+    name = library_name(program)
+    library = settings().cache_dir / "kernels" / name
+    try:
+        if not library.is_file():
+            library = _build(program, library)
+        return _loaded(library)
+    except OSError as failed:  # a read-only cache folder, a library cut short or made for another machine
+        log.warning("the kernels at %s cannot be used (%s); building them in a temporary folder", library, failed)
+    try:
+        return _loaded(_build(program, Path(tempfile.mkdtemp(prefix="decode-lab-kernels-")) / name))
+    except OSError as failed:
+        log.error("the kernels cannot be built or loaded here: %s", failed)
+        raise KernelsUnavailable(f"{SOURCE.name} cannot be built or loaded here ({type(failed).__name__})") from None
+
+
+def library_name(program: str) -> str:
+    """The library's file name: a hash of the source, the compiler, the flags and this CPU's."""
     key = hashlib.sha256("\n".join([SOURCE.read_text(), program, *FLAGS, *sorted(_cpu_flags() or ())]).encode())
-    library = settings().cache_dir / "kernels" / f"{key.hexdigest()[:16]}.so"
-    if not library.is_file():
-        library.parent.mkdir(parents=True, exist_ok=True)
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
-        os.close(handle)
-        try:
-            subprocess.run([program, *FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True,
-                           timeout=BUILD_SECONDS)
-            os.replace(partial, library)  # whole or not at all, also when two processes build at once
-        except (OSError, subprocess.SubprocessError) as failed:
-            detail = getattr(failed, "stderr", b"") or b""
-            log.error("building %s failed: %s %s", SOURCE.name, failed, detail.decode(errors="replace")[-2000:])
-            raise KernelsUnavailable(f"{SOURCE.name} did not build here ({type(failed).__name__})") from None
-        finally:
-            Path(partial).unlink(missing_ok=True)
+    return f"{key.hexdigest()[:16]}.so"
+
+
+def _build(program: str, library: Path) -> Path:
+    """kernels.cpp compiled into `library` (whole or not at all, also when two processes build at once); OSError
+    where the folder cannot take it, KernelsUnavailable where the compiler fails or runs past BUILD_SECONDS."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=library.parent)
+    os.close(handle)
+    log.warning("building the decode kernels (%s, once per machine; at most %d s)…", SOURCE.name, BUILD_SECONDS)
+    try:
+        subprocess.run([program, *FLAGS, str(SOURCE), "-o", partial], check=True, capture_output=True,
+                       timeout=BUILD_SECONDS)
+        os.replace(partial, library)
+    except (OSError, subprocess.SubprocessError) as failed:
+        detail = getattr(failed, "stderr", b"") or b""
+        log.error("building %s failed: %s %s", SOURCE.name, failed, detail.decode(errors="replace")[-2000:])
+        raise KernelsUnavailable(f"{SOURCE.name} did not build here ({type(failed).__name__})") from None
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return library
+
+
+def _loaded(library: Path) -> ctypes.CDLL:
     built = ctypes.CDLL(str(library))
     for name, arguments in SIGNATURES.items():
         getattr(built, name).argtypes = arguments
@@ -376,6 +407,24 @@ def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
     weights = q.new_empty(B, n_heads, 1, S)
     kernels().attend_one(q.data_ptr(), B, n_heads, d_head, q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
                          n_kv, S, k.stride(0), k.stride(1), k.stride(2), scale, out.data_ptr(), weights.data_ptr())
+    return out, weights
+
+
+@profiled("attend_spans")
+def attend_spans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch.Tensor, end: torch.Tensor,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q·kᵀ / scale)·v for T queries per row, query t over keys first[t] .. end[t] − 1 alone, float32, in
+    one op (kernels.cpp): each query as attend_one attends a decode step's, so a position comes out with the same bits
+    in a prefill, a chunk of it or a decode step. q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) at the same
+    strides, first and end (T,) int64 -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S), 0 outside a query's
+    keys."""
+    B, n_heads, T, d_head = q.shape
+    n_kv, S = k.shape[1], k.shape[2]
+    out = q.new_empty(B, T, n_heads * d_head)
+    weights = q.new_empty(B, n_heads, T, S)
+    kernels().attend_spans(q.data_ptr(), B, n_heads, T, d_head, q.stride(0), q.stride(1), q.stride(2), k.data_ptr(),
+                           v.data_ptr(), n_kv, S, k.stride(0), k.stride(1), k.stride(2), first.data_ptr(),
+                           end.data_ptr(), scale, out.data_ptr(), weights.data_ptr(), torch.get_num_threads())
     return out, weights
 
 

@@ -178,13 +178,21 @@ def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float, fused: bo
     GQA: query head h reads KV head h // groups. The queries of a group's heads are stacked as the rows of one
     matrix per KV head, so each KV head's K and V are read once, as they lie in the cache (a view of its buffer):
     a matmul that broadcast K over the groups would copy it first.
-    fused (the shared inference model, pack_linears): one float32 query per row over every key it is given runs as
-    one op of the decode kernels (kernels.attend_one), each row the same bits beside any others."""
+    fused (the shared inference model, pack_linears): float32 attention runs in the decode kernels, each query over
+    exactly the keys it sees, in the kernels' own order of sums (kernels.attend_one for one query per row over every
+    key, kernels.attend_spans for a causal or sliding mask): a position then has the same bits in a prefill, a chunk
+    of it, a decode step, beside any other rows, on any CPU, which torch's product (MKL's blocking, chosen per CPU
+    and per shape) does not give."""
     if isinstance(keys, RowKeys):
         return attend_rows(q, k, v, keys, scale, fused)
-    if (fused and keys is None and q.shape[2] == 1 and q.dtype == k.dtype == v.dtype == torch.float32
-            and q.stride(-1) == k.stride(-1) == 1 and k.stride() == v.stride()):
-        return kernels.attend_one(q, k, v, scale)
+    if fused and q.dtype == k.dtype == v.dtype == torch.float32 and q.stride(-1) == 1:
+        if k.stride(-1) != 1 or k.stride() != v.stride():
+            k, v = k.contiguous(), v.contiguous()
+        if keys is None and q.shape[2] == 1:
+            return kernels.attend_one(q, k, v, scale)
+        spans = visible_spans(keys, q.shape[2], k.shape[2])
+        if spans is not None:
+            return kernels.attend_spans(q, k, v, *spans, scale)
     B, n_heads, T, d_head = q.shape
     n_kv, S = k.shape[1], k.shape[2]
     groups = n_heads // n_kv
@@ -196,6 +204,22 @@ def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float, fused: bo
     weights = F.softmax(scores.float(), dim=-1).to(q.dtype)                   # (B, n_heads, T, S)
     out = weights.reshape(B, n_kv, groups * T, S) @ v                         # (B, n_kv, groups·T, d_head)
     return out.view(B, n_heads, T, d_head).transpose(1, 2).reshape(B, T, -1), weights  # (B, T, n_heads·d_head)
+
+
+def visible_spans(mask: torch.Tensor | None, T: int, S: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per query, the first key it sees and the one after its last, (T,) int64 each, from an additive mask (T, S) of
+    0 and −∞ whose seen keys are one run per query (a causal or sliding-window mask; None: every key); None for any
+    other mask."""
+    if mask is None:
+        return torch.zeros(T, dtype=torch.int64), torch.full((T,), S, dtype=torch.int64)
+    if mask.shape != (T, S) or mask.device.type != "cpu":
+        return None
+    seen = mask == 0
+    first = seen.to(torch.int8).argmax(-1)
+    end = S - seen.flip(-1).to(torch.int8).argmax(-1)
+    if not bool((seen | (mask == float("-inf"))).all()) or not bool((seen.sum(-1) == end - first).all()):
+        return None
+    return first.contiguous(), end.contiguous()
 
 
 def attend_rows(q, k, v, rows: RowKeys, scale: float, fused: bool = False):

@@ -10,12 +10,13 @@ table.
 - A pass (PagedPass) writes each new position's K and V into its block, then gives each row its keys and values
   gathered from its table's blocks (a copy, (1, n_kv, positions, d_head), the layout of a solo cache's buffer), and
   llama.attend_flat attends each row over exactly the keys its solo run's pass attends over.
-- Bit for bit (float32 on a CPU, the packed linears): each row is attended as its solo run's pass attends it. A
-  prompt's chunk (chunked prefill, the rest after a prefix-cache hit) reads the keys of its whole prompt, the ones
-  not computed yet masked, so that its rows take the same softmax and the same products over as many keys as in the
-  prompt's one prefill (over fewer, a row rounds differently: MKL's float32 product sums 208 to 368 keys in one part
-  and more in parts of 192, measured). A prefix-cache hit is a multiple of ALIGN positions: a block computed in a
-  shorter prompt's prefill would otherwise sit where the softmax's vector loop finishes that row one key at a time.
+- Bit for bit (float32 on a CPU, the packed linears): every query is attended in the decode kernels over exactly the
+  keys it sees, in the kernels' own order of sums (kernels.attend_spans), as its solo run's pass attends it, so a row
+  has the same bits whatever rows, chunks or prefix hits are beside it, on any CPU. A prompt's chunk (chunked
+  prefill, the rest after a prefix-cache hit) reads the keys of its whole prompt, the ones not computed yet masked,
+  which also keeps torch's product (a bfloat16 model, a GPU, a machine without a compiler) over the same shapes as
+  the prompt's one prefill. A prefix-cache hit is a multiple of ALIGN positions, for the same reason: torch's
+  softmax finishes a row's last keys outside its vector loop.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from model.engine.runtime import ModelInfo
 from model.serving.blocks import BlockPool
 
 # positions: a prefix-cache hit is a multiple of this, 16 float32 filling one AVX-512 vector (a multiple of every
-# narrower one): hits of 8 and 9 positions, which a 12-position prompt's prefill had computed in its softmax's tail,
-# rounded SmolLM2's logits 5e-5 away from the solo run's
+# narrower one): under torch's softmax (the paths off the kernels), hits of 8 and 9 positions, which a 12-position
+# prompt's prefill had computed in its softmax's tail, rounded SmolLM2's logits 5e-5 away from the solo run's
 ALIGN = 16
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import math
 import os
 import secrets
@@ -44,6 +45,8 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.errors import InputError
 from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+
+log = logging.getLogger(__name__)
 
 TIER_KINDS = ("disk", "host")
 TIER_FILE_PREFIX = "decode-lab-kv-"
@@ -66,85 +69,151 @@ def digest(block: torch.Tensor) -> bytes:
 
 
 class Tier:
-    """`store` (slots, *block_shape) of the pool's dtype on the host; slots handed out from a free queue; the hash of
-    each held slot's bytes."""
+    """`n_slots` slots of block_shape in the pool's dtype; slots handed out from a free queue; the hash of each held
+    slot's bytes. A disk tier's slots lie in its file, written and read through the file's descriptor (pwrite,
+    preadv), never through a memory mapping: a file cut short or a disk failing under it is then a short read or an
+    OSError, which comes back as a damaged block, not as a SIGBUS that would end the whole server. A host tier's lie
+    in `store`."""
 
-    def __init__(self, kind: str, store: torch.Tensor, path: Path | None):
-        self.kind, self.store, self.path = kind, store, path
-        self.free_slots: deque[int] = deque(range(store.shape[0]))
+    def __init__(self, kind: str, n_slots: int, shape: tuple[int, ...], dtype: torch.dtype,
+                 store: torch.Tensor | None = None, path: Path | None = None, fd: int | None = None):
+        self.kind, self.n_slots, self.shape, self.dtype = kind, n_slots, shape, dtype
+        self.store, self.path, self.fd = store, path, fd
+        self.slot_bytes = math.prod(shape) * dtype.itemsize
+        self.free_slots: deque[int] = deque(range(n_slots))
         self.hashes: dict[int, bytes] = {}
-        # the file deleted when the tier is dropped without close() too (a page's session that ends)
-        self._deleted = weakref.finalize(self, unlink, path) if path is not None else None
+        # the file closed and deleted when the tier is dropped without close() too
+        self._deleted = weakref.finalize(self, release_file, fd, path) if path is not None else None
+        _live_bytes[id(self)] = self.nbytes
+        weakref.finalize(self, _live_bytes.pop, id(self), None)
 
     @property
     def nbytes(self) -> int:
-        return self.store.numel() * self.store.element_size()
-
-    @property
-    def n_slots(self) -> int:
-        return self.store.shape[0]
+        return self.n_slots * self.slot_bytes
 
     @property
     def n_free(self) -> int:
         return len(self.free_slots)
 
     def write(self, blocks: torch.Tensor) -> list[int]:
-        """blocks (k, *block_shape) on the host into k free slots (the caller checked n_free); their slots."""
+        """blocks (k, *block_shape) on the host into k free slots (the caller checked n_free); their slots. OSError
+        when the file cannot take them (its slots are then free again)."""
         slots = [self.free_slots.popleft() for _ in range(blocks.shape[0])]
-        for slot, block in zip(slots, blocks):
-            self.hashes[slot] = digest(block)
-        self.store[torch.tensor(slots)] = blocks
+        try:
+            for slot, block in zip(slots, blocks):
+                self.hashes[slot] = digest(block)
+                if self.fd is None:
+                    self.store[slot] = block
+                elif os.pwrite(self.fd, as_bytes(block), slot * self.slot_bytes) != self.slot_bytes:
+                    raise OSError(errno.EIO, "short write")
+        except OSError:
+            self.free(slots)
+            raise
         return slots
 
     def read(self, slots: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """A copy of the slots' blocks, and those of the slots whose bytes no longer match their hash."""
-        blocks = self.store[torch.tensor(slots)]
-        return blocks, [slot for slot, block in zip(slots, blocks) if digest(block) != self.hashes[slot]]
+        """A copy of the slots' blocks, and those of the slots whose bytes no longer match their hash (or that the
+        file no longer holds whole: cut short, or a read that failed)."""
+        if self.fd is None:
+            blocks = self.store[torch.tensor(slots, dtype=torch.long)]
+            return blocks, [slot for slot, block in zip(slots, blocks) if digest(block) != self.hashes[slot]]
+        blocks = torch.zeros((len(slots), *self.shape), dtype=self.dtype)
+        damaged = []
+        for slot, block in zip(slots, blocks):
+            try:
+                whole = os.preadv(self.fd, [as_bytes(block)], slot * self.slot_bytes) == self.slot_bytes
+            except OSError:
+                whole = False
+            if not whole or digest(block) != self.hashes[slot]:
+                damaged.append(slot)
+        return blocks, damaged
 
     def free(self, slots: list[int]) -> None:
         for slot in slots:
-            del self.hashes[slot]
+            self.hashes.pop(slot, None)
             self.free_slots.append(slot)
 
     def close(self) -> None:
-        """The memory let go, and the disk tier's file deleted."""
-        self.store = torch.empty(0)
+        """The memory let go, and the disk tier's file closed and deleted."""
+        self.store = None
+        _live_bytes.pop(id(self), None)
         if self._deleted is not None:
             self._deleted()
 
 
-def unlink(path: Path) -> None:
-    with suppress(FileNotFoundError):
-        path.unlink()
+def as_bytes(block: torch.Tensor) -> memoryview:
+    """A contiguous block's bytes, in place (a write reads them, a read fills them)."""
+    return memoryview(block.view(torch.uint8).numpy()).cast("B")
+
+
+# the bytes of every tier alive in this process (a server's visitors together): TIER_CAP_BYTES at most
+_live_bytes: dict[int, int] = {}
+
+
+def tier_cap_bytes() -> int:
+    """The most bytes the tiers of this process may hold together (DECODE_LAB_TIER_MB, default 1024 MiB): a
+    classroom server's tabs cannot fill its disk."""
+    return int(float(os.environ.get("DECODE_LAB_TIER_MB", "1024")) * 2**20)
+
+
+def release_file(fd: int | None, path: Path) -> None:
+    """Close the tier's file and delete it; a folder that no longer lets it go (made read-only) is logged, the file
+    left for the sweep at the next start (sweep_stale_tiers)."""
+    if fd is not None:
+        with suppress(OSError):
+            os.close(fd)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as failed:
+        log.warning("the tier file %s could not be deleted: %s", path, failed)
+
+
+def sweep_stale_tiers(folder: Path) -> list[Path]:
+    """Delete the tier files in `folder` of processes no longer alive (a server killed, or one whose folder was
+    read-only at the end); the ones deleted."""
+    swept = []
+    for path in folder.glob(f"{TIER_FILE_PREFIX}*.tier"):
+        pid = path.name.removeprefix(TIER_FILE_PREFIX).partition("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            with suppress(OSError):
+                path.unlink()
+                swept.append(path)
+    return swept
 
 
 def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
-    """A new file of `slots` blocks in `folder`, memory-mapped; InputError (tier_unwritable) when the folder is
-    missing, read-only or too full to reserve it (nothing is left behind)."""
+    """A new file of `slots` blocks in `folder`; InputError (tier_unwritable) when the folder is missing, not a
+    folder, read-only or too full to reserve it (nothing is left behind), tier_cap when this process's tiers would
+    pass tier_cap_bytes."""
     shape = (slots, *block_shape(layout))
-    path = Path(folder) / f"{TIER_FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tier"
     n_bytes = math.prod(shape) * dtype.itemsize
-    created = False
+    cap, live = tier_cap_bytes(), sum(_live_bytes.values())
+    if live + n_bytes > cap:
+        raise InputError("tier_cap", mib_number=round(n_bytes / 2**20, 2), cap_number=round(cap / 2**20, 2),
+                         live_number=round(live / 2**20, 2))
+    place = Path(folder)
+    if place.exists() and not place.is_dir():
+        raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
+                         reason_text="tier.not_folder")
+    if place.is_dir():
+        sweep_stale_tiers(place)
+    path = place / f"{TIER_FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tier"
+    handle = None
     try:
         handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        created = True
-        try:
-            os.posix_fallocate(handle, 0, n_bytes)
-        finally:
-            os.close(handle)
-        store = torch.from_file(str(path), shared=True, size=math.prod(shape), dtype=dtype).view(shape)
+        os.posix_fallocate(handle, 0, n_bytes)
     except OSError as failed:
-        if created:
-            unlink(path)
+        if handle is not None:
+            release_file(handle, path)
         raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
                          reason_text=UNWRITABLE.get(failed.errno, "tier.other")) from None
-    return Tier("disk", store, path)
+    return Tier("disk", slots, block_shape(layout), dtype, path=path, fd=handle)
 
 
 def host_tier(slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
     """`slots` blocks of host memory, pinned where a GPU is there (its copies then run at the link's speed)."""
     store = torch.empty((slots, *block_shape(layout)), dtype=dtype, pin_memory=torch.cuda.is_available())
-    return Tier("host", store, None)
+    return Tier("host", slots, block_shape(layout), dtype, store=store)
 
 
 def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
@@ -209,7 +278,8 @@ class Offload:
 
     def move_out(self, cache: PagedCache, request: int) -> str | None:
         """The request's blocks (every table, in order; None places stay None) copied into the tier; None when done,
-        else why not: "full" (too few free slots) or "unwritable" (the tier could not be made: self.failure)."""
+        else why not: "full" (too few free slots) or "unwritable" (the tier could not be made or written:
+        self.failure)."""
         if self.tier is None:
             try:
                 self.tier = self.make_tier()
@@ -223,7 +293,13 @@ class Offload:
         t0 = time.perf_counter()
         at = torch.tensor(ids, device=cache.keys.device)
         blocks = torch.stack((cache.keys[:, :, at], cache.values[:, :, at])).permute(3, 0, 1, 2, 4, 5).cpu()
-        slots = iter(self.tier.write(blocks))
+        try:
+            slots = iter(self.tier.write(blocks.contiguous()))
+        except OSError as failed:
+            log.warning("writing to the tier file %s failed: %s", self.tier.path, failed)
+            self.failure = InputError("tier_unwritable", folder=str(self.tier.path.parent),
+                                      mib_number=round(self.tier.nbytes / 2**20, 2), reason_text="tier.other")
+            return "unwritable"
         self.out[request] = [[None if b is None else next(slots) for b in table] for table in tables]
         self.moves.ms_out += (time.perf_counter() - t0) * 1000
         self.moves.blocks_out += len(ids)
@@ -269,9 +345,9 @@ class Offload:
 
     def close(self) -> None:
         """The tier's file deleted (made again at the next move out); what moved is still counted."""
-        if self.tier is not None:
-            self.tier.close()
-        self.tier = None
+        tier, self.tier = self.tier, None
+        if tier is not None:
+            tier.close()
 
     def reset(self) -> None:
         """Every slot free, the file deleted, the counts at zero."""
