@@ -14,6 +14,7 @@ from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
+from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.widgets import legend_html, table_html
 
@@ -65,6 +66,7 @@ def start() -> None:
     live = chosen_variants()[0]
     run = guarded_in_callback(lambda: kv_runs.QueueRun(model, requests(), live.settings))
     if run is not None:
+        hold(run)
         state.paged_run, state.paged_compared, state.paged_wanted = run, None, "one"
         state.paged_for = ((info.name, info.device), state.paged_queue, live)
 
@@ -189,12 +191,13 @@ st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
 st.subheader(t("paged.comparison"))
 if run.finished and state.paged_compared is None and wanted is not None:
-    others = [kv_runs.QueueRun(model, list(run.requests), v.settings) for v in compared[1:]]
+    # a budget the paged run takes may be too small for another variant (one padded slot): its sentence, no crash
+    others = guarded(lambda: [kv_runs.QueueRun(model, list(run.requests), v.settings) for v in compared[1:]])
     names = [variant_name(v) for v in compared[1:]]
-    error = run_variants(others, names)
+    error = None if others is None else run_variants(others, names)
     if error is not None:
         st.error(error)
-    if all(o.finished for o in others):  # what they measured and wrote, not their pools
+    if others is not None and all(o.finished for o in others):  # what they measured and wrote, not their pools
         state.paged_compared = [(name, o.summary(), [r.new_ids for r in o.requests]) for name, o in zip(names, others)]
 if state.paged_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))

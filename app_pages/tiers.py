@@ -16,6 +16,7 @@ from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
+from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.tier_view import draw_crossover, draw_pool_and_tier, draw_workers, measured_crossover, ms, step_events
 from ui.widgets import table_html
@@ -90,6 +91,8 @@ if wanted == "start" and (mode == "workers" or crossover is not None):
                                   prefill_worker=chosen_model()[0] if mode == "workers" else None)
     with st.spinner(t("tiers.starting_worker" if mode == "workers" else "tiers.making_tier")):
         state.tiers_run = guarded(lambda: kv_runs.QueueRun(model, requests, settings, crossover))
+    if state.tiers_run is not None:
+        hold(state.tiers_run)  # its worker and its tier file ended with the session, not at a garbage collection
     state.tiers_for = ((info.name, info.device), mode)
     wanted = "one" if state.tiers_run is not None else None
 run = state.tiers_run

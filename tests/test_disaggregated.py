@@ -101,3 +101,26 @@ def test_a_worker_that_fails_to_start_leaves_the_run_to_this_process(small, one_
         assert served(server) == tokens and server.transfers == []
     finally:
         server.close()
+
+
+def test_past_the_worker_cap_a_run_goes_on_alone_and_says_so_until_a_worker_ends(small, one_process, monkeypatch):
+    """faults 2026-12-04 #2: every Two-workers Start spawned a worker with a model of its own, with no cap."""
+    from model.serving import disaggregated
+
+    monkeypatch.setenv("DECODE_LAB_MAX_WORKERS", "1")
+    requests, settings, tokens = one_process
+    first = DisaggregatedServer(small, fresh(requests), settings, "small")
+    second = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        assert first.worker is not None and disaggregated.live_workers() == 1
+        assert second.failure == ("busy", 0) and second.worker is None
+        assert served(second) == tokens and second.transfers == []
+        first.close()  # its worker ends: the place is free again
+        assert disaggregated.live_workers() == 0
+        third = DisaggregatedServer(small, fresh(requests), settings, "small")
+        assert third.worker is not None and third.failure is None
+        third.close()
+        assert disaggregated.live_workers() == 0
+    finally:
+        first.close()
+        second.close()

@@ -24,7 +24,9 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
+import threading
 import time
 import types
 import weakref
@@ -128,8 +130,10 @@ def main_set_aside() -> Iterator[None]:
             sys.modules["__main__"] = main
 
 
-def end_worker(conn, process) -> None:
-    """The worker told to stop, then ended (killed if it does not within a few seconds)."""
+def end_worker(conn, process, reserved: int) -> None:
+    """The worker told to stop, then ended (killed if it does not within a few seconds); its place among
+    max_workers() free again."""
+    _live_workers.discard(reserved)
     try:
         conn.send(("stop",))
     except OSError:
@@ -145,11 +149,41 @@ class WorkerGone(Exception):
     """The prefill worker did not start, or stopped answering."""
 
 
+class WorkersBusy(WorkerGone):
+    """This process already runs max_workers() prefill workers: each holds a model of its own (SmolLM2's about
+    1.25 GB), so a classroom server's tabs could otherwise exhaust its memory."""
+
+
+_live_workers: set[int] = set()  # the pids of this process's prefill workers, alive
+_workers_lock = threading.Lock()
+
+
+def max_workers() -> int:
+    """The most prefill workers this process runs at once (DECODE_LAB_MAX_WORKERS, default 2)."""
+    return max(0, int(os.environ.get("DECODE_LAB_MAX_WORKERS", "2")))
+
+
+def live_workers() -> int:
+    return len(_live_workers)
+
+
 class PrefillWorker:
     """The prefill worker as this process sees it: started at once (WorkerGone when it cannot), prompts submitted,
     their results received as the pipe says they are ready."""
 
     def __init__(self, model: NativeModel, model_name: str, block_size: int):
+        with _workers_lock:
+            if len(_live_workers) >= max_workers():
+                raise WorkersBusy
+            self._reserved = object()
+            _live_workers.add(id(self._reserved))
+        try:
+            self._begin(model, model_name, block_size)
+        except BaseException:
+            _live_workers.discard(id(self._reserved))
+            raise
+
+    def _begin(self, model: NativeModel, model_name: str, block_size: int) -> None:
         self.model, self.layout = model, PagedLayout.of(model.info, block_size)
         self.wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
         context = multiprocessing.get_context("spawn")
@@ -162,8 +196,8 @@ class PrefillWorker:
         with main_set_aside():
             self.process.start()
         child.close()
-        # ended by stop(), or when this object is dropped without it (a page's session that ends)
-        self._end = weakref.finalize(self, end_worker, self.conn, self.process)
+        # ended by stop() (a page's run when its session ends: ui/session_end.py), or when this object is dropped
+        self._end = weakref.finalize(self, end_worker, self.conn, self.process, id(self._reserved))
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
@@ -237,6 +271,8 @@ class DisaggregatedServer(PagedServer):
     def _start(self) -> None:
         try:
             self.worker = PrefillWorker(self.model, self.model_name, self.settings.block_size)
+        except WorkersBusy:
+            self._alone("busy")
         except WorkerGone:
             self._alone("start")
 

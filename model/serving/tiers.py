@@ -82,7 +82,8 @@ class Tier:
         self.slot_bytes = math.prod(shape) * dtype.itemsize
         self.free_slots: deque[int] = deque(range(n_slots))
         self.hashes: dict[int, bytes] = {}
-        # the file closed and deleted when the tier is dropped without close() too
+        # the file closed and deleted by close() (a page's run when its session ends: ui/session_end.py), or when the
+        # tier is dropped without it
         self._deleted = weakref.finalize(self, release_file, fd, path) if path is not None else None
         _live_bytes[id(self)] = self.nbytes
         weakref.finalize(self, _live_bytes.pop, id(self), None)
