@@ -30,6 +30,11 @@ keep_across_pages(PAGE_DEFAULTS)
 model = page_start("paged")
 info = model.info
 state = st.session_state
+# a value the selects do not offer (only a forged websocket message sends one) put back to the default
+if state.paged_block_size not in BLOCK_SIZES or state.paged_block_size > info.context_length:
+    state.paged_block_size = PAGE_DEFAULTS["paged_block_size"]
+if state.paged_queue not in queues.QUEUES:
+    state.paged_queue = PAGE_DEFAULTS["paged_queue"]
 if state.paged_for is not None and state.paged_for[0] != (info.name, info.device):
     state.paged_run, state.paged_compared = None, None
 
@@ -108,7 +113,8 @@ if stopped:
     st.info(t("paged.stopped", steps=len(run.samples)))
 _, run_queue, live = state.paged_for
 server = run.server
-if run.settings != live.settings or run_queue != state.paged_queue:
+# any change a new Start would apply (the queue, the block size, the budget) is said
+if run.settings != compared[0].settings or run_queue != state.paged_queue:
     st.caption(t("paged.settings_next_run"))
 
 # -- the pool ----------------------------------------------------------------------------------------------------

@@ -45,6 +45,9 @@ def drop_run() -> None:
     state.tiers_run, state.tiers_compared = None, None
 
 
+# a value the select does not offer (only a forged websocket message sends one) put back to the default
+if state.tiers_block_size not in BLOCK_SIZES or state.tiers_block_size > info.context_length:
+    state.tiers_block_size = PAGE_DEFAULTS["tiers_block_size"]
 if state.tiers_for is not None and state.tiers_for[0] != (info.name, info.device):
     drop_run()
 requests = queues.built_in_queue(model, QUEUE)
@@ -109,7 +112,9 @@ if run is None:
 if stopped:
     st.info(t("paged.stopped", steps=len(run.samples)))
 run_mode = state.tiers_for[1]
-if run_mode != mode:
+# any change a new Start would apply (the mode, the block size, the budget) is said
+if run_mode != mode or (run.settings.block_size, run.settings.budget_bytes) != (
+        block_size, int(float(state.tiers_budget_mb) * MIB)):
     st.caption(t("paged.settings_next_run"))
 server = run.server
 with st.container(horizontal=True):

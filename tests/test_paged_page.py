@@ -193,3 +193,13 @@ def test_a_budget_the_paged_run_takes_but_one_padded_slot_does_not_compares_in_a
     click(at, "paged_run_button")
     assert at.session_state["paged_run"].finished and not at.exception
     assert len(at.error) == 1 and "MiB" in at.error[0].value
+
+
+def test_a_block_size_or_budget_changed_mid_run_is_said_under_the_buttons():
+    """faults #7: the page compared the run's settings with the ones of its own Start, so no change was said."""
+    at = click(open_page("en"), "paged_start")
+    captions = lambda: [c.value for c in at.caption]  # noqa: E731
+    assert text("paged.settings_next_run", "en") not in captions()
+    at.selectbox(key="paged_block_size").set_value(4).run()
+    assert text("paged.settings_next_run", "en") in captions()
+    assert at.session_state["paged_run"].server.layout.block_size == 16

@@ -82,6 +82,14 @@ def test_paged_runs_more_requests_at_once_than_padded_under_the_same_budget_with
     (["--queue", "mixed", "--offload", "host"], "on a CPU the pool is in host memory already"),
     (["--queue", "mixed", "--offload", "disk", "--tier-dir", "/no/such/folder"],
      "cannot be made in /no/such/folder: this folder does not exist."),
+    # faults review 2026-12-04 #6, #10, #16: each of these ran (exit 0), ignoring an option or with another value
+    (["--queue", "mixed", "--block-size", "0"], "(it is 0)"),
+    (["--queue", "mixed", "--kv", "padded", "--block-size", "32"], "--block-size applies only with --kv paged"),
+    (["--queue", "mixed", "--tier-dir", "/tmp"], "--tier-dir applies only with --offload disk"),
+    (["--queue", "mixed", "--offload", "disk", "--tier-dir", ""], "--tier-dir needs a value"),
+    (["--queue", "mixed", "--kv", "padded", "--disaggregate"], "(--disaggregate) sends a prompt's blocks"),
+    (["--batch", ""], "--batch takes comma-separated values (got '')"),
+    (["--batch", "1,,2"], "(got '1,,2')"),
 ])
 def test_bad_queue_options_are_one_sentence(run_cli, options, said):  # noqa: F811
     out = run_cli("serve-bench", "--model", "small", *options)

@@ -132,8 +132,9 @@ class QueueRun:
             else:
                 self.server = PagedServer(model, self.requests, paged)
         else:
-            if (settings.prefix_cache or settings.chunk is not None or settings.offload is not None
-                    or settings.prefill_worker is not None):
+            if settings.prefill_worker is not None:
+                raise InputError("padded_no_workers")
+            if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
                 raise InputError("padded_no_paging")
             self.server = Server(model, padded_slots(model, requests, settings.budget_bytes), self.requests,
                                  settings.budget_bytes)

@@ -46,7 +46,7 @@ MAX_PROFILE_STEPS = 50
 
 def parse_list(text: str, convert, what: str) -> list:
     try:
-        values = [convert(part) for part in text.split(",") if part.strip()]
+        values = [convert(part) for part in text.split(",")] if all(p.strip() for p in text.split(",")) else []
     except ValueError:
         raise InputError("bad_list", what=what, text=text) from None
     if not values:
@@ -167,9 +167,9 @@ def run_cli(args) -> int:
     check_not_queue_options(args)
     steps = DEFAULT_BENCH_STEPS if args.steps is None else args.steps
     check_option("--steps", steps, 1, MAX_BENCH_STEPS)
-    batches = parse_list(args.batch or DEFAULT_BATCHES, int, "--batch")
+    batches = parse_list(DEFAULT_BATCHES if args.batch is None else args.batch, int, "--batch")
     contexts = None if args.context is None else parse_list(args.context, int, "--context")
-    dtypes = parse_list(args.dtype or DEFAULT_DTYPES, str.strip, "--dtype")
+    dtypes = parse_list(DEFAULT_DTYPES if args.dtype is None else args.dtype, str.strip, "--dtype")
     for option, values in (("--batch", batches), ("--context", contexts), ("--dtype", dtypes)):
         if values is not None:
             check_list(option, values)

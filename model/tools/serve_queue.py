@@ -42,7 +42,7 @@ def check_not_queue_options(args) -> None:
 
 
 def queue_settings(args, requests, model: NativeModel) -> KVSettings:
-    block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    block_size = DEFAULT_BLOCK_SIZE if args.block_size is None else args.block_size  # 0 is refused, not 16
     budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
               else int(args.kv_budget_mb * 2**20))
     return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk, args.offload,
@@ -167,10 +167,23 @@ def print_offload(offload: dict, block_bytes: int) -> None:
           f"in; victims computed again instead: {recomputed}")
 
 
+def check_option_pairs(args) -> None:
+    """Options that the others make meaningless are refused, not ignored."""
+    if args.kv == "padded" and args.block_size is not None:
+        raise InputError("option_needs", option="--block-size", needs="--kv paged")
+    if args.kv == "padded" and args.disaggregate:
+        raise InputError("padded_no_workers")
+    if args.tier_dir is not None and args.offload != "disk":
+        raise InputError("option_needs", option="--tier-dir", needs="--offload disk")
+    if args.tier_dir is not None and not args.tier_dir.strip():
+        raise InputError("option_empty", option="--tier-dir")
+
+
 def run_queue_cli(args) -> int:
     stray = given(args, SWEEP_ONLY)
     if stray:
         raise InputError("queue_sweep_option", option=stray[0])
+    check_option_pairs(args)
     report = run_queue(args)
     if args.json:
         print(json.dumps(report))
