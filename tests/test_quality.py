@@ -4,6 +4,7 @@ agreement and the KL divergence from float32; every bad input one sentence."""
 
 import json
 import math
+import os
 import random
 
 import pytest
@@ -114,14 +115,21 @@ def test_cli_quality_defaults_to_the_held_out_text_in_the_models_language(run_cl
     (("--dtype", "float32", "--text", "TOO_SHORT"), "perplexity is measured on 16 to 8192 tokens"),
     (("--dtype", "float32", "--text", "MISSING"), "cannot be read as UTF-8"),
     (("--dtype", "float32", "--text", "NOT_UTF8"), "cannot be read as UTF-8"),
-    (("--dtype", "int4"), "Unknown number format int4"),
+    (("--dtype", "int4"), "--dtype: unknown number format int4"),
     (("--dtype", "int8,int8"), "--dtype"),
+    # faults review 2026-12-04 #9: /dev/zero was read without end, a FIFO waited for a writer, a 12 MB text was read
+    # and tokenised whole before its refusal
+    (("--dtype", "float32", "--text", "/dev/zero"), "(not a regular file)"),
+    (("--dtype", "float32", "--text", "FIFO"), "(not a regular file)"),
+    (("--dtype", "float32", "--text", "LARGE"), "is larger than 1024 KB"),
 ])
 def test_cli_quality_bad_input_is_one_sentence(run_cli, tmp_path, args, said):  # noqa: F811
     files = {"TOO_SHORT": "the dog eats .", "NOT_UTF8": b"\xff\xfe\x00bad"}
     for name, content in files.items():
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    args = tuple(str(tmp_path / a) if a in (*files, "MISSING") else a for a in args)
+    os.mkfifo(tmp_path / "FIFO")
+    (tmp_path / "LARGE").write_bytes(b"word " * (2**20 // 5 + 1))
+    args = tuple(str(tmp_path / a) if a in (*files, "MISSING", "FIFO", "LARGE") else a for a in args)
     out = run_cli("quality", "--model", "small", *args)
     assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1
 

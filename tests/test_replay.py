@@ -4,6 +4,7 @@ what the live run showed (a Decode run's steps, a speculative run's rounds) with
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 
@@ -311,6 +312,9 @@ def test_rerun_on_the_command_line_refuses_what_it_cannot_run_in_one_sentence(tm
     files = {"missing": tmp_path / "none.json", "folder": tmp_path, "large": large, "not json": tmp_path / "x.json",
              "unknown model": tmp_path / "nobody.json", "absent model": tmp_path / "gemma3.json"}
     files["not json"].write_text("not json")
+    # faults review 2026-12-04 #9: /dev/zero was read without end (3 GB in 3.5 s), a FIFO waited for a writer
+    files["device"], files["fifo"] = Path("/dev/zero"), tmp_path / "fifo"
+    os.mkfifo(files["fifo"])
     files["unknown model"].write_bytes(_with(_set(["model", "name"], "nobody")))
     files["absent model"].write_bytes((MICRO.parent / "gemma3.json").read_bytes())
     monkeypatch.setattr(model.weights.catalog, "list_models", lambda models_dir=None: ["micro", "small"])
@@ -324,6 +328,8 @@ def test_rerun_on_the_command_line_refuses_what_it_cannot_run_in_one_sentence(tm
     assert said["folder"] == f"Cannot read the recording {tmp_path}: Is a directory."
     assert said["large"] == text("error.recording_too_large", "en").format(kb=2048, most=2048)
     assert said["not json"] == text("error.recording_not_json", "en")
+    assert said["device"] == "Cannot read the recording /dev/zero: not a regular file."
+    assert said["fifo"] == f"Cannot read the recording {files['fifo']}: not a regular file."
     assert said["unknown model"] == text("error.recording_model_unknown", "en").format(model="nobody")
     assert said["absent model"] == text("error.recording_model_absent", "en").format(model="gemma3")
 

@@ -35,11 +35,16 @@ from model.errors import InputError
 DTYPES = ("float32", "bfloat16", "int8")
 
 
+def check_dtype(dtype: str) -> None:
+    """InputError unless `dtype` is one of DTYPES (the command line's --dtype)."""
+    if dtype not in DTYPES:
+        raise InputError("unknown_dtype", option="--dtype", dtype=dtype, known=", ".join(DTYPES))
+
+
 def with_weights(model: NativeModel, dtype: str) -> NativeModel:
     """The model with its weights in `dtype` ("float32": the model itself; otherwise a converted copy, the
     shared model untouched)."""
-    if dtype not in DTYPES:
-        raise InputError("unknown_dtype", dtype=dtype, known=", ".join(DTYPES))
+    check_dtype(dtype)
     if not isinstance(model, NativeModel):
         raise InputError("lowbit_needs_native", model=model.info.name, dtype=dtype)
     if dtype == "float32":

@@ -4,7 +4,9 @@ be writable, and is then written whole or said not to be."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -25,6 +27,15 @@ def check_list(option: str, values: list) -> None:
     """At most MAX_LIST_VALUES values, none twice."""
     if not 1 <= len(set(values)) == len(values) <= MAX_LIST_VALUES:
         raise InputError("option_list", option=option, most=MAX_LIST_VALUES, given=",".join(map(str, values)))
+
+
+def read_bounded(path: str | Path, most: int) -> bytes:
+    """At most `most` + 1 bytes of a regular file (a caller refuses more): a device such as /dev/zero or a FIFO is
+    refused before a byte is read (OSError EINVAL), so a command never reads without end or waits for a writer."""
+    with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return file.read(most + 1)
 
 
 PROBE = ".decode-lab-write-probe"

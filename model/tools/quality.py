@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from pathlib import Path
 
 from model.engine.kernels import bf16_products, cpu_features, int8_products
 from model.engine.loading import load_model
-from model.engine.lowbit import with_weights
+from model.engine.lowbit import check_dtype, with_weights
 from model.errors import InputError
 from model.serving.quality import held_out, measure_quality, text_ids
-from model.tools.options import check_list
+from model.tools.options import check_list, read_bounded
 from model.tools.serve_bench import cpu_line, parse_list
+
+MAX_TEXT_BYTES = 2**20  # a text past this is refused before it is tokenised (8,192 tokens take far fewer bytes)
 
 
 def read_text(path: str) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = read_bounded(path, MAX_TEXT_BYTES)
+        if len(data) > MAX_TEXT_BYTES:
+            raise InputError("quality_text_too_large", path=path, most=MAX_TEXT_BYTES // 1024)
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as failed:
         raise InputError("quality_text_unreadable", path=path, reason=getattr(failed, "strerror", None)
                          or type(failed).__name__) from None
@@ -30,6 +34,8 @@ def read_text(path: str) -> str:
 def run_cli(args) -> int:
     dtypes = parse_list(args.dtype, str.strip, "--dtype")
     check_list("--dtype", dtypes)
+    for dtype in dtypes:
+        check_dtype(dtype)  # before the model loads
     base = load_model(args.model, args.device, operator=True)
     models = {"float32": base} | {d: with_weights(base, d) for d in dtypes if d != "float32"}  # refusals first
     text = held_out(base.info.language)

@@ -14,6 +14,7 @@ from model.recording.replay import (
     recording_kind,
     rerun,
 )
+from model.tools.options import read_bounded
 
 
 def run_cli(args) -> int:
@@ -26,10 +27,10 @@ def run_cli(args) -> int:
 
     path = Path(args.file)
     try:
-        size = path.stat().st_size
-        if size > MAX_RECORDING_BYTES:
-            raise InputError("recording_too_large", kb=size // 1024, most=MAX_RECORDING_BYTES // 1024)
-        run = read_recording(path.read_bytes())
+        data = read_bounded(path, MAX_RECORDING_BYTES)
+        if len(data) > MAX_RECORDING_BYTES:
+            raise InputError("recording_too_large", kb=path.stat().st_size // 1024, most=MAX_RECORDING_BYTES // 1024)
+        run = read_recording(data)
     except OSError as failed:
         raise InputError("recording_unreadable", path=args.file,
                          reason=failed.strerror or type(failed).__name__) from None
