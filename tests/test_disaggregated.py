@@ -124,3 +124,25 @@ def test_past_the_worker_cap_a_run_goes_on_alone_and_says_so_until_a_worker_ends
     finally:
         first.close()
         second.close()
+
+
+def test_a_two_worker_run_listens_on_the_loopback_only(small, one_process):
+    """faults review 2026-12-04 #11: the pair's TCPStore listened on every interface (*:PORT) although given
+    127.0.0.1; the pair now meets through a file in a private folder, and gloo listens on 127.0.0.1."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("ss") is None:
+        pytest.skip("no ss (iproute2) here to list listening sockets")
+    requests, settings, _ = one_process
+    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        server.step()
+        pids = {os.getpid(), server.worker.process.pid}
+        listening = [line.split()[3] for line in subprocess.run(["ss", "-ltnpH"], capture_output=True,
+                                                                text=True).stdout.splitlines()
+                     if any(f"pid={pid}," in line for pid in pids)]
+        assert listening and all(address.startswith("127.0.0.1:") for address in listening), listening
+    finally:
+        server.close()

@@ -6,7 +6,7 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 
 - Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
   values and logits come back over torch.distributed (gloo on a CPU, NCCL between GPUs): send / recv, rank 1 to
-  rank 0, in a process group of the pair's own (a TCPStore on a port of 127.0.0.1 the system picks), not the
+  rank 0, in a process group of the pair's own (a FileStore in a private temporary folder), not the
   process's one default group, so that each session's worker has its own and several run at once. The pipe says
   when a prompt is ready, so that this process only calls `recv` for a tensor already sent and never waits on a
   worker that is gone.
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -53,7 +55,7 @@ def backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def pair_group(store: dist.TCPStore, rank: int, device: torch.device):
+def pair_group(store: dist.Store, rank: int, device: torch.device):
     """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through `store`."""
     if backend(device) == "nccl":
         return dist.ProcessGroupNCCL(store, rank, 2)
@@ -77,12 +79,13 @@ class Transfer:
     prefill_ms: float     # the prefill worker's forward
 
 
-def prefill_worker(conn, port: int, model_name: str, device: str, block_size: int, threads: int) -> None:
+def prefill_worker(conn, store_file: str, model_name: str, device: str, block_size: int, threads: int) -> None:
     """Rank 1: load the model, say "ready", join the pair's group, then prefill each prompt it is sent."""
     torch.set_num_threads(threads)
     model = load_model(model_name, device)
     conn.send(("ready",))
-    rendezvous = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=TRANSFER_S))
+    rendezvous = dist.FileStore(store_file, 2)
+    rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
     group = pair_group(rendezvous, 1, model.device)
     layout = PagedLayout.of(model.info, block_size)
     cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.module.lm_head.weight.dtype,
@@ -130,10 +133,11 @@ def main_set_aside() -> Iterator[None]:
             sys.modules["__main__"] = main
 
 
-def end_worker(conn, process, reserved: int) -> None:
+def end_worker(conn, process, reserved: int, store_dir: str) -> None:
     """The worker told to stop, then ended (killed if it does not within a few seconds); its place among
-    max_workers() free again."""
+    max_workers() free again, the pair's store deleted."""
     _live_workers.discard(reserved)
+    shutil.rmtree(store_dir, ignore_errors=True)
     try:
         conn.send(("stop",))
     except OSError:
@@ -188,16 +192,20 @@ class PrefillWorker:
         self.wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        # the pair's own store, on a port the system picks: no second worker, in this session or another, shares it
-        self.rendezvous = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                                        timeout=timedelta(seconds=TRANSFER_S))
+        # the pair's own store, a file in a folder only this user may enter: no second worker, in this session or
+        # another, shares it, and nothing listens on a port for it (torch's TCPStore listens on every interface,
+        # whatever host it is given)
+        self.store_dir = tempfile.mkdtemp(prefix="decode-lab-pair-")
+        store_file = os.path.join(self.store_dir, "store")
+        self.rendezvous = dist.FileStore(store_file, 2)
+        self.rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
-            child, self.rendezvous.port, model_name, str(model.device), block_size, torch.get_num_threads()))
+            child, store_file, model_name, str(model.device), block_size, torch.get_num_threads()))
         with main_set_aside():
             self.process.start()
         child.close()
         # ended by stop() (a page's run when its session ends: ui/session_end.py), or when this object is dropped
-        self._end = weakref.finalize(self, end_worker, self.conn, self.process, id(self._reserved))
+        self._end = weakref.finalize(self, end_worker, self.conn, self.process, id(self._reserved), self.store_dir)
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
