@@ -84,6 +84,8 @@ def test_paged_runs_more_requests_at_once_than_padded_under_the_same_budget_with
      "cannot be made in /no/such/folder: this folder does not exist."),
     # faults review 2026-12-04 #6, #10, #16: each of these ran (exit 0), ignoring an option or with another value
     (["--queue", "mixed", "--block-size", "0"], "(it is 0)"),
+    # faults #15: the sentence named the crossover's scratch tier (0.25 MiB), not the run's
+    (["--queue", "mixed", "--offload", "disk", "--tier-dir", "/no/such/folder"], "a file of 0.62 MiB"),
     (["--queue", "mixed", "--kv", "padded", "--block-size", "32"], "--block-size applies only with --kv paged"),
     (["--queue", "mixed", "--tier-dir", "/tmp"], "--tier-dir applies only with --offload disk"),
     (["--queue", "mixed", "--offload", "disk", "--tier-dir", ""], "--tier-dir needs a value"),

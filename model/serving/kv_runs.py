@@ -19,7 +19,7 @@ from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
 from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
-from model.serving.tiers import Crossover, measure_crossover
+from model.serving.tiers import Crossover, check_tier_folder, measure_crossover
 
 LAYOUTS = ("padded", "paged")
 DEFAULT_PADDED_SLOTS = 2  # the mixed queue's default budget: what the padded cache needs for this many of its longest
@@ -122,6 +122,7 @@ class QueueRun:
             paged = settings.paged
             if settings.offload is not None:
                 check_paged(model, paged, self.requests)
+                check_tier_folder(model, paged)  # the run's own tier said, before the crossover's scratch one
                 self.crossover = crossover or measure_crossover(
                     model, PagedLayout.of(model.info, settings.block_size), settings.offload, settings.tier_folder)
                 paged = dataclasses.replace(paged, swap_from=self.crossover.positions)

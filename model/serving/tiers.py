@@ -225,6 +225,18 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
     return lambda: host_tier(slots, layout, dtype)
 
 
+def check_tier_folder(model: NativeModel, settings) -> None:
+    """The tier a PagedServer under `settings` (PagedSettings with an offload) makes, made and deleted at once: its
+    folder's refusal names its own size, before anything else (the crossover's smaller scratch tier) is made."""
+    layout = PagedLayout.of(model.info, settings.block_size)
+    n_blocks = settings.budget_bytes // layout.block_bytes
+    slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // layout.block_bytes
+    check_tier(settings.offload, model.device)
+    if slots == 0:
+        return  # PagedServer refuses it (tier_budget)
+    tier_maker(settings.offload, settings.tier_folder, slots, layout, model.module.lm_head.weight.dtype)().close()
+
+
 def tier_kind(device: torch.device) -> str:
     """The second tier below a pool on `device`: host memory below a GPU's, a file on disk below a CPU's (whose
     pool is in host memory already)."""
