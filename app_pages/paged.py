@@ -136,15 +136,23 @@ st.markdown(t("paged.pool_text", blocks=number(n_blocks), size=layout.block_size
               block_bytes=number(layout.block_bytes), budget=decimal(run.settings.budget_bytes / MIB, 2))
             + (" " + t("paged.pool_groups", groups=groups, sliding=sliding_groups, full=groups - sliding_groups,
                        window=number(info.window)) if sliding_groups else ""))
-tips = []
-for b in range(n_blocks):
-    if pool.holder[b] < 0:
-        tips.append(t("paged.tip_free_cached" if pool.cached[b] else "paged.tip_free", block=b))
-    else:
-        tips.append(t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
-                      size=layout.block_size, refs=int(pool.refs[b])))
-st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size, tips,
-                           t("paged.pool_alt", blocks=n_blocks, free=free)))
+if n_blocks > svg.MAX_GRID_BLOCKS:  # too many squares to draw (or to send to 30 browsers): one bar, in summary
+    held = {int(r): int((pool.holder == r).sum()) for r in set(pool.holder[pool.holder >= 0].tolist())}
+    st.html(svg.pool_bar_svg(pool.holder, {r: t("paged.tip_request", request=r, blocks=number(n))
+                                           for r, n in held.items()},
+                             t("paged.tip_free_many", blocks=number(free)), t("paged.pool_alt", blocks=n_blocks,
+                                                                                free=free)))
+    st.caption(t("paged.pool_summary", blocks=number(n_blocks), most=number(svg.MAX_GRID_BLOCKS)))
+else:
+    tips = []
+    for b in range(n_blocks):
+        if pool.holder[b] < 0:
+            tips.append(t("paged.tip_free_cached" if pool.cached[b] else "paged.tip_free", block=b))
+        else:
+            tips.append(t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
+                          size=layout.block_size, refs=int(pool.refs[b])))
+    st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size,
+                               tips, t("paged.pool_alt", blocks=n_blocks, free=free)))
 st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
                     outlined=True))
 st.caption(t("paged.pool_caption"))

@@ -441,6 +441,27 @@ def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], lef
 FREE_BLOCK, SPAN_COLOURS = "#e9ecef", {"prefill": "#225ea8", "recompute": "#d95f02", "decode": "#a6d854",
                                        "waiting": "#dee2e6"}
 BLOCK_PX, BLOCK_COLUMNS = 16, 40  # a block's side in the pool grid, and blocks per row at most
+# a pool of more blocks is drawn as one bar (pool_bar_svg): block by block, block size 1 under the largest budget
+# was 131,072 squares, 17.7 MB of HTML each rerun and minutes in a browser (faults review 2026-12-04 #8)
+MAX_GRID_BLOCKS = 2048
+
+
+def pool_bar_svg(holder: np.ndarray, tips: dict[int, str], free_tip: str, description: str) -> str:
+    """The block pool as one bar, BLOCK_COLUMNS squares wide: a segment per request in its lane colour, as long as
+    the blocks it holds (first holders, in request order), then the free blocks in grey. tips[request]: its
+    segment's tooltip."""
+    width, height = BLOCK_COLUMNS * (BLOCK_PX + 2) + 2, 2 * BLOCK_PX
+    requests, counts = np.unique(holder[holder >= 0], return_counts=True)
+    scale = (width - 2) / max(1, len(holder))
+    parts, x = [], 1.0
+    for request, count in zip(requests.tolist(), counts.tolist()):
+        colour = LANE_COLOURS[int(request) % len(LANE_COLOURS)]
+        parts.append(f'<rect x="{x:.1f}" y="1" width="{count * scale:.1f}" height="{height - 2}" fill="{colour}">'
+                     f"<title>{escape(tips[request])}</title></rect>")
+        x += count * scale
+    parts.append(f'<rect x="{x:.1f}" y="1" width="{width - 1 - x:.1f}" height="{height - 2}" fill="{FREE_BLOCK}">'
+                 f"<title>{escape(free_tip)}</title></rect>")
+    return _svg(width, height, description, parts)
 
 
 def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sliding: np.ndarray,
