@@ -131,10 +131,11 @@ with st.container(horizontal=True):
 # -- the second tier, or the two workers ---------------------------------------------------------------------------
 if run_mode == "tier":
     st.subheader(t("tiers.pool_and_tier"))
-    st.markdown(t("tiers.tier_text", kind=t("tiers.kind_" + server.offload.kind),
-                  slots=number(server.offload.tier_bytes // server.layout.block_bytes),
-                  block_bytes=number(server.layout.block_bytes),
-                  mib=decimal(server.offload.tier_bytes / MIB, 2)))
+    if server.offload.tier is not None:  # after a reset it is made again at the first move out (tier_deleted)
+        st.markdown(t("tiers.tier_text", kind=t("tiers.kind_" + server.offload.kind),
+                      slots=number(server.offload.tier_bytes // server.layout.block_bytes),
+                      block_bytes=number(server.layout.block_bytes),
+                      mib=decimal(server.offload.tier_bytes / MIB, 2)))
     draw_pool_and_tier(server)
     st.subheader(t("tiers.events"))
     step_events(server, run.crossover)

@@ -449,3 +449,21 @@ def test_the_dtype_table_writes_vietnamese_numbers_and_says_a_refused_dtype(monk
             "<td>100,0%</td><td>0,00000</td></tr>") in html
     assert "<td>bfloat16</td><td>20,10</td><td>270,5</td>" in html and "<td>96,4%</td>" in html
     assert refused in captions(at) and any("911 token" in c and "192 token" in c for c in captions(at))
+
+
+def test_the_machine_s_read_roof_is_measured_once_for_every_dtype(monkeypatch):
+    """texts review S1: machine("cpu") and machine("cpu", "float32") were two cache keys, two measurements, and the
+    page showed two different "read roofs of this machine, measured once" (13.3 and 14.0 GB/s)."""
+    import ui.serving_run
+    from model.serving import measure
+
+    measured = []
+    monkeypatch.setattr(measure, "measure_machine", lambda device: measured.append(device) or object())
+    monkeypatch.setattr(measure, "with_matmul_peak", lambda roofs, dtype: roofs)
+    ui.serving_run.machine.cache_clear()
+    try:
+        ui.serving_run.machine("cpu", "float32")
+        ui.serving_run.machine("cpu", "bfloat16")
+        assert len(measured) == 1
+    finally:
+        ui.serving_run.machine.cache_clear()

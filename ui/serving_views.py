@@ -31,7 +31,7 @@ def dtype_table(model: LoadedModel) -> None:
         st.caption(t("serving.dtypes_help"))
     else:
         costs, quality, refused = kept
-        read_roof = run.machine(info.device).read_gb_s
+        read_roof = run.machine(info.device, "float32").read_gb_s  # the roofline's measurement
         st.html(table_html(
             [t("serving.col_dtype"), t("serving.col_step_b1"), t("serving.col_mb_read"), "GB/s",
              t("serving.col_of_read"), t("serving.col_perplexity"), t("serving.col_agreement"), t("serving.col_kl")],

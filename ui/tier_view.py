@@ -58,8 +58,8 @@ def draw_pool_and_tier(server: PagedServer) -> None:
                                    pool_tips, t("paged.pool_alt", blocks=len(pool.holder), free=free)))
     with right:
         held = int((tier.holder >= 0).sum())
-        st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
         if len(tier.holder):
+            st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
             st.html(svg.tier_slots_svg(tier.holder, tier.went_out, tier.came_back, tier_tips,
                                        t("tiers.tier_alt", held=held, slots=len(tier.holder))))
         else:
