@@ -441,8 +441,12 @@ def test_the_dtype_table_writes_vietnamese_numbers_and_says_a_refused_dtype(monk
     quality = Quality("small", "assets/quality/vi.txt", 911, 1, 128, 8, 24,
                       [DtypeQuality("float32", 34.3323, 3.536, 192, 192, 0.0),
                        DtypeQuality("bfloat16", 34.3825, 3.5375, 185, 192, 0.00099)])
+    from model.errors import InputError
+
     refused = text("error.int8_no_kernels", "vi")
-    monkeypatch.setitem(ui.serving_run._dtype_costs, ("small", "cpu"), (rows, quality, [refused]))
+    # kept as the refusal itself, said in each visitor's language (texts review S2: the first visitor's sentence was
+    # kept for every session)
+    monkeypatch.setitem(ui.serving_run._dtype_costs, ("small", "cpu"), (rows, quality, [InputError("int8_no_kernels")]))
     at = click(open_page("vi"), "serving_start")
     html = "".join(h.proto.body for h in at.get("html"))
     assert ("<tr><td>float32</td><td>26,35</td><td>541,1</td><td>20,53</td><td>79%</td><td>34,332</td>"

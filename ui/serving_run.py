@@ -21,7 +21,7 @@ from model.serving import measure, workload
 from model.serving.kv_runs import QueueRun
 from model.serving.quality import CHUNK, Quality, held_out
 from model.serving.scheduler import Server, StepProgress
-from ui.errors import attempt, error_sentence
+from ui.errors import attempt
 from ui.i18n import t
 from ui.models import shared_model_in
 from ui.run import RUN_REDRAW_S
@@ -188,7 +188,8 @@ DTYPE_REPEATS = 10   # timed steps per dtype, the median shown
 
 # per (model, device): each dtype's step and quality (measure.dtype_costs) and the sentences of the dtypes this
 # machine refused; measured once per process, on the first click, so every later visit shows them at once
-_dtype_costs: dict[tuple[str, str], tuple[list[measure.DtypeCost], Quality, list[str]]] = {}
+# (the refusals kept as InputErrors, said in each visitor's language when drawn)
+_dtype_costs: dict[tuple[str, str], tuple[list[measure.DtypeCost], Quality, list[InputError]]] = {}
 
 
 def dtype_context(model: LoadedModel) -> int:
@@ -196,19 +197,19 @@ def dtype_context(model: LoadedModel) -> int:
     return min(DTYPE_CONTEXT, model.info.context_length // 2)
 
 
-def kept_dtype_costs(model: LoadedModel) -> tuple[list[measure.DtypeCost], Quality, list[str]] | None:
+def kept_dtype_costs(model: LoadedModel) -> tuple[list[measure.DtypeCost], Quality, list[InputError]] | None:
     return _dtype_costs.get((model.info.name, model.info.device))
 
 
 def measure_dtype_costs(model: LoadedModel, draw: Callable[[float], None]) -> None:
-    """measure.dtype_costs of every dtype this machine runs (the others' refusals kept as sentences), kept for the
+    """measure.dtype_costs of every dtype this machine runs (the others' refusals kept), kept for the
     process; draw(share done) between the passes."""
     models, refused = {}, []
     for dtype in DTYPES:
         try:
             models[dtype] = shared_model_in(model, dtype)
         except InputError as bad:
-            refused.append(error_sentence(bad))
+            refused.append(bad)
     text_tokens = len(model.tokenizer.encode(held_out(model.info.language).text).ids)
     # the passes that tick: the text's chunks and the greedy texts per dtype, then each dtype's prefill and steps
     total = len(models) * (-(-text_tokens // CHUNK) + 1 + model.info.n_layers + DTYPE_REPEATS + 1)

@@ -12,7 +12,7 @@ from model.serving import measure
 from model.serving.quality import held_out
 from ui import serving_run as run  # by the module: a test pins its machine's roofs there
 from ui import svg
-from ui.errors import guarded
+from ui.errors import error_sentence, guarded
 from ui.i18n import decimal, number, t
 from ui.widgets import table_html
 
@@ -39,8 +39,8 @@ def dtype_table(model: LoadedModel) -> None:
               f"{c.gb_s / read_roof:.0%}", decimal(c.perplexity, 3), f"{decimal(100 * c.greedy_agreement)}%",
               decimal(c.mean_kl, 5)]
              for c in costs]))
-        for sentence in refused:
-            st.caption(sentence)
+        for refusal in refused:  # said in this visitor's language
+            st.caption(error_sentence(refusal))
         st.caption(t("serving.dtypes_note", repeats=run.DTYPE_REPEATS, context=number(run.dtype_context(model)),
                      read=decimal(read_roof), tokens=number(quality.tokens), text=quality.text,
                      title=held_out(info.language).title, greedy=number(quality.rows[0].greedy_total),
