@@ -212,7 +212,8 @@ if run.finished and state.paged_compared is None and wanted is not None:
     if error is not None:
         st.error(error)
     if others is not None and all(o.finished for o in others):  # what they measured and wrote, not their pools
-        state.paged_compared = [(name, o.summary(), [r.new_ids for r in o.requests]) for name, o in zip(names, others)]
+        # each compared run by its variant, named in the language of the draw (a switch renames the rows)
+        state.paged_compared = [(v, o.summary(), [r.new_ids for r in o.requests]) for v, o in zip(compared[1:], others)]
 if state.paged_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
     if run.finished:
@@ -224,8 +225,8 @@ else:
         return "—" if value is None else decimal(value)
 
     rows = []
-    for name, kv, tokens in [(variant_name(live), run.summary(), mine)] + state.paged_compared:
-        rows.append([name, kv["max_concurrent"], decimal(kv["bytes_reserved_peak"] / MIB, 2),
+    for variant, kv, tokens in [(live, run.summary(), mine)] + state.paged_compared:
+        rows.append([variant_name(variant), kv["max_concurrent"], decimal(kv["bytes_reserved_peak"] / MIB, 2),
                      decimal(kv["bytes_held_peak"] / MIB, 2), f"{decimal(100 * kv['waste_fraction'])} %",
                      number(kv["prefill_positions_computed"]), kv["shared_blocks"], kv["preemptions"],
                      ms(kv["ttft_ms_p50"]), ms(kv["itl_ms_from_start"]["p99"]), ms(kv["itl_ms_from_start"]["max"]),

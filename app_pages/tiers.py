@@ -156,12 +156,12 @@ st.subheader(t("paged.comparison"))
 if run.finished and state.tiers_compared is None and wanted is not None:
     alone = dataclasses.replace(run.settings, offload=None, prefill_worker=None)
     other = kv_runs.QueueRun(model, list(run.requests), alone)
-    name = t("tiers.variant_alone_" + run_mode)
-    error = run_variants([other], [name])
+    name_key = "tiers.variant_alone_" + run_mode  # said in the language of the draw (a switch renames the row)
+    error = run_variants([other], [t(name_key)])
     if error is not None:
         st.error(error)
     if other.finished:
-        state.tiers_compared = (name, other.summary(), [r.new_ids for r in other.requests])
+        state.tiers_compared = (name_key, other.summary(), [r.new_ids for r in other.requests])
 if state.tiers_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
     if run.finished:
@@ -169,9 +169,10 @@ if state.tiers_compared is None:
                   args=("end",))
 else:
     mine = [r.new_ids for r in run.requests]
-    name, theirs, their_tokens = state.tiers_compared
+    name_key, theirs, their_tokens = state.tiers_compared
     rows = []
-    for variant, kv, tokens in [(t("tiers.variant_" + run_mode), run.summary(), mine), (name, theirs, their_tokens)]:
+    for variant, kv, tokens in [(t("tiers.variant_" + run_mode), run.summary(), mine),
+                                (t(name_key), theirs, their_tokens)]:
         same = t("paged.same" if tokens == mine else "paged.not_same")
         itl = kv["itl_ms"]
         if run_mode == "tier":

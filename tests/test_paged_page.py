@@ -43,7 +43,7 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     click(at, "paged_run_button")
     assert run.finished and at.button(key="paged_next").disabled
     compared = at.session_state["paged_compared"]
-    assert [name for name, _, _ in compared] == [text("paged.variant_padded", lang)]
+    assert [variant.name for variant, _, _ in compared] == ["padded"]
     page = html(at)
     # the table: this run and padded, each with its tokens the same as this run's
     assert page.count(f"<td>{text('paged.same', lang)}</td>") == 2
@@ -98,8 +98,8 @@ def test_long_join_carries_its_chunks_beside_the_decode_rows_and_compares_three_
     chunked = [s for s in run.server.steps if any(span.request == long_id and span.kind == "prefill"
                                                   for span in s.spans)]
     assert len(chunked) > 1 and all(any(span.kind == "decode" for span in s.spans) for s in chunked)
-    names = [name for name, _, _ in at.session_state["paged_compared"]]
-    assert names == [text("paged.variant_whole", "en"), text("paged.variant_chunks", "en").format(chunk=large)]
+    variants = [(v.name, v.chunk) for v, _, _ in at.session_state["paged_compared"]]
+    assert variants == [("whole", None), ("chunks", large)]
     lanes = charts(at)[1]
     assert lanes.count(f'fill="#225ea8"><title>request {long_id}, step') == len(chunked)
 
@@ -217,3 +217,14 @@ def test_a_pool_too_large_to_draw_block_by_block_is_one_bar():
     assert not at.exception and at.session_state["paged_run"].server.cache.n_blocks > svg.MAX_GRID_BLOCKS
     assert any("too many to draw one by one" in c.value for c in at.caption)
     assert len(html(at)) < 200_000
+
+
+def test_a_language_switch_renames_the_compared_rows():
+    """texts review P4: the compared rows kept the names of the click's language after a switch."""
+    at = click(click(open_page("vi"), "paged_start"), "paged_run_button")
+    at.radio(key="lang").set_value("en").run()
+    from html import escape
+
+    page = html(at)
+    assert f"<td>{escape(text('paged.variant_padded', 'en'))}</td>" in page
+    assert f"<td>{escape(text('paged.variant_padded', 'vi'))}</td>" not in page

@@ -93,7 +93,7 @@ def test_reset_deletes_the_tier_s_file_and_the_run_then_finishes_with_the_compar
     click(at, "tiers_run_button")
     assert run.finished and not path.exists()
     name, theirs, _ = at.session_state["tiers_compared"]
-    assert name == text("tiers.variant_alone_tier", "en") and theirs["offload"] is None
+    assert name == "tiers.variant_alone_tier" and theirs["offload"] is None
     page = html(at)
     assert page.count(f"<td>{text('paged.same', 'en')}</td>") == 2
     blocks_out = run.summary()["offload"]["blocks_out"]
@@ -130,7 +130,7 @@ def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_co
     assert lanes.count("marker-end=") == len({x.step for x in server.transfers})
     assert lanes.count(" bytes received at step ") == len(run.requests)
     name, _, _ = at.session_state["tiers_compared"]
-    assert name == text("tiers.variant_alone_workers", "en")
+    assert name == "tiers.variant_alone_workers"
     assert page.count(f"<td>{text('paged.same', 'en')}</td>") == len(run.requests) + 2
 
 
