@@ -623,6 +623,71 @@ def test_a_cache_folder_that_cannot_hold_the_kernels_still_gives_them(kind, monk
     assert torch.allclose(kernels.matmul(x, kernels.pack(w, torch.float32, arena)), x @ w.T, atol=1e-5)
 
 
+def test_a_kernels_build_that_fails_is_tried_once_per_process(monkeypatch, tmp_path):
+    """faults 2026-12-04 #18 + #4: functools.cache kept no raised KernelsUnavailable, so every later kernels() call
+    (each model load, each Serving page render through bf16_products and int8_products) ran the compiler again: 300 s
+    each with a hung one. The failure is remembered: the compiler runs once, the reason is the same each time."""
+    import functools
+
+    from model.engine import kernels
+
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "c++"
+    compiler.write_text(f"#!/bin/sh\necho run >> {calls}\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+    assert kernels.build_ahead()
+    reasons = {kernels.unavailable_reason() for _ in range(3)}
+    assert (kernels.bf16_products(), kernels.int8_products()) == ("torch", "none")
+    assert reasons == {"kernels.cpp did not build here (CalledProcessError)"}
+    assert calls.read_text().splitlines() == ["run"]
+    assert not kernels.build_ahead()  # settled for the process: the page no longer says a build is ahead
+
+
+@needs_kernels
+def test_the_temporary_kernels_folder_is_gone_once_the_library_is_loaded(monkeypatch, tmp_path):
+    """faults 2026-12-04 #4: where the cache folder cannot hold the library it is built in a decode-lab-kernels-*
+    folder of the temp folder; that folder is deleted once the library is loaded (it stays mapped), not left per
+    process, and the products still run."""
+    import functools
+    import tempfile
+
+    from model.engine import kernels
+
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DECODE_LAB_CACHE", str(tmp_path / "a-file" / "cache"))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setattr(kernels, "_built", functools.cache(kernels._built.__wrapped__))
+    assert kernels.unavailable_reason() is None and kernels.unavailable_reason() is None
+    assert list(temp.iterdir()) == []
+    x, w = torch.randn(3, 32), torch.randn(16, 32)
+    arena = kernels.Arena(kernels.packed_nbytes(16, 32, torch.float32))
+    assert torch.allclose(kernels.matmul(x, kernels.pack(w, torch.float32, arena)), x @ w.T, atol=1e-5)
+
+
+def test_the_model_spinner_says_the_kernels_build_and_its_longest_wait_only_while_one_is_ahead(monkeypatch):
+    """faults 2026-12-04 #18: a visitor whose load builds the kernels sees why it waits and for how long at most, in
+    vi and en; once they are settled the spinner says only that the model loads."""
+    from model.engine import kernels
+    from model.texts import text
+    from ui import models
+
+    language = {"lang": "en"}
+    monkeypatch.setattr(models, "t", lambda key, **details: text(key, language["lang"]).format(**details))
+    monkeypatch.setattr(kernels, "build_ahead", lambda: True)
+    assert models.loading_sentence() == ("Loading the model… The first time on this machine, Decode Lab builds the "
+                                         "decode kernels for this CPU (once per machine, usually a few seconds, at "
+                                         f"most {kernels.BUILD_SECONDS} s); other sessions wait for this build.")
+    language["lang"] = "vi"
+    assert f"tối đa {kernels.BUILD_SECONDS} giây" in models.loading_sentence()
+    monkeypatch.setattr(kernels, "build_ahead", lambda: False)
+    assert models.loading_sentence() == text("state.loading_model", "vi")
+
+
 @needs_kernels
 @pytest.mark.slow
 def test_two_processes_building_the_kernels_at_once_both_load_them(tmp_path):

@@ -10,6 +10,7 @@ from collections import OrderedDict
 import streamlit as st
 
 import ui.process  # noqa: F401  (the process set-up, before the first model runs: torch's threads)
+from model.engine import kernels
 from model.engine.loading import load_model, load_session_checkpoint, model_key
 from model.engine.lowbit import with_weights
 from model.engine.runtime import LoadedModel
@@ -97,10 +98,18 @@ def page_start(page: str) -> LoadedModel:
     return model
 
 
+def loading_sentence() -> str:
+    """The spinner's sentence while a model loads; where this load may first build the decode kernels, it says so
+    and for at most how long (a compiler that hangs holds the first load of the process that long)."""
+    if not kernels.build_ahead():
+        return t("state.loading_model")
+    return t("state.loading_model") + " " + t("model.building_kernels", seconds=kernels.BUILD_SECONDS)
+
+
 def current_model() -> LoadedModel | None:
     """The sidebar's model on the sidebar's device, or None after saying why it cannot load."""
     try:
-        with st.spinner(t("state.loading_model")):
+        with st.spinner(loading_sentence()):
             return sidebar_model()
     except InputError as bad:
         st.error(error_sentence(bad))

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.cpp")
 # this CPU's vector instructions; a*b + c as one fused multiply-add everywhere (the same bits in every tile)
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++20", "-fopenmp", "-shared", "-fPIC")
-BUILD_SECONDS = 300
+BUILD_SECONDS = 60  # the build took about 1.3 s on this 2-core Xeon; past this the compiler is taken as hung
 LANES = 16          # outputs in a block (kernels.cpp)
 BLOCKS = 4          # blocks in a panel
 ALIGN = 64          # bytes: each packed matrix starts on a cache line
@@ -120,28 +120,45 @@ def compiler() -> str | None:
 
 
 @functools.cache
-def _built() -> ctypes.CDLL:
+def _built() -> ctypes.CDLL | KernelsUnavailable:
     """The compiled products, loaded; built at the first call on a machine (kernels/<hash>.so in the cache folder,
-    the hash of the source, the flags and this CPU's; in a temporary folder of this process where the cache folder
-    cannot be written), or KernelsUnavailable with the reason: any failure to build or load the library (no compiler,
-    a build that fails or hangs, a folder that cannot be written, a damaged library), so that models then multiply
-    with torch's product."""
+    the hash of the source, the flags and this CPU's; where the cache folder cannot hold it, in a temporary folder
+    deleted again once the library is loaded), or the KernelsUnavailable with the reason: any failure to build or load
+    the library (no compiler, a build that fails or hangs, a folder that cannot be written, a damaged library), so
+    that models then multiply with torch's product. The failure is returned, not raised, so that the cache keeps it
+    for the process: a compiler that hangs holds one load for BUILD_SECONDS, not every later one."""
     program = compiler()
     if program is None:
-        raise KernelsUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
+        return KernelsUnavailable("no C++ compiler (c++, g++ or $CXX) on this machine")
     name = library_name(program)
     library = settings().cache_dir / "kernels" / name
     try:
         if not library.is_file():
             library = _build(program, library)
         return _loaded(library)
+    except KernelsUnavailable as failed:
+        return failed
     except OSError as failed:  # a read-only cache folder, a library cut short or made for another machine
         log.warning("the kernels at %s cannot be used (%s); building them in a temporary folder", library, failed)
-    try:
-        return _loaded(_build(program, Path(tempfile.mkdtemp(prefix="decode-lab-kernels-")) / name))
+    folder = Path(tempfile.mkdtemp(prefix="decode-lab-kernels-"))
+    try:  # a loaded library stays mapped once its file is gone (Linux, macOS): nothing is left behind
+        return _loaded(_build(program, folder / name))
+    except KernelsUnavailable as failed:
+        return failed
     except OSError as failed:
         log.error("the kernels cannot be built or loaded here: %s", failed)
-        raise KernelsUnavailable(f"{SOURCE.name} cannot be built or loaded here ({type(failed).__name__})") from None
+        return KernelsUnavailable(f"{SOURCE.name} cannot be built or loaded here ({type(failed).__name__})")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def build_ahead() -> bool:
+    """Whether the next kernels() call may compile the kernels (a wait of up to BUILD_SECONDS): this process has not
+    settled them yet and the cache folder holds no library for this machine. A page says so while a model loads."""
+    if _built.cache_info().currsize:
+        return False
+    program = compiler()
+    return program is not None and not (settings().cache_dir / "kernels" / library_name(program)).is_file()
 
 
 def library_name(program: str) -> str:
@@ -179,9 +196,13 @@ def _loaded(library: Path) -> ctypes.CDLL:
 
 
 def kernels() -> ctypes.CDLL:
-    """The compiled products (see _built); one build at a time in the process."""
+    """The compiled products (see _built); one build at a time in the process; KernelsUnavailable where they cannot
+    be had (a new exception each time, the remembered one's reason)."""
     with _build_lock:
-        return _built()
+        built = _built()
+    if isinstance(built, KernelsUnavailable):
+        raise KernelsUnavailable(str(built))
+    return built
 
 
 def unavailable_reason() -> str | None:
