@@ -11,12 +11,16 @@ import streamlit as st
 
 import ui.preload  # noqa: F401  (first: what the pages draw with is imported before any page runs)
 from model.weights.catalog import BUNDLED, FETCHED, list_models, settings
+from ui.classroom import init_presenter, presenter, presenter_style, presenter_toggle
 from ui.i18n import init_language, labels, lang, t
 from ui.pages import DEFAULT_PAGE, PAGES
 from ui.state import init_state, on_model_change
 from ui.widgets import CSS, choice, warn_before_leaving
 
-st.set_page_config(page_title="Decode Lab", page_icon="assets/favicon.png", layout="wide")
+init_presenter()
+# presenter mode folds the sidebar away (its arrow brings it back)
+st.set_page_config(page_title="Decode Lab", page_icon="assets/favicon.png", layout="wide",
+                   initial_sidebar_state="collapsed" if presenter() else "auto")
 # the pages' shared style sheet, once per run (it also trims the space above the title for 720-pixel projectors)
 st.html(CSS)
 init_language()
@@ -33,6 +37,7 @@ DEVICES = ("auto", "cpu", "cuda") if shutil.which("nvidia-smi") else ("auto", "c
 
 with st.sidebar:
     st.radio(t("sidebar.language"), list(LANG_NAMES), format_func=LANG_NAMES.get, key="lang", horizontal=True)
+    presenter_toggle()
     model_labels = labels("model.", [m for m in MODELS if m in BUNDLED or m in FETCHED or m == "custom"])
     model_labels |= {m: t("model.checkpoint", name=m) for m in st.session_state.get("session_checkpoints", {})}
     choice(st.selectbox, t("sidebar.model"), MODELS, key="model_name", format_func=lambda m: model_labels.get(m, m),
@@ -47,6 +52,7 @@ with st.sidebar:
             st.caption(t(f"model.{fetched}_missing"))
 st.query_params["lang"] = lang()
 warn_before_leaving(st.session_state.generation is not None)
+presenter_style()
 
 pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path=p.url, default=p.url == DEFAULT_PAGE)
          for p in PAGES]

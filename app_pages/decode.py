@@ -60,7 +60,7 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
               on_change=redraw_only, args=(STEP_VIEW,))
     probe_controls(info, redraw=STEP_VIEW)
     st.toggle(t("predict.toggle"), key="predict_on",  # the whole page: the guesses appear
-              help=t("predict.help", next=t("decode.next")))
+              help=t("predict.help", next=t("action.next")))
 if st.session_state.predict_on:
     guess_inputs(model, generation(model))
 queue_step_keys()  # → and ← press Next and Back in the order pressed
@@ -71,7 +71,7 @@ if st.session_state.run_to_end_requested:
     # inside a fragment wait until the running script ends, while a click outside one stops it between two steps
     # (mark_cancelled_run above then records the cancel).
     st.session_state.run_to_end_requested = False
-    st.button(t("decode.stop"), key="stop_run", type="primary", icon=":material/stop:")
+    st.button(t("action.stop"), key="stop_run", type="primary", icon=":material/stop:")
     run_to_end(model, generation(model))
     st.rerun()
 
@@ -84,13 +84,13 @@ def step_view() -> None:
         rerun_whole_page()
     # callbacks run before the fragment is drawn, so the buttons below already show the new state
     with st.container(horizontal=True):
-        st.button(t("decode.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
+        st.button(t("action.next"), key="next", type="primary", icon=":material/skip_next:", disabled=gen.finished,
                   on_click=count_click(on_next_with_guess), shortcut=NEXT_KEY)
-        st.button(t("decode.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
+        st.button(t("action.back"), key="back", icon=":material/undo:", disabled=len(gen.steps) < 2,
                   on_click=count_click(on_back), shortcut=BACK_KEY)
-        st.button(t("decode.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
+        st.button(t("action.run_to_end"), key="run_to_end", icon=":material/fast_forward:", disabled=gen.finished,
                   on_click=request_run_to_end)
-        st.button(t("decode.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
+        st.button(t("action.reset"), key="reset", icon=":material/restart_alt:", on_click=reset)
     callback_error_here()  # why Next, Back or a sampling change failed, under the buttons
     st.html(step_html(gen, st.session_state.layer, st.session_state.head) + clicks_marker())
     if st.session_state.check_each_step and len(gen.steps) - 1 not in gen.checks:

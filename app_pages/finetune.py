@@ -127,7 +127,7 @@ def controls(method: str, trainer):
     b2.number_input(t("finetune.n_steps"), 1, 500, key=f"ft_{method}_n")
     run = b3.button(run_label("finetune.run_n", asked, left), key=f"ft_{method}_run", icon=":material/fast_forward:",
                     width="stretch", disabled=left < 1 or waiting)
-    b4.button(t("finetune.reset"), key=f"ft_{method}_reset", icon=":material/restart_alt:", on_click=reset,
+    b4.button(t("action.reset"), key=f"ft_{method}_reset", icon=":material/restart_alt:", on_click=reset,
               args=(method,), width="stretch")
     if left < 1:
         st.info(t("error.finetune_step_limit", steps=number(BOUND.max_steps)))

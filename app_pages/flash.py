@@ -97,7 +97,7 @@ def tile_walk() -> None:
     with st.container(horizontal=True):
         st.button(t("flash.first"), key="flash_first", icon=":material/first_page:", on_click=go_to, args=(0,),
                   disabled=index == 0, width=150)
-        st.button(t("flash.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
+        st.button(t("action.back"), key="flash_back", icon=":material/chevron_left:", on_click=shift, args=(-1,),
                   disabled=index == 0, width=150, shortcut=BACK_KEY)
         st.button(t("flash.next"), key="flash_next", icon=":material/chevron_right:", icon_position="right",
                   type="primary", on_click=shift, args=(1,), disabled=index == last, width=150, shortcut=NEXT_KEY)

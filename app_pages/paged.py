@@ -104,7 +104,7 @@ st.caption(t("paged.compares", live=variant_name(compared[0]),
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 run = state.paged_run
 wanted, stopped = asked_steps("paged", run, lambda to_end: run_queue_steps(run, to_end))
-run_buttons("paged", run, "paged.start", start, reset, run_key="paged_run_button")
+run_buttons("paged", run, "action.start", start, reset, run_key="paged_run_button")
 callback_error_here()
 if run is None:
     st.info(t("paged.press_start"))
@@ -217,7 +217,7 @@ if run.finished and state.paged_compared is None and wanted is not None:
 if state.paged_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
     if run.finished:
-        st.button(t("paged.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=ask_compare)
+        st.button(t("action.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=ask_compare)
 else:
     mine = [r.new_ids for r in run.requests]
 

@@ -101,9 +101,9 @@ else:
     st.html(box_html(t("replay.banner_rounds", draft=md_escape(run["draft"]), gamma=run["gamma"], **recorded),
                      "note"))
 with st.container(horizontal=True, vertical_alignment="center"):
-    st.button(t("decode.next"), key="replay_next", type="primary", icon=":material/skip_next:",
+    st.button(t("action.next"), key="replay_next", type="primary", icon=":material/skip_next:",
               disabled=index == last, on_click=on_step, args=(1,), shortcut=NEXT_KEY)
-    st.button(t("decode.back"), key="replay_back", icon=":material/undo:", disabled=index == 0, on_click=on_step,
+    st.button(t("action.back"), key="replay_back", icon=":material/undo:", disabled=index == 0, on_click=on_step,
               args=(-1,), shortcut=BACK_KEY)
     st.markdown("**" + (t("replay.step_of", step=index, last=last) if kind == DECODE
                         else t("replay.round_of", round=index + 1, rounds=last + 1)) + "**")

@@ -99,7 +99,7 @@ if costs is not None:
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 _, stopped = asked_steps("serving", server, lambda to_end: run_steps(server, to_end))
-run_buttons("serving", server, "serving.start", start, reset, run_key="serving_run")
+run_buttons("serving", server, "action.start", start, reset, run_key="serving_run")
 callback_error_here()
 if server is None:
     st.info(t("serving.press_start"))

@@ -118,16 +118,16 @@ if run is None:
 finished = run.stop_reason is not None
 b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
           disabled=finished, width="stretch", on_click=next_round, shortcut=NEXT_KEY)
-b3.button(t("speculative.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
+b3.button(t("action.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
           width="stretch", on_click=request_run_to_end)
-b4.button(t("speculative.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
+b4.button(t("action.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
 if st.session_state.spec_running:  # the last Run to end was stopped by a click between two rounds
     st.session_state.spec_running = False
     if not finished:
             st.info(t("speculative.run_stopped", rounds=len(run.rounds), tokens=len(run.new_ids)))
 if st.session_state.spec_run_to_end_requested:
     st.session_state.spec_run_to_end_requested = False
-    st.button(t("decode.stop"), key="spec_stop", type="primary", icon=":material/stop:")
+    st.button(t("action.stop"), key="spec_stop", type="primary", icon=":material/stop:")
     rounds_to_the_end(run)
     st.rerun()
 

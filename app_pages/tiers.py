@@ -101,7 +101,7 @@ if wanted == "start" and (mode == "workers" or crossover is not None):
 run = state.tiers_run
 state.tiers_wanted = wanted  # a start's first step, Next's or Run's: asked_steps runs them
 wanted, stopped = asked_steps("tiers", run, lambda to_end: run_queue_steps(run, to_end))
-run_buttons("tiers", run, "paged.start", lambda: request("start"), reset, run_key="tiers_run_button")
+run_buttons("tiers", run, "action.start", lambda: request("start"), reset, run_key="tiers_run_button")
 callback_error_here()
 if run is None:
     st.info(t("tiers.press_start"))
@@ -165,7 +165,7 @@ if run.finished and state.tiers_compared is None and wanted is not None:
 if state.tiers_compared is None:
     st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
     if run.finished:
-        st.button(t("paged.compare"), key="tiers_compare", icon=":material/compare_arrows:", on_click=request,
+        st.button(t("action.compare"), key="tiers_compare", icon=":material/compare_arrows:", on_click=request,
                   args=("end",))
 else:
     mine = [r.new_ids for r in run.requests]

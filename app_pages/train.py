@@ -96,7 +96,7 @@ one = b1.button(t("train.one_step"), key="train_one", type="primary", icon=":mat
 b2.number_input(t("train.n_steps"), 1, 500, key="train_n")
 run = b3.button(t("train.run_n", n=steps_to_run if left_steps else asked_steps), key="train_run",
                 icon=":material/fast_forward:", disabled=left_steps < 1, width="stretch")
-b4.button(t("train.reset"), key="train_reset", icon=":material/restart_alt:", on_click=reset, width="stretch")
+b4.button(t("action.reset"), key="train_reset", icon=":material/restart_alt:", on_click=reset, width="stretch")
 if left_steps < 1:
     st.info(t("error.train_step_limit", steps=BOUND.max_steps))
 elif steps_to_run < asked_steps:

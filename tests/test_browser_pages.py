@@ -10,8 +10,8 @@ from model.texts import text
 pytestmark = pytest.mark.browser
 
 # the buttons as the app labels them; the step summary's cache length as decode.step_summary writes it
-LABELS = {lang: {"prefill": text("prompt.run_prefill", lang), "next": text("decode.next", lang),
-                 "back": text("decode.back", lang), "measure": text("cache.measure", lang),
+LABELS = {lang: {"prefill": text("prompt.run_prefill", lang), "next": text("action.next", lang),
+                 "back": text("action.back", lang), "measure": text("cache.measure", lang),
                  "cache": {"vi": r"cache: (\d+) vị trí", "en": r"cache: (\d+) positions"}[lang]}
           for lang in ("vi", "en")}
 

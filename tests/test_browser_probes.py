@@ -20,7 +20,7 @@ def decode_prefilled(page, app_server: str, lang: str) -> None:
 def test_the_lens_and_a_head_off_in_the_step_view(app_server, browser_page, artifacts, lang):
     page = browser_page
     decode_prefilled(page, app_server, lang)
-    page.get_by_role("button", name=text("decode.next", lang)).first.click()
+    page.get_by_role("button", name=text("action.next", lang)).first.click()
     wait_idle(page)
     page.get_by_text(text("lens.toggle", lang), exact=True).first.click()
     wait_idle(page)
@@ -71,11 +71,11 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     decode_prefilled(page, app_server, lang)
     page.get_by_text(text("predict.toggle", lang), exact=True).first.click()
     wait_idle(page)
-    page.get_by_text(text("predict.waiting", lang).format(next=text("decode.next", lang))).first.wait_for(
+    page.get_by_text(text("predict.waiting", lang).format(next=text("action.next", lang))).first.wait_for(
         timeout=60_000)
     type_number(page, "guess_len", 0)
     type_number(page, "guess_bytes", 0)
-    page.get_by_role("button", name=text("decode.next", lang)).first.click()
+    page.get_by_role("button", name=text("action.next", lang)).first.click()
     wait_idle(page)
     page.get_by_text(text("predict.score", lang).format(right=0, wrong=2)).first.wait_for(timeout=60_000)
     (_, _, real_len, verdict_len), (_, _, real_bytes, verdict_bytes) = guess_table_cells(page, lang)[:2]
@@ -84,7 +84,7 @@ def test_predict_then_reveal_on_the_decode_page(app_server, browser_page, artifa
     # one more position, and small's every layer holds the same bytes per position
     type_number(page, "guess_len", length + 1)
     type_number(page, "guess_bytes", size + size // length)
-    page.get_by_role("button", name=text("decode.next", lang)).first.click()
+    page.get_by_role("button", name=text("action.next", lang)).first.click()
     wait_idle(page)
     page.get_by_text(text("predict.score", lang).format(right=2, wrong=2)).first.wait_for(timeout=60_000)
     rows = guess_table_cells(page, lang)
@@ -103,7 +103,7 @@ def test_a_guess_typed_then_next_is_the_guess_revealed(app_server, browser_page)
     wait_idle(page)
     box = page.locator(".st-key-guess_len input")
     box.fill("-4")
-    page.get_by_role("button", name=text("decode.next", "en")).first.click()
+    page.get_by_role("button", name=text("action.next", "en")).first.click()
     wait_idle(page)
     page.get_by_text(text("predict.score", "en").format(right=0, wrong=2)).first.wait_for(timeout=60_000)
     assert guess_table_cells(page, "en")[0][1] == "-4" and box.input_value() == "-4"

@@ -429,7 +429,7 @@ def test_the_session_s_step_limit_holds_and_names_the_fine_tune_page_s_reset():
     assert limit.value.code == "finetune_step_limit"
     for code in ("finetune_step_limit", "finetune_not_finite"):
         said = text("error." + code, "vi")
-        assert text("finetune.reset", "vi") in said and text("train.reset", "vi") not in said
+        assert text("action.reset", "vi") in said and text("action.reset", "vi") not in said
         assert "lower the learning rate" not in text("error." + code, "en")  # the page has no such input
 
 

@@ -439,7 +439,7 @@ def test_the_cache_page_reveals_the_guess_its_box_shows():
 def test_back_hides_the_reveal_of_the_step_undone():
     at = predicting()
     guess(at, 0, 0)
-    waiting = escape(text("predict.waiting", "vi").format(next=text("decode.next", "vi")))
+    waiting = escape(text("predict.waiting", "vi").format(next=text("action.next", "vi")))
     assert waiting not in step_view_html(at)
     click(at, "next")  # the mode records this step's (default) guesses too
     click(at, "back")  # the current step is now one whose reveal was replaced: no stale reveal
@@ -504,7 +504,7 @@ def attention_kept_sentences(gen: generate.Generation, lang: str, layer: int, he
                   lang).format(mb=mb, steps=steps([r]), layer=r.view[0], head=r.view[1])
              for r in runs if r.kept == "one"]
     said.append(text("decode.attention_kept", lang).format(steps=steps([r for r in runs if r.kept == "every"]),
-                                                           back=text("decode.back", lang)))
+                                                           back=text("action.back", lang)))
     return [escape(sentence) for sentence in said]
 
 
@@ -562,7 +562,7 @@ def test_a_run_stopped_by_the_budget_says_what_is_left():
     said = text("decode.memory_budget_stop", "en").format(
         mb=f"{gen.budget_bytes / 2**20:g}", prefill=f"{prefill / 2**20:.1f}",
         steps=f"{(gen.nbytes - prefill) / 2**20:.1f}", cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}",
-        back=text("decode.back", "en"), reset=text("decode.reset", "en"))
+        back=text("action.back", "en"), reset=text("action.reset", "en"))
     html = step_view_html(at)
     assert escape(said) in html and escape(text("stop.memory_budget", "en")) in html
     assert at.button(key="next").disabled

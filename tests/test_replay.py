@@ -526,9 +526,9 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
     mark = re.compile(text("replay.banner", lang).split("**")[1])  # case-sensitive, unlike a plain text match
     page.get_by_text(mark).first.wait_for(timeout=60_000)
     page.get_by_text(step.format(step=0, last=1)).wait_for()
-    page.get_by_role("button", name=text("decode.next", lang)).click()
+    page.get_by_role("button", name=text("action.next", lang)).click()
     page.get_by_text(step.format(step=1, last=1)).wait_for()
-    page.get_by_role("button", name=text("decode.back", lang)).click()
+    page.get_by_role("button", name=text("action.back", lang)).click()
     page.get_by_text(step.format(step=0, last=1)).wait_for()
     page.locator("h1").first.click()
     page.keyboard.press("ArrowRight")

@@ -369,9 +369,9 @@ def test_browser_serves_4_requests(app_server, browser_page, lang):
     queue.fill("4")
     queue.press("Enter")
     wait_idle(page)
-    page.get_by_role("button", name=text("serving.start", lang)).click()
+    page.get_by_role("button", name=text("action.start", lang)).click()
     wait_idle(page)
-    page.get_by_role("button", name=text("serving.run", lang)).click()
+    page.get_by_role("button", name=text("action.run_to_end", lang)).click()
     wait_idle(page)
     page.locator("img.dl-chart").nth(2).wait_for()  # the lanes, the step times, the roofline
     wait_idle(page)

@@ -138,7 +138,7 @@ def test_vietnamese_texts_name_the_step_buttons_as_they_read_and_say_lop_and_hea
     """Issue 36, P1–P3: the Vietnamese buttons read “Bước tiếp”, “Lùi lại”, “Đặt lại” (a text names them through
     {next}, {back}, {reset}, filled from those keys); the layer and head selectors read “Lớp” and “Head”; the prompt
     box says prompt."""
-    english = {strings()[key]["en"] for key in ("decode.next", "decode.back", "decode.reset")}
+    english = {strings()[key]["en"] for key in ("action.next", "action.back", "action.reset")}
     for key, entry in strings().items():
         vi = entry["vi"]
         for name in english:

@@ -171,13 +171,13 @@ def test_browser_moves_a_request_out_and_back_then_serves_with_two_workers(app_s
     page.goto(f"{app_server}/tiers?lang={lang}")
     wait_idle(page, 120_000)
     page.locator("img.dl-chart").first.wait_for()  # the crossover, before any run
-    page.get_by_role("button", name=text("paged.start", lang)).click()
+    page.get_by_role("button", name=text("action.start", lang)).click()
     wait_idle(page)
     moved_back = text("tiers.now_back", lang).split("}")[1].split("{")[0]  # " moved back (blocks: "
     for _ in range(40):  # Next until a request has come back from the tier
         if page.get_by_text(moved_back).count():
             break
-        page.get_by_role("button", name=text("serving.next", lang)).click()
+        page.get_by_role("button", name=text("action.next", lang)).click()
         wait_idle(page)
     page.get_by_text(moved_back).first.wait_for()
     page.get_by_text(text("tiers.pool_and_tier", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
@@ -186,14 +186,14 @@ def test_browser_moves_a_request_out_and_back_then_serves_with_two_workers(app_s
     page.screenshot(path=f"test-artifacts/tiers-crossover-{lang}.png")
     page.get_by_text(text("tiers.mode_workers", lang), exact=True).click()
     wait_idle(page)
-    page.get_by_role("button", name=text("paged.start", lang)).click()
+    page.get_by_role("button", name=text("action.start", lang)).click()
     wait_idle(page, 120_000)
-    page.get_by_role("button", name=text("serving.run", lang)).click()
+    page.get_by_role("button", name=text("action.run_to_end", lang)).click()
     wait_idle(page, 180_000)
     page.locator("table.mini-table").last.wait_for()
     assert page.locator("td", has_text=text("tiers.variant_alone_workers", lang)).count() == 1
     page.get_by_text(text("tiers.workers", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=f"test-artifacts/tiers-workers-{lang}.png")
-    page.get_by_role("button", name=text("serving.reset", lang)).click()
+    page.get_by_role("button", name=text("action.reset", lang)).click()
     wait_idle(page)
     assert page.locator("[data-testid='stException']").count() == 0 and not errors

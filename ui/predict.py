@@ -65,7 +65,7 @@ def guess_inputs(model: LoadedModel, gen: generate.Generation) -> None:
             st.session_state.guess_token = None
         labels = {i: shown(tok.token(i)) for i in candidates}
         st.segmented_control(t("predict.guess_token"), candidates, key="guess_token", format_func=labels.get)
-    st.caption(t("predict.before_next", next=t("decode.next")))
+    st.caption(t("predict.before_next", next=t("action.next")))
 
 
 def on_next_with_guess() -> None:
@@ -100,7 +100,7 @@ def reveal_html(model: LoadedModel, gen: generate.Generation) -> str:
     record = st.session_state.predict_reveal
     index = len(gen.steps) - 1
     if record is None or record["gen"] != id(gen) or record["step"] != index:
-        return heading_html(t("predict.title")) + paragraph_html(t("predict.waiting", next=t("decode.next")),
+        return heading_html(t("predict.title")) + paragraph_html(t("predict.waiting", next=t("action.next")),
                                                                  "dl-caption")
     info, tok = model.info, model.tokenizer
     trace, drawn = gen.steps[-1], gen.samples[-1]

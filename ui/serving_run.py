@@ -33,7 +33,7 @@ class StopBar:
 
     def __init__(self, key: str, text: str):
         self.stop = st.empty()
-        self.stop.button(t("decode.stop"), key=key, type="primary", icon=":material/stop:")
+        self.stop.button(t("action.stop"), key=key, type="primary", icon=":material/stop:")
         self.bar = st.progress(0.0, text=text)
         self.last_drawn = time.monotonic()
 
@@ -138,11 +138,11 @@ def run_buttons(prefix: str, run: Server | QueueRun | None, start_label: str, on
         st.button(t(start_label), key=prefix + "_start", type="primary" if run is None else "secondary",
                   icon=":material/play_arrow:", on_click=on_start)
         if run is not None:
-            st.button(t("serving.next"), key=prefix + "_next", type="primary", icon=":material/skip_next:",
+            st.button(t("action.next"), key=prefix + "_next", type="primary", icon=":material/skip_next:",
                       disabled=run.finished, on_click=ask, args=("one",), shortcut=NEXT_KEY)
-            st.button(t("serving.run"), key=run_key, icon=":material/fast_forward:", disabled=run.finished,
+            st.button(t("action.run_to_end"), key=run_key, icon=":material/fast_forward:", disabled=run.finished,
                       on_click=ask, args=("end",))
-            st.button(t("serving.reset"), key=prefix + "_reset", icon=":material/restart_alt:", on_click=on_reset)
+            st.button(t("action.reset"), key=prefix + "_reset", icon=":material/restart_alt:", on_click=on_reset)
 
 
 def run_variants(runs: list[QueueRun], names: list[str]) -> str | None:

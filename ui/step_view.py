@@ -132,7 +132,7 @@ def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
         key = "decode.attention_thinned_shown" if view == (layer, head) else "decode.attention_thinned_blank"
         notes.append(t(key, mb=mb, steps=thinned, layer=view[0], head=view[1]))
     notes.append(t("decode.attention_kept", steps=step_list([r for r in runs if r.kept == "every"]),
-                   back=t("decode.back")))
+                   back=t("action.back")))
     return "".join(paragraph_html(note, "dl-caption") for note in notes)
 
 
@@ -141,8 +141,8 @@ def memory_budget_html(gen: generate.Generation) -> str:
     prefill = gen.steps[0].nbytes
     return paragraph_html(t("decode.memory_budget_stop", mb=f"{gen.budget_bytes / 2**20:g}",
                             prefill=f"{prefill / 2**20:.1f}", steps=f"{(gen.nbytes - prefill) / 2**20:.1f}",
-                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}", back=t("decode.back"),
-                            reset=t("decode.reset")), "dl-caption")
+                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}", back=t("action.back"),
+                            reset=t("action.reset")), "dl-caption")
 
 
 def live_attention_html(model: LoadedModel, gen: generate.Generation, layer: int, head: int) -> str:

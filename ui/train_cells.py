@@ -241,7 +241,7 @@ def load_weights_cell(trainer: Trainer) -> None:
     l1, l2, l3 = st.columns([2, 2, 1], vertical_alignment="bottom")
     l1.selectbox(t("train.checkpoint"), list(checkpoints), key="train_compare_ckpt")
     l2.text_input(t("train.prompt"), key="train_prompt", max_chars=500)
-    if l3.button(t("train.compare"), key="train_compare_run", icon=":material/compare_arrows:", width="stretch"):
+    if l3.button(t("action.compare"), key="train_compare_run", icon=":material/compare_arrows:", width="stretch"):
         st.session_state.train_compare = guarded(lambda: greedy_side_by_side(
             trainer, st.session_state.train_compare_ckpt, checkpoints[st.session_state.train_compare_ckpt],
             st.session_state.train_prompt))

@@ -18,32 +18,35 @@ from ui.i18n import lang, t
 
 CSS = """
 <style>
+/* captions at body size, 7.3:1 on white (WCAG AA asks 4.5:1); every size in rem, so presenter mode's root
+   size enlarges them all (ui/classroom.py) */
+[data-testid='stCaptionContainer']{font-size:1rem;color:#4b5262}
 [data-testid='stMainBlockContainer']{padding-top:2.5rem}
 .tok-strip{display:flex;flex-wrap:wrap;gap:6px;margin:4px 0 10px 0}
-.tok{border-radius:8px;padding:4px 9px;font-size:18px;line-height:1.35;border:2px solid #343a40;background:#f1f3f5;
+.tok{border-radius:8px;padding:4px 9px;font-size:1.125rem;line-height:1.35;border:2px solid #343a40;background:#f1f3f5;
      color:#212529;text-align:center;white-space:pre}
-.tok small{display:block;font-size:12px;color:#495057}
+.tok small{display:block;font-size:0.8rem;color:#495057}
 .tok.new{background:#d0ebff;border-color:#1c7ed6}
 .tok.current{background:#ffe8cc;border-color:#e8590c;font-weight:700}
 .tok.unknown{background:#ffe3e3;border-color:#c92a2a}
-.tok.special{font-family:monospace;font-size:15px}
-.tok.bytes{font-family:monospace;font-size:14px;border-style:dashed}
+.tok.special{font-family:monospace;font-size:0.9375rem}
+.tok.bytes{font-family:monospace;font-size:0.875rem;border-style:dashed}
 .att-row{display:flex;flex-wrap:wrap;gap:3px;margin:2px 0 8px 0}
-.att{border-radius:5px;padding:2px 6px;font-size:15px;line-height:1.25;text-align:center;border:1px solid #ced4da;
+.att{border-radius:5px;padding:2px 6px;font-size:0.9375rem;line-height:1.25;text-align:center;border:1px solid #ced4da;
      white-space:pre;min-width:28px}
-.att small{display:block;font-size:11px}
+.att small{display:block;font-size:0.8rem}
 .tok-gap,.att-gap{align-self:center;border:2px dotted #868e96;border-radius:8px;padding:4px 9px;color:#495057;
-                  font-size:14px;white-space:nowrap}
+                  font-size:0.875rem;white-space:nowrap}
 .bars{display:grid;grid-template-columns:minmax(60px,max-content) 1fr 54px;gap:3px 8px;align-items:center;
-      font-size:16px;margin:4px 0}
+      font-size:1rem;margin:4px 0}
 .bars .lbl{white-space:pre;text-align:right;font-family:monospace;overflow:hidden;text-overflow:ellipsis;
            max-width:220px}
 .bars .track{background:#f1f3f5;border-radius:4px;height:20px}
 .bars .bar{height:20px;border-radius:4px}
 .bars .val{font-variant-numeric:tabular-nums;text-align:right}
-.legend{display:flex;flex-wrap:wrap;gap:14px;font-size:14px;margin:2px 0 6px 0}
+.legend{display:flex;flex-wrap:wrap;gap:14px;font-size:0.875rem;margin:2px 0 6px 0}
 .legend i{display:inline-block;width:14px;height:14px;border-radius:3px;vertical-align:-2px;margin-right:5px}
-.mini-table{border-collapse:collapse;font-size:15px;font-variant-numeric:tabular-nums;margin:4px 0}
+.mini-table{border-collapse:collapse;font-size:0.9375rem;font-variant-numeric:tabular-nums;margin:4px 0}
 .mini-table th,.mini-table td{border-bottom:1px solid #dee2e6;padding:3px 10px;text-align:right}
 .mini-table th{background:#f8f9fa;font-weight:600}
 .dl-scroll{max-height:19rem;overflow:auto;margin:4px 0}
@@ -51,11 +54,11 @@ CSS = """
 .dl-scroll td{white-space:nowrap}
 .dl-h{font-size:1.5rem;font-weight:600;line-height:1.2;margin:0.6rem 0 0.5rem 0;padding:0}
 .dl-p{margin:0 0 0.6rem 0;line-height:1.6}
-.dl-caption{font-size:14px;color:rgba(49,51,63,0.6);margin:0 0 0.5rem 0;line-height:1.5}
+.dl-caption{font-size:1rem;color:#4b5262;margin:0 0 0.5rem 0;line-height:1.5}
 .st-key-step_keys{display:none}
 .dl-grid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:0.5rem 2.5rem;margin-top:0.5rem}
 @media (max-width:1100px){.dl-grid{grid-template-columns:minmax(0,1fr)}}
-.dl-metric{font-size:14px;color:#31333f}
+.dl-metric{font-size:0.875rem;color:#31333f}
 .dl-metric b{display:block;font-size:2.1rem;font-weight:400;line-height:1.3;font-variant-numeric:tabular-nums}
 .dl-box{border-radius:0.5rem;padding:0.9rem 1rem;margin:0.5rem 0;line-height:1.5}
 .dl-box.pass{background:rgba(33,195,84,0.1);color:#177233}

@@ -1,0 +1,37 @@
+"""One glossary per language: an action keeps one name on every page (Next is never "Bước tiếp" on one page and
+"Bước kế" on another), and the stepping pages name their steps from the glossary's action.* keys."""
+
+import re
+from pathlib import Path
+
+from model.texts import strings
+
+ROOT = Path(__file__).resolve().parent.parent
+BUTTON = re.compile(r"st\.button\(\s*t\(\"([\w.]+)\"")
+
+
+def button_keys() -> set[str]:
+    keys = set()
+    for path in [*ROOT.glob("app_pages/*.py"), *ROOT.glob("ui/*.py")]:
+        keys |= set(BUTTON.findall(path.read_text(encoding="utf-8")))
+    return keys
+
+
+def test_an_action_has_one_name_in_each_language():
+    """Two buttons with the same English name have the same Vietnamese one, and the other way round."""
+    texts = strings()
+    keys = sorted(button_keys())
+    assert len(keys) > 20
+    for a in keys:
+        for b in keys:
+            same_en, same_vi = texts[a]["en"] == texts[b]["en"], texts[a]["vi"] == texts[b]["vi"]
+            assert same_en == same_vi, f"{a} and {b}: {texts[a]} against {texts[b]}"
+
+
+def test_the_step_buttons_take_their_names_from_the_glossary():
+    """No page keeps a private key for Next, Back, Reset, Run to end, Start or Stop."""
+    texts = strings()
+    glossary = {texts[k]["en"]: k for k in texts if k.startswith("action.")}
+    for key in button_keys():
+        wanted = glossary.get(texts[key]["en"])
+        assert wanted in (None, key), f"{key} names {texts[key]['en']!r}: use {wanted}"
