@@ -57,7 +57,10 @@ def open_page(page, server: str, url: str, lang: str, size: tuple[int, int], pre
     query = f"lang={lang}" + ("&present=1" if present else "")
     page.goto(f"{server}/{'' if url == 'map' else url}?{query}")
     wait_idle(page)
-    page.locator(".st-key-key-figure").first.wait_for(timeout=120_000)
+    try:  # a page that has no key figure fails the test's assertion, not a time-out
+        page.locator(".st-key-key-figure").first.wait_for(timeout=30_000)
+    except Exception:  # noqa: BLE001
+        pass
     wait_idle(page)
     wait_for_charts(page)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from ui.i18n import number, t
+from ui.i18n import lang, number, t
 
 KEY_FIGURE = "key-figure"
 PLAY_SPEEDS = (0.5, 1.0, 2.0)  # steps per second the speed control offers; one a second by default
@@ -84,6 +84,18 @@ def settings(page: str, expanded: bool = False):
 def why(name: str):
     """A container of explanations: shown outside presenter mode, and in it only while "Why?" is on."""
     return st.container(key=f"why-{name}")
+
+
+def localised(figure: dict) -> dict:
+    """A plotly figure (ui/charts) in the session's number format (Vietnamese 1.024,5; English 1,024.5: plotly's
+    `separators`, decimal mark first) and, in presenter mode, with its text at 18 px and more."""
+    layout = dict(figure["layout"], separators=",." if lang() == "vi" else ".,")
+    if presenter():
+        big = dict(size=20, color="#212529")
+        layout["font"] = big
+        for axis in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
+            layout[axis] = dict(layout[axis], tickfont=dict(size=18, color="#212529"))
+    return dict(figure, layout=layout)
 
 
 def play_row(prefix: str, finished: Callable[[], bool], step: Callable[[], None], disabled: bool = False) -> None:
