@@ -3,6 +3,8 @@ a request's block table, the lanes of prompt chunks beside decode rows), then se
 with (padded slots, no prefix cache, no chunks), side by side. The engine's work is model/serving/ (paged.py,
 paged_server.py, kv_runs.py)."""
 
+from itertools import pairwise
+
 import streamlit as st
 
 from model.engine.generate import session_budget_bytes
@@ -60,6 +62,14 @@ if state.paged_budget_for != (info.name, state.paged_queue, state.paged_block_si
 def chosen_variants() -> list[kv_runs.Variant]:
     return kv_runs.variants(state.paged_queue, info.context_length, int(state.paged_block_size),
                             int(float(state.paged_budget_mb) * MIB))
+
+
+def common_start(a: list[int], b: list[int]) -> int:
+    """How many ids two prompts begin with in common."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def variant_name(variant: kv_runs.Variant) -> str:
@@ -128,6 +138,13 @@ with st.container(horizontal=True):
     st.metric(t("paged.free_blocks"), f"{number(free)} / {number(n_blocks)}")
     st.metric(t("paged.shared_now"), int((pool.refs > 1).sum()))
     st.metric(t("paged.preemptions"), sum(len(s.preempted) for s in steps))
+if run_queue == "shared-prefix" and run.settings.prefix_cache:
+    # the prefix cache shares full blocks only: a block longer than any two prompts' common start shares nothing
+    prompts = sorted(r.prompt_ids for r in run.requests)
+    most = max(common_start(a, b) for a, b in pairwise(prompts))
+    if most < server.layout.block_size:
+        st.caption(t("paged.nothing_shared", n=len(prompts), common=number(common_start(prompts[0], prompts[-1])),
+                     size=number(server.layout.block_size)))
 layout = server.layout
 st.subheader(t("paged.pool"))
 groups = len(layout.groups)
@@ -155,7 +172,9 @@ else:
                                tips, t("paged.pool_alt", blocks=n_blocks, free=free)))
 st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
                     outlined=True))
-st.caption(t("paged.pool_caption"))
+# the white of a held block: a last block's top, or (chunks) whole blocks given out ahead of the chunks that fill them
+st.caption(t("paged.pool_caption") + " " + (t("paged.waste_chunks", chunk=number(run.settings.chunk))
+                                            if run.settings.chunk is not None else t("paged.waste_whole")))
 
 holders = sorted(pool.tables)
 if holders:

@@ -228,3 +228,64 @@ def test_a_language_switch_renames_the_compared_rows():
     page = html(at)
     assert f"<td>{escape(text('paged.variant_padded', 'en'))}</td>" in page
     assert f"<td>{escape(text('paged.variant_padded', 'vi'))}</td>" not in page
+
+
+def captions(at) -> list[str]:
+    return [c.value for c in at.caption]
+
+
+def test_a_preempted_request_admitted_again_computes_only_past_its_cached_prompt_blocks_as_the_page_says():
+    """texts review P3: how_text said a preempted request has every position computed again; with the prefix cache
+    on, the request admitted again finds its full prompt blocks cached (small, block size 16, 0.22 MiB: request 4 is
+    preempted and comes back with 48 positions cached)."""
+    at = open_page(paged_queue="shared-prefix")
+    at.number_input(key="paged_budget_mb").set_value(0.22).run()
+    click(click(at, "paged_start"), "paged_run_button")
+    server = at.session_state["paged_run"].server
+    preempted = {rid for step in server.steps for rid in step.preempted}
+    again = {rid: n for step in server.steps for rid, n in step.cached_positions.items()
+             if rid in preempted and any(s.request == rid and s.kind == "recompute" for s in step.spans)}
+    assert again and all(n > 0 for n in again.values()), again
+    shown = [m.value for m in at.markdown]
+    assert text("paged.how_text", "en") in shown
+    assert "less, with the prefix cache on, the full prompt blocks it still finds cached" in text("paged.how_text",
+                                                                                                  "en")
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_with_chunks_whole_blocks_given_out_ahead_of_the_chunks_are_white_and_the_caption_says_so(lang):
+    """texts review P5: the pool's caption said the waste is the white top of a last block; with chunks, a long
+    prompt is given all its blocks when admitted and its chunks fill them over several steps (small, long-join:
+    a 96-position prompt in chunks of 16)."""
+    at = click(open_page(lang, paged_queue="long-join"), "paged_start")
+    run = at.session_state["paged_run"]
+    long_id = queues.LONG_JOIN_SHORT
+    while long_id not in {seq.request.id for seq in run.server.running}:
+        click(at, "paged_next")
+    pool = run.server.pool_view()
+    mine = [b for b in pool.tables[long_id][0] if b >= 0]
+    assert sum(pool.filled[b] == 0 for b in mine) >= 2  # whole blocks held, nothing in them yet
+    chunk = text("paged.waste_chunks", lang).format(chunk=run.settings.chunk)
+    assert any(chunk in c for c in captions(at))
+    # without chunks (mixed): the white is a last block's top, and the caption says that instead
+    at = click(open_page(lang), "paged_start")
+    assert any(text("paged.waste_whole", lang) in c for c in captions(at))
+    assert not any(chunk in c for c in captions(at))
+
+
+def test_a_block_larger_than_the_shared_prefix_shares_nothing_and_the_page_says_so_with_the_numbers():
+    """texts review P7: the prefix cache shares full blocks only; at block size 64 small's shared-prefix prompts
+    (48 ids in common) share no block, and no sentence said why the prefix-cache row equals the one without."""
+    at = open_page(paged_queue="shared-prefix")
+    at.selectbox(key="paged_block_size").set_value(64).run()
+    click(click(at, "paged_start"), "paged_run_button")
+    run = at.session_state["paged_run"]
+    assert run.settings.prefix_cache and run.summary()["shared_blocks"] == 0
+    said = text("paged.nothing_shared", "en").format(n=queues.SHARED_REQUESTS, common=queues.SHARED_FILLER, size=64)
+    assert said in captions(at)
+    # at block size 16 three blocks are shared: no such sentence
+    at = click(open_page(paged_queue="shared-prefix"), "paged_start")
+    for _ in range(3):
+        click(at, "paged_next")
+    assert at.session_state["paged_run"].summary()["shared_blocks"] > 0
+    assert not any("none is full" in c for c in captions(at))

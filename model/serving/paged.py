@@ -2,11 +2,12 @@
 request, and one forward pass over rows of different lengths side by side, each row reading its keys through its
 table.
 
-- Layers in groups (vLLM's hybrid allocator, vllm/v1/core/kv_cache_coordinator.py): a group is g layers of one
-  kind, g the greatest common divisor of the kinds' layer counts (a Llama: one group of every layer; Gemma 3 270M:
-  its 3 full layers and 5 groups of 3 of its 15 sliding ones), so that a block, block_size positions of one group's
-  layers, has the same bytes whichever kind holds it, and a block a sliding group frees serves any other. Each
-  request holds one block table per group.
+- Layers in groups (as vLLM's hybrid allocator, vllm/v1/core/kv_cache_utils.py): a group is g layers of one kind,
+  g the greatest common divisor of the kinds' layer counts (a Llama: one group of every layer; Gemma 3 270M: its 3
+  full layers and 5 groups of 3 of its 15 sliding ones, in layer order), so that a block, block_size positions of one
+  group's layers, has the same bytes whichever kind holds it, and a block a sliding group frees serves any other.
+  vLLM takes the smallest count instead, pads a kind's last group and deals a kind's layers out to its groups in turn;
+  for Gemma 3 both give groups of 3. Each request holds one block table per group.
 - A pass (PagedPass) writes each new position's K and V into its block, then gives each row its keys and values
   gathered from its table's blocks (a copy, (1, n_kv, positions, d_head), the layout of a solo cache's buffer), and
   llama.attend_flat attends each row over exactly the keys its solo run's pass attends over.
