@@ -9,7 +9,7 @@ import streamlit as st
 
 from model.engine.generate import session_budget_bytes
 from model.serving import kv_runs, queues
-from model.serving.disaggregated import backend
+from model.serving.disaggregated import backend, live_workers, max_workers, worker_bytes
 from model.serving.paged_server import mib_up
 from model.serving.tiers import tier_kind
 from ui.errors import callback_error_here, guarded
@@ -80,6 +80,10 @@ with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
 mode, block_size = state.tiers_mode, int(state.tiers_block_size)
 st.caption(t("tiers.queue", requests=queues.MIXED_REQUESTS) + " "
            + t("tiers.compares_tier" if mode == "tier" else "tiers.compares_workers", kind=t("tiers.kind_" + kind)))
+if mode == "workers":  # what a Start costs the server, and its cap, said before the cap is reached
+    weights, cache = worker_bytes(model, block_size)
+    st.caption(t("tiers.worker_cost", mib=decimal((weights + cache) / MIB, 1), weights=decimal(weights / MIB, 1),
+                 cache=decimal(cache / MIB, 1), cap=number(max_workers()), live=number(live_workers())))
 crossover = None
 if mode == "tier":
     with st.spinner(t("tiers.measuring")):

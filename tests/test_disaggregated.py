@@ -126,6 +126,27 @@ def test_past_the_worker_cap_a_run_goes_on_alone_and_says_so_until_a_worker_ends
         second.close()
 
 
+def test_a_worker_cap_that_is_no_whole_number_is_ignored_with_one_log_line(monkeypatch, caplog):
+    """faults 2026-12-04 #2: DECODE_LAB_MAX_WORKERS=two raised ValueError at every Two-workers Start."""
+    from model.serving import disaggregated
+
+    monkeypatch.setattr(disaggregated, "_said_ignored", set(), raising=False)
+    for value, cap in [("two", 2), ("1.5", 2), (" 3 ", 3), ("-1", 0), ("", 2)]:
+        monkeypatch.setenv("DECODE_LAB_MAX_WORKERS", value)
+        assert disaggregated.max_workers() == cap and disaggregated.max_workers() == cap, value
+    ignored = [r.getMessage() for r in caplog.records if "DECODE_LAB_MAX_WORKERS" in r.getMessage()]
+    assert ignored == ["DECODE_LAB_MAX_WORKERS='two' is no whole number: ignored, at most 2 prefill workers",
+                       "DECODE_LAB_MAX_WORKERS='1.5' is no whole number: ignored, at most 2 prefill workers"]
+
+
+def test_a_worker_holds_the_model_again_and_a_kv_cache_for_a_whole_context(small):
+    """What the Tiers page says a worker costs: small's held weights, and 4 layers × 2 × 2 KV heads × 32 × 4 bytes
+    × its 128 positions."""
+    from model.serving.disaggregated import worker_bytes
+
+    assert worker_bytes(small, 16) == (small.facts.held_bytes, 4 * 2 * 2 * 32 * 4 * 128)
+
+
 def test_a_two_worker_run_listens_on_the_loopback_only(small, one_process):
     """faults review 2026-12-04 #11: the pair's TCPStore listened on every interface (*:PORT) although given
     127.0.0.1; the pair now meets through a file in a private folder, and gloo listens on 127.0.0.1."""

@@ -134,6 +134,28 @@ def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_co
     assert page.count(f"<td>{text('paged.same', 'en')}</td>") == len(run.requests) + 2
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_before_a_start_the_workers_mode_says_what_a_worker_costs_and_the_cap(lang, monkeypatch):
+    """faults 2026-12-04 #2: the page said the cap (DECODE_LAB_MAX_WORKERS) only once it was full, and never what
+    a worker holds (the model again, a KV cache for a whole context); a cap that is no whole number was a ValueError
+    (now ignored with a log line: the default 2)."""
+    from model.engine.loading import load_model
+    from model.serving.disaggregated import worker_bytes
+    from model.texts import number_in
+
+    monkeypatch.setenv("DECODE_LAB_MAX_WORKERS", "3")
+    at = open_page(lang, tiers_mode="workers")
+    weights, cache = worker_bytes(load_model("small", "cpu"), 16)
+    mib = {name: number_in(b / 2**20, lang, ",.1f") for name, b in
+           {"mib": weights + cache, "weights": weights, "cache": cache}.items()}
+    said = text("tiers.worker_cost", lang).format(**mib, cap=3, live=0)
+    assert said in [c.value for c in at.caption] and "DECODE_LAB_MAX_WORKERS" in said
+    monkeypatch.setenv("DECODE_LAB_MAX_WORKERS", "two")
+    at.run()
+    assert not at.exception and any(text("tiers.worker_cost", lang).split("{cap}")[0].split("}")[-1] in c.value
+                                    for c in at.caption)
+
+
 def test_reset_ends_the_worker_and_a_worker_killed_mid_run_is_said():
     at = workers("vi")
     run = at.session_state["tiers_run"]

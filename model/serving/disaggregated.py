@@ -23,6 +23,7 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import shutil
@@ -41,10 +42,12 @@ import torch
 import torch.distributed as dist
 
 from model.engine.loading import load_model
-from model.engine.runtime import NativeModel
+from model.engine.runtime import LoadedModel, NativeModel
 from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
 from model.serving.paged_server import PagedServer, PagedSettings, PagedStep, Sequence
 from model.serving.scheduler import Request, StepProgress
+
+log = logging.getLogger(__name__)
 
 STARTUP_S = 180.0     # the worker's import and model load, at most
 TRANSFER_S = 60.0     # torch.distributed's timeout: a transfer that takes longer fails (the worker is taken as dead)
@@ -162,9 +165,33 @@ _live_workers: set[int] = set()  # the pids of this process's prefill workers, a
 _workers_lock = threading.Lock()
 
 
+DEFAULT_MAX_WORKERS = 2
+_said_ignored: set[str] = set()  # the DECODE_LAB_MAX_WORKERS values already logged as ignored
+
+
 def max_workers() -> int:
-    """The most prefill workers this process runs at once (DECODE_LAB_MAX_WORKERS, default 2)."""
-    return max(0, int(os.environ.get("DECODE_LAB_MAX_WORKERS", "2")))
+    """The most prefill workers this process runs at once (DECODE_LAB_MAX_WORKERS, default 2; a value that is no
+    whole number is ignored, with a log line once, and the default holds)."""
+    value = os.environ.get("DECODE_LAB_MAX_WORKERS", "").strip()
+    if not value:
+        return DEFAULT_MAX_WORKERS
+    try:
+        return max(0, int(value))
+    except ValueError:
+        if value not in _said_ignored:
+            _said_ignored.add(value)
+            log.warning("DECODE_LAB_MAX_WORKERS=%r is no whole number: ignored, at most %d prefill workers", value,
+                        DEFAULT_MAX_WORKERS)
+        return DEFAULT_MAX_WORKERS
+
+
+def worker_bytes(model: LoadedModel, block_size: int) -> tuple[int, int]:
+    """What a prefill worker holds beside its own Python and torch (a SmolLM2 worker's whole process was about
+    1.25 GB): (the model loaded again, its held bytes; its KV cache, blocks for one request of the whole context)."""
+    layout = PagedLayout.of(model.info, block_size)
+    weights = model.facts.held_bytes if model.facts is not None else sum(
+        p.numel() * p.element_size() for p in model.module.parameters())
+    return (weights, layout.request_blocks(model.info.context_length) * layout.block_bytes)
 
 
 def live_workers() -> int:
