@@ -93,6 +93,7 @@ def localised(figure: dict) -> dict:
     if presenter():
         big = dict(size=20, color="#212529")
         layout["font"] = big
+        layout["legend"] = dict(layout.get("legend", {}), font=big)  # Streamlit's theme gives the legend its own size
         for axis in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
             layout[axis] = dict(layout[axis], tickfont=dict(size=18, color="#212529"))
     return dict(figure, layout=layout)
