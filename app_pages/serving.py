@@ -156,8 +156,10 @@ st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roo
                          t("serving.axis_intensity"), "GFLOP/s", t("serving.roofline_alt")))
 product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype == "int8"
            else t("serving.product", dtype=roofs.dtype))
+# the flat roof is torch's product, save int8's: a run whose products are the kernels' is told so
 st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
-             gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device))
+             gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device)
+           + (" " + t("serving.roof_torch") if roofs.dtype != "int8" and is_packed(run_model.module) else ""))
 module = run_model.module
 head = module.lm_head.in_features * module.lm_head.out_features
 st.markdown(t("serving.formulas", weights=number(weight_bytes(module, 1)), kv=number(run_info.cache_bytes_formula(1)),
@@ -184,6 +186,7 @@ if len(decodes) > 1:
 longest = analysis.longest_prefill(server)
 if longest is not None:
     said = dict(n=number(longest.positions), i=decimal(longest.intensity, 2), ridge=decimal(ridge, 2))
+    read = f"{longest.bytes_read / (longest.ms / 1000) / 1e9 / roofs.read_gb_s:.0%}"  # of the read roof
     passes = longest.intensity >= ridge
     if passes:
         st.caption(t("serving.prefill_compute_bound", **said))
@@ -193,8 +196,9 @@ if longest is not None:
             state.serving_ridge_positions = (server, ridge, positions_to_pass(run_model, ridge))
         cross = state.serving_ridge_positions[2]
         passes = cross is not None
-        st.caption(t("serving.prefill_memory_bound", cross=number(cross), **said) if passes
-                   else t("serving.prefill_never_passes", context=number(run_info.context_length), **said))
+        st.caption(t("serving.prefill_memory_bound", cross=number(cross), share=read, **said) if passes
+                   else t("serving.prefill_never_passes", context=number(run_info.context_length), share=read,
+                          **said))
     if passes and decode_memory_bound:  # a prefill can be compute-bound where a small decode step is memory-bound
         st.caption(t("serving.two_designs"))
 

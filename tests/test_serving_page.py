@@ -87,7 +87,11 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
         assert longest.intensity < ridge
         cross = costs.positions_to_pass(server.model, ridge)
         assert cross is not None  # small's context (128) holds a prefill that passes a ridge of 5
-        expected = text("serving.prefill_memory_bound", lang).format(cross=number(cross, lang), **said)
+        # texts review S6: not 'memory still limits it' but what it read of the read roof (small's 8 positions: a
+        # few % of it, the fixed cost per op bounds it)
+        share = f"{longest.bytes_read / (longest.ms / 1000) / 1e9 / roofs[0]:.0%}"
+        expected = text("serving.prefill_memory_bound", lang).format(cross=number(cross, lang), share=share, **said)
+        assert share in expected
     else:
         assert longest.intensity >= ridge
         expected = text("serving.prefill_compute_bound", lang).format(**said)
@@ -162,6 +166,20 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
                                                                 ridge=f"{ridge:.2f}")
     assert note in captions(at)
     assert text("serving.two_designs", "en") not in captions(at)
+    # int8's flat roof is the kernels' own product: no sentence that the run's products are not the roof's
+    assert not any(text("serving.roof_torch", "en") in c for c in captions(at))
+
+
+@needs_kernels
+def test_a_float32_run_in_the_kernels_is_told_its_flat_roof_is_torch_s_matmul(monkeypatch):
+    """texts review S3: the flat roof of float32 and bfloat16 is torch's matmul (on an AMX CPU, bfloat16's is AMX's:
+    985 GFLOP/s against the kernels' 60 here), which the run's products, in the kernels, never use: the machine's
+    caption names torch's product and says the run's products are the kernels'."""
+    pin_roofs(monkeypatch, {"float32": (26.0, 85.0)})
+    at = click(click(open_page("en"), "serving_start"), "serving_run")
+    machine = next(c for c in captions(at) if c.startswith("This machine, measured once"))
+    assert text("serving.product", "en").format(dtype="float32") in machine
+    assert machine.endswith(text("serving.roof_torch", "en"))
 
 
 @needs_kernels
@@ -453,6 +471,28 @@ def test_the_dtype_table_writes_vietnamese_numbers_and_says_a_refused_dtype(monk
             "<td>100,0%</td><td>0,00000</td></tr>") in html
     assert "<td>bfloat16</td><td>20,10</td><td>270,5</td>" in html and "<td>96,4%</td>" in html
     assert refused in captions(at) and any("911 token" in c and "192 token" in c for c in captions(at))
+
+
+def test_the_dtype_table_says_how_many_scored_tokens_the_model_reads_as_unk(monkeypatch):
+    """texts review S5: small's word-level vocabulary lacks most words of assets/quality/vi.txt, so the perplexity
+    (277,649 there) is over <unk> mostly: the caption under the table says how many of the scored tokens are <unk>."""
+    import ui.serving_run
+    from model.serving.measure import DtypeCost
+    from model.serving.quality import DtypeQuality, Quality, held_out
+
+    small = load_model("small", "cpu")
+    ids = small.tokenizer.encode(held_out(small.info.language).text).ids
+    unk = ids[1:].count(small.tokenizer.unk_id)
+    assert unk > len(ids) // 3
+    rows = [DtypeCost("float32", 1.0, 1_000_000, 1.0, 277648.857, 1.0, 0.0)]
+    quality = Quality("small", "assets/quality/vi.txt", len(ids) - 1, 1, 128, 4, 24,
+                      [DtypeQuality("float32", 277648.857, 12.5, 96, 96, 0.0)])
+    monkeypatch.setitem(ui.serving_run._dtype_costs, ("small", "cpu"), (rows, quality, []))
+    pin_roofs(monkeypatch, {"float32": (26.0, 85.0)})
+    for lang in ("vi", "en"):
+        at = click(open_page(lang), "serving_start")
+        said = text("serving.quality_unk", lang).format(unk=number(unk, lang), tokens=number(len(ids) - 1, lang))
+        assert said in captions(at)
 
 
 def test_the_machine_s_read_roof_is_measured_once_for_every_dtype(monkeypatch):

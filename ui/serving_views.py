@@ -17,6 +17,14 @@ from ui.i18n import decimal, number, t
 from ui.widgets import table_html
 
 
+def unknown_tokens(model: LoadedModel) -> int:
+    """How many of the held-out text's scored tokens (all but the first) the model's tokenizer writes as <unk>."""
+    unk = getattr(model.tokenizer, "unk_id", None)
+    if unk is None:
+        return 0
+    return model.tokenizer.encode(held_out(model.info.language).text).ids[1:].count(unk)
+
+
 def dtype_table(model: LoadedModel) -> None:
     """Fewer bits: a row per dtype (B = 1 step, bytes, share of the read roof, perplexity, agreement, KL), measured
     once per model for the process, and what this CPU offers for bf16 and int8."""
@@ -45,6 +53,9 @@ def dtype_table(model: LoadedModel) -> None:
                      read=decimal(read_roof), tokens=number(quality.tokens), text=quality.text,
                      title=held_out(info.language).title, greedy=number(quality.rows[0].greedy_total),
                      prompts=quality.prompts))
+        unk = unknown_tokens(model)
+        if unk:  # a word-level vocabulary that lacks the text's words: the perplexity is over <unk> mostly
+            st.caption(t("serving.quality_unk", unk=number(unk), tokens=number(quality.tokens)))
     if info.device == "cpu":
         st.caption(" ".join(run.cpu_sentences(machine_products())))
 
