@@ -88,10 +88,12 @@ def sidebar_model() -> LoadedModel:
     return shared_model(name, device, allow_download)
 
 
-def page_start(page: str) -> LoadedModel:
-    """A live page's title and intro, then the sidebar's model; the page stops, with the reason, without one."""
+def page_start(page: str, intro: bool = True) -> LoadedModel:
+    """A live page's title and intro (intro=False: the page says it itself, below its key figure), then the
+    sidebar's model; the page stops, with the reason, without one."""
     st.title(t(page + ".title"))
-    st.caption(t(page + ".intro"))
+    if intro:
+        st.caption(t(page + ".intro"))
     model = current_model()
     if model is None:
         st.stop()
