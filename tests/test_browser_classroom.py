@@ -39,7 +39,8 @@ SMALL_TEXT = """() => {
   };
   const main = document.querySelector("[data-testid='stMain']");
   for (const el of main.querySelectorAll('*')) {
-    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.trim());
+    // zero-width spaces draw nothing (KaTeX's struts hold one at 1 px in every formula)
+    const own = [...el.childNodes].some(n => n.nodeType === 3 && n.textContent.replace(/\u200b/g, '').trim());
     if (!own || !visible(el)) continue;
     let size = parseFloat(getComputedStyle(el).fontSize);
     if (el instanceof SVGElement && el.ownerSVGElement) {
