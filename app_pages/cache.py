@@ -1,4 +1,7 @@
-"""Cache vs recompute: positions processed by the formula and by the real run, and measured time per token."""
+"""Cache vs recompute: positions processed by the formula and by the real run, and measured time per token.
+
+The key figure is the two counts for the chosen N and T (with and without the cache) and their running totals;
+N, T and the lesson's presets sit in one row above it, the explanation below it."""
 
 import streamlit as st
 
@@ -6,9 +9,10 @@ from model.engine.counting import cumulative_positions, positions_with_cache, po
 from model.serving.costs import weight_bytes
 from model.serving.timing import contexts_for, percentile, time_per_token
 from ui import charts
+from ui.classroom import key_figure, localised, why
 from ui.controls import cache_by_layer_kind
 from ui.errors import guarded
-from ui.i18n import number, t
+from ui.i18n import decimal, number, t
 from ui.models import current_model
 from ui.predict import cache_guess, cache_revealed
 from ui.run import generation
@@ -21,32 +25,40 @@ def apply_preset(n: int, new_tokens: int) -> None:
     st.session_state.count_n, st.session_state.count_t = n, new_tokens
 
 
-st.title(t("cache.title"))
-st.caption(t("cache.intro"))
+def ms(value: float) -> str:
+    return decimal(value, 3)
 
-st.subheader(t("cache.formula"))
-c1, c2 = st.columns(2)
+
+st.title(t("cache.title"))
+c1, c2, c3 = st.columns([2, 2, 3], vertical_alignment="bottom")
 c1.slider(t("cache.n"), 1, 200, key="count_n")
 c2.slider(t("cache.t"), 1, 200, key="count_t")
-with st.container(horizontal=True):  # buttons as wide as their labels: in narrow columns the labels were cut
+with c3, st.container(horizontal=True, vertical_alignment="center"):  # buttons as wide as their labels
     for name, (n, new) in PRESETS.items():
-        st.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new))
-st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help_cache"))
+        st.button(t("cache.preset", n=n, t=new), key=f"preset_{name}", on_click=apply_preset, args=(n, new),
+                  help=t("cache.preset_help"))
+    st.toggle(t("predict.toggle"), key="predict_on", help=t("predict.help_cache"))
 n, new = st.session_state.count_n, st.session_state.count_t
-if st.session_state.predict_on:
-    cache_guess(n, new)  # the guesses first; the numbers below only once revealed for this N and T
-if not st.session_state.predict_on or cache_revealed(n, new):
-    with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
-    m1, m2, m3 = st.columns(3)
-    m1.metric(t("cache.with"), with_cache, help=t("cache.with_formula", n=n, t=new))
-    m2.metric(t("cache.without"), without_cache, help=t("cache.without_formula", n=n, t=new))
-    m3.metric(t("cache.ratio"), f"{without_cache / with_cache:.2f}×")
-    st.markdown(t("cache.explain", n=n, t=new, with_cache=with_cache, without_cache=without_cache,
-                  last=n + new - 1))
-    running_with, running_without = cumulative_positions(n, new)
-    st.plotly_chart(charts.lines(list(range(1, new + 1)), {t("cache.with"): running_with,
-                                                           t("cache.without"): running_without},
-                                 t("cache.axis_token"), t("cache.axis_positions")), key="cache_counts")
+shown = not st.session_state.predict_on or cache_revealed(n, new)
+with key_figure():
+    if st.session_state.predict_on:
+        cache_guess(n, new)  # the guesses first; the numbers below only once revealed for this N and T
+    if shown:
+        with_cache, without_cache = positions_with_cache(n, new), positions_without_cache(n, new)
+        m1, m2, m3 = st.columns(3)
+        m1.metric(t("cache.with"), number(with_cache), help=t("cache.with_formula", n=n, t=new))
+        m2.metric(t("cache.without"), number(without_cache), help=t("cache.without_formula", n=n, t=new))
+        m3.metric(t("cache.ratio"), decimal(without_cache / with_cache, 2) + "×")
+        running_with, running_without = cumulative_positions(n, new)
+        st.plotly_chart(localised(charts.lines(list(range(1, new + 1)), {t("cache.with"): running_with,
+                                                                         t("cache.without"): running_without},
+                                               t("cache.axis_token"), t("cache.axis_positions"), height=300)),
+                        key="cache_counts")
+with why("cache"):
+    if shown:
+        st.markdown(t("cache.explain", n=n, t=new, with_cache=number(with_cache),
+                      without_cache=number(without_cache), last=n + new - 1))
+    st.caption(t("cache.intro"))
 
 st.subheader(t("cache.your_run"))
 model = current_model()
@@ -57,11 +69,12 @@ if gen is None:
     st.info(t("cache.no_run"))
 else:
     r1, r2, r3, r4 = st.columns(4)
-    r1.metric(t("cache.prompt_len"), len(gen.prompt_ids))
-    r2.metric(t("cache.new_tokens"), len(gen.new_ids))
-    r3.metric(t("cache.with"), gen.positions_with_cache)
-    r4.metric(t("cache.without"), gen.positions_without_cache)
-    st.caption(t("cache.your_run_note", cache=gen.cache.length, fed=sum(len(s.input_ids) for s in gen.steps)))
+    r1.metric(t("cache.prompt_len"), number(len(gen.prompt_ids)))
+    r2.metric(t("cache.new_tokens"), number(len(gen.new_ids)))
+    r3.metric(t("cache.with"), number(gen.positions_with_cache))
+    r4.metric(t("cache.without"), number(gen.positions_without_cache))
+    st.caption(t("cache.your_run_note", cache=number(gen.cache.length),
+                 fed=number(sum(len(s.input_ids) for s in gen.steps))))
     by_kind = cache_by_layer_kind(model.info.cache_shape, gen.cache.length, gen.cache.nbytes())
     if by_kind:
         st.markdown(by_kind)
@@ -78,7 +91,7 @@ st.subheader(t("cache.measured"))
 info = model.info
 contexts = contexts_for(model)
 conditions = t("cache.conditions", model=info.name, device=info.device, dtype=info.dtype,
-               contexts=", ".join(map(str, contexts)))
+               contexts=", ".join(map(number, contexts)))
 st.caption(conditions)
 if st.button(t("cache.measure"), key="measure", type="primary", icon=":material/timer:"):
     bar = st.progress(0.0, text=t("cache.measuring"))
@@ -88,17 +101,16 @@ if st.button(t("cache.measure"), key="measure", type="primary", icon=":material/
         st.session_state.bench_result = (conditions, rows)
 if st.session_state.bench_result is not None:
     measured_conditions, rows = st.session_state.bench_result
-    table = [{t("cache.context"): r.context,
-              t("cache.cached_p50"): round(percentile(r.cached_ms, 50), 3),
-              t("cache.cached_p95"): round(percentile(r.cached_ms, 95), 3),
-              t("cache.recompute_p50"): round(percentile(r.recompute_ms, 50), 3),
-              t("cache.recompute_p95"): round(percentile(r.recompute_ms, 95), 3),
-              t("cache.speedup"): f"{r.speedup:.1f}×"} for r in rows]
-    left, right = st.columns([3, 2])
-    left.plotly_chart(charts.lines([r.context for r in rows], {
+    # the whole main column's width: the six columns fit at 1280 px (beside the chart they were cut off)
+    st.plotly_chart(localised(charts.lines([r.context for r in rows], {
         t("cache.cached_p50"): [percentile(r.cached_ms, 50) for r in rows],
         t("cache.recompute_p50"): [percentile(r.recompute_ms, 50) for r in rows]},
-        t("cache.context"), "ms"), key="cache_timing")
-    right.dataframe(table, hide_index=True)
-    right.caption(measured_conditions)
-    right.caption(t("cache.timing_note"))
+        t("cache.context"), "ms")), key="cache_timing")
+    st.dataframe([{t("cache.context"): number(r.context),
+                   t("cache.cached_p50"): ms(percentile(r.cached_ms, 50)),
+                   t("cache.cached_p95"): ms(percentile(r.cached_ms, 95)),
+                   t("cache.recompute_p50"): ms(percentile(r.recompute_ms, 50)),
+                   t("cache.recompute_p95"): ms(percentile(r.recompute_ms, 95)),
+                   t("cache.speedup"): decimal(r.speedup, 1) + "×"} for r in rows], hide_index=True)
+    st.caption(measured_conditions)
+    st.caption(t("cache.timing_note"))

@@ -1,5 +1,9 @@
 """Flash Attention, live: one head of a real prefill attended tile by tile with an online softmax, checked
-against softmax(QKᵀ/√d_head)·V; then the bytes of the score matrix and of the traffic to main memory.
+against softmax(QKᵀ/√d_head)·V; then, folded, the bytes of the score matrix and of the traffic to main memory.
+
+The key figure is the tile grid and its walk. Before any prefill the page walks its own example sentence (long
+enough that a tile holds several scores), so it never opens empty; a prefill in the folded prompt form walks that
+run's prompt instead.
 
 The tile walk is a fragment of four buttons and one piece of HTML with two SVG charts, as on the Decode page: the
 browser's work per click grows with the number of elements it redraws (benchmarks/click_latency.py).
@@ -18,11 +22,13 @@ from model.engine.flash import (
     tiled_traffic_bytes,
     walk_head,
 )
+from model.engine.generate import encode_prompt, parse_prompt_ids
 from ui import svg
+from ui.classroom import key_figure, settings, why
 from ui.controls import layer_head_selectors, prompt_form
 from ui.errors import guarded
-from ui.i18n import t
-from ui.models import page_start
+from ui.i18n import decimal, number, t
+from ui.models import current_model
 from ui.run import generation
 from ui.widgets import BACK_KEY, NEXT_KEY, box_html, legend_html, paragraph_html, table_html
 
@@ -48,23 +54,33 @@ def span(bounds: tuple[int, int]) -> str:
     return str(bounds[0]) if bounds[1] - bounds[0] == 1 else f"{bounds[0]}–{bounds[1] - 1}"
 
 
-def number(x: float) -> str:
-    return "−∞" if x == float("-inf") else f"{x:.3f}"
+def score(x: float) -> str:
+    return "−∞" if x == float("-inf") else decimal(x, 3)
 
 
-model = page_start("flash")
+def example_ids(model) -> list[int]:
+    """The page's own prompt before any prefill: the form's ids on a model prompted by ids (micro), else the
+    example sentence of the page's language."""
+    if st.session_state.prompt_mode == "ids":
+        return parse_prompt_ids(model, st.session_state.prompt_ids_text)
+    return encode_prompt(model, t("flash.example")).ids
+
+
+st.title(t("flash.title"))
+model = current_model()
+if model is None:
+    st.stop()
 info, tok = model.info, model.tokenizer
 if not hasattr(model, "attention_inputs"):
     st.warning(t("flash.no_qkv", name=info.name))
     st.stop()
-with st.expander(t("flash.prompt"), expanded=generation(model) is None):
+with settings("flash"):
     prompt_form(model)
 gen = generation(model)
-if gen is None:
-    st.info(t("flash.press_prefill"))
+ids = gen.prompt_ids if gen is not None else guarded(lambda: example_ids(model))
+if ids is None:
     st.stop()
-
-ids, n = gen.prompt_ids, len(gen.prompt_ids)
+n = len(ids)
 choices = block_size_choices(n)
 if st.session_state.flash_for != tuple(ids) or st.session_state.flash_block not in choices:
     # a new prompt: a block size scaled to it, and the walk from its first tile
@@ -83,8 +99,8 @@ if result is None:
     st.stop()
 steps, read = result.walk.steps, result.read_steps  # the walk visits only the tiles it reads
 labels = [f"{p}:{tok.token(i)}" for p, i in enumerate(ids)]
-st.subheader(t("flash.walk"))
-st.caption(t("flash.using_prompt", n=n, layer=layer, head=head, kv=result.kv_head, d=info.d_head))
+st.markdown(t("flash.using_prompt" if gen is not None else "flash.using_example", n=n, layer=layer, head=head,
+              kv=result.kv_head, d=info.d_head))
 
 
 @st.fragment
@@ -120,8 +136,8 @@ def tile_html(index: int, last: int) -> str:
     m_before, l_before, alpha = result.before(read[index])
     stats = table_html(
         [t("flash.col_query"), t("flash.col_tile_max"), t("flash.col_m"), t("flash.col_alpha"), t("flash.col_l")],
-        [[labels[r], number(step.scores[i].max()), f"{number(m_before[i])} → {number(step.row_max[i])}",
-          number(alpha[i]), f"{number(l_before[i])} → {number(step.row_sum[i])}"]
+        [[labels[r], score(step.scores[i].max()), f"{score(m_before[i])} → {score(step.row_max[i])}",
+          score(alpha[i]), f"{score(l_before[i])} → {score(step.row_sum[i])}"]
          for i, r in enumerate(range(*step.q_rows))])
     tile = (paragraph_html(t("flash.position", step=index + 1, total=last + 1, qb=step.q_block, kb=step.k_block,
                              rows=rows, cols=cols))
@@ -132,61 +148,66 @@ def tile_html(index: int, last: int) -> str:
             + paragraph_html(t("flash.stats_caption"), "dl-caption")
             + paragraph_html("**" + t("flash.partial") + "**")
             + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"))
-            + paragraph_html(t("flash.partial_caption", gap=f"{result.gap(step):.3g}"), "dl-caption"))
+            + paragraph_html(t("flash.partial_caption", gap=number(result.gap(step), ".3g")), "dl-caption"))
     return f'<div class="dl-grid"><div>{grid}</div><div>{tile}</div></div>'
 
 
-tile_walk()
-st.latex(t("flash.latex_update"))
+with key_figure():
+    tile_walk()
+with why("flash"):
+    st.latex(t("flash.latex_update"))
+    st.caption(t("flash.intro"))
 
 st.subheader(t("flash.check"))
 passed = result.max_abs_diff <= result.tolerance
+diff = number(result.max_abs_diff, ".2e")
 m1, m2 = st.columns([1, 4])
-m1.metric(t("flash.check_metric"), f"{result.max_abs_diff:.2e}", help=t("flash.check_help"))
+m1.metric(t("flash.check_metric"), diff, help=t("flash.check_help"))
 with m2:
     (st.success if passed else st.error)(t(
         "flash.check_result_pass" if passed else "flash.check_result_fail", block=block, tiles=len(steps),
-        skipped=len(steps) - len(read), n=n, diff=f"{result.max_abs_diff:.2e}", tol=f"{result.tolerance:.2g}"))
+        skipped=len(steps) - len(read), n=n, diff=diff, tol=number(result.tolerance, ".2g")))
     if n % block:
         st.info(t("flash.ragged", n=n, block=block, rest=n % block))
 
-st.subheader(t("flash.memory"))
-st.latex(t("flash.latex_memory"))
-st.caption(t("flash.memory_legend"))
-b = info.bytes_per_element
-score_now, tile_now = score_matrix_bytes(n, b), tile_buffer_bytes(block, block, info.d_head, b)
-st.markdown(t("flash.memory_now", n=n, d=info.d_head, block=block, dtype=info.dtype, b=b))
-n1, n2, n3 = st.columns(3)
-n1.metric(t("flash.score_metric"), human_bytes(score_now, t("flash.decimal")), help=size(score_now))
-n2.metric(t("flash.tile_metric"), human_bytes(tile_now, t("flash.decimal")), help=size(tile_now))
-n3.metric(t("flash.ratio_metric"), f"{score_now / tile_now:.2f}×")
-if score_now < tile_now:
-    st.caption(t("flash.small_note"))
+with st.expander(t("flash.memory"), key="flash_memory_more"):
+    st.latex(t("flash.latex_memory"))
+    st.caption(t("flash.memory_legend"))
+    b = info.bytes_per_element
+    score_now, tile_now = score_matrix_bytes(n, b), tile_buffer_bytes(block, block, info.d_head, b)
+    st.markdown(t("flash.memory_now", n=n, d=info.d_head, block=block, dtype=info.dtype, b=b))
+    n1, n2, n3 = st.columns(3)
+    n1.metric(t("flash.score_metric"), human_bytes(score_now, t("flash.decimal")), help=size(score_now))
+    n2.metric(t("flash.tile_metric"), human_bytes(tile_now, t("flash.decimal")), help=size(tile_now))
+    n3.metric(t("flash.ratio_metric"), decimal(score_now / tile_now, 2) + "×")
+    if score_now < tile_now:
+        st.caption(t("flash.small_note"))
 
-st.markdown("**" + t("flash.at_scale") + "**")
-i1, i2, i3 = st.columns(3)
-big_n = i1.number_input(t("flash.custom_n"), min_value=1, max_value=1 << 20, step=1024, key="flash_custom_n",
-                        help=t("flash.custom_n_help"))
-d = i2.number_input(t("flash.custom_d"), min_value=1, max_value=1024, key="flash_custom_d")
-big_b = i3.selectbox(t("flash.custom_block"), BLOCK_SIZES, key="flash_custom_block",
-                     format_func={x: f"{x} × {x}" for x in BLOCK_SIZES}.get)
-st.dataframe([{t("flash.col_precision"): name, t("flash.col_score"): size(score_matrix_bytes(big_n, nbytes)),
-               t("flash.col_tile"): size(tile_buffer_bytes(big_b, big_b, d, nbytes))}
-              for name, nbytes in PRECISIONS.items()], hide_index=True)
+    st.markdown("**" + t("flash.at_scale") + "**")
+    i1, i2, i3 = st.columns(3)
+    big_n = i1.number_input(t("flash.custom_n"), min_value=1, max_value=1 << 20, step=1024, key="flash_custom_n",
+                            help=t("flash.custom_n_help"))
+    d = i2.number_input(t("flash.custom_d"), min_value=1, max_value=1024, key="flash_custom_d")
+    big_b = i3.selectbox(t("flash.custom_block"), BLOCK_SIZES, key="flash_custom_block",
+                         format_func={x: f"{x} × {x}" for x in BLOCK_SIZES}.get)
+    st.dataframe([{t("flash.col_precision"): name, t("flash.col_score"): size(score_matrix_bytes(big_n, nbytes)),
+                   t("flash.col_tile"): size(tile_buffer_bytes(big_b, big_b, d, nbytes))}
+                  for name, nbytes in PRECISIONS.items()], hide_index=True)
 
-st.subheader(t("flash.traffic"))
-st.markdown(t("flash.traffic_intro"))
-st.markdown(t("flash.naive_label"))
-st.latex(t("flash.latex_naive"))
-st.markdown(t("flash.tiled_label"))
-st.latex(t("flash.latex_tiled"))
-traffic = {}
-for name, nbytes in PRECISIONS.items():
-    traffic[name, "naive"] = naive_traffic_bytes(big_n, d, nbytes)
-    traffic[name, "tiled"] = tiled_traffic_bytes(big_n, d, big_b, nbytes)
-st.dataframe([{t("flash.col_method"): t("flash.method_" + method), t("flash.col_precision"): name,
-               t("flash.col_read"): size(x.read_bytes), t("flash.col_written"): size(x.written_bytes),
-               t("flash.col_total"): size(x.total)} for (name, method), x in traffic.items()], hide_index=True)
-ratio = traffic["float16", "naive"].total / traffic["float16", "tiled"].total
-st.metric(t("flash.traffic_ratio"), f"{ratio:.1f}×", help=f"N = {big_n}, d_head = {d}, B = {big_b}")
-st.caption(t("flash.traffic_note"))
+with st.expander(t("flash.traffic"), key="flash_traffic_more"):
+    st.markdown(t("flash.traffic_intro"))
+    st.markdown(t("flash.naive_label"))
+    st.latex(t("flash.latex_naive"))
+    st.markdown(t("flash.tiled_label"))
+    st.latex(t("flash.latex_tiled"))
+    traffic = {}
+    for name, nbytes in PRECISIONS.items():
+        traffic[name, "naive"] = naive_traffic_bytes(big_n, d, nbytes)
+        traffic[name, "tiled"] = tiled_traffic_bytes(big_n, d, big_b, nbytes)
+    st.dataframe([{t("flash.col_method"): t("flash.method_" + method), t("flash.col_precision"): name,
+                   t("flash.col_read"): size(x.read_bytes), t("flash.col_written"): size(x.written_bytes),
+                   t("flash.col_total"): size(x.total)} for (name, method), x in traffic.items()], hide_index=True)
+    ratio = traffic["float16", "naive"].total / traffic["float16", "tiled"].total
+    st.metric(t("flash.traffic_ratio"), decimal(ratio, 1) + "×",
+              help=f"N = {number(big_n)}, d_head = {number(d)}, B = {number(big_b)}")
+    st.caption(t("flash.traffic_note"))

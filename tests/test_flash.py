@@ -192,7 +192,7 @@ def test_bad_block_size_or_no_keys_is_refused():
 
 
 @pytest.mark.parametrize(
-    "n, expected", [(0, 1), (1, 1), (5, 1), (6, 2), (13, 4), (64, 16), (512, 128), (10**5, 128)]
+    "n, expected", [(0, 1), (1, 1), (2, 1), (3, 2), (5, 2), (6, 2), (13, 4), (64, 16), (512, 128), (10**5, 128)]
 )
 def test_default_block_size(n, expected):
     assert default_block_size(n) == expected

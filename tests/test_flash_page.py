@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from model.engine.flash import block_size_choices, default_block_size, human_bytes
+from model.texts import text
 
 TIMEOUT = 60
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -53,19 +54,36 @@ def tile_info(at: AppTest) -> str:
 
 
 def max_abs_diff(at: AppTest) -> float:
-    return float(next(m.value for m in at.metric if m.label == "max |Δ|"))
+    return float(next(m.value for m in at.metric if m.label == "max |Δ|").replace(",", "."))
 
 
-def test_the_page_asks_for_a_prefill_first():
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_before_any_prefill_the_page_walks_its_example_sentence(lang):
+    """The page never opens empty: without a run it walks its own example (12 tokens on small, 4 × 4 tiles), says
+    so, and points at the prefill that walks a prompt of one's own; no run is made for the other pages."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.session_state["model_name"], at.session_state["device"] = "micro", "cpu"
-    at.session_state["prompt_mode"] = "ids"
+    at.session_state["lang"], at.session_state["model_name"], at.session_state["device"] = lang, "small", "cpu"
     at.run()
     at.switch_page(PAGE)
     at.run()
     assert not at.exception and not at.error
-    assert not [b for b in at.button if b.key == "flash_next"]
-    assert any("prefill" in i.value for i in at.info)
+    assert at.session_state["generation"] is None
+    assert at.session_state["flash_block"] == 4 and at.button(key="flash_next")
+    assert tile_info(at).startswith("Đang đọc tile **1/6**" if lang == "vi" else "Tile read **1/6**")
+    example = text("flash.using_example", lang).split("{")[0]
+    assert any(m.value.startswith(example) and "N = 12" in m.value for m in at.markdown)
+    assert max_abs_diff(at) <= 1e-5
+
+
+def test_a_three_token_prompt_walks_tiles_of_two():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["model_name"], at.session_state["device"], at.session_state["lang"] = "small", "cpu", "vi"
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    click(at, "run_prefill")  # small's own example prompt, "con mèo": <bos> and two words
+    assert len(at.session_state["generation"].prompt_ids) == 3 and at.session_state["flash_block"] == 2
+    assert tile_info(at).startswith("Đang đọc tile **1/3**")
 
 
 @pytest.mark.parametrize("model", ["micro", "small"])
@@ -219,15 +237,14 @@ def fresh_app_server():
 
 @pytest.mark.browser
 def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_server, browser_page, artifacts):
-    """The first request the server sees is /flash: app.py must run it (navigation, sidebar, language), then
-    prefill and three clicks on Next move the tile three times."""
+    """The first request the server sees is /flash: app.py must run it (navigation, sidebar, language) and it opens
+    on its example sentence's walk; three clicks on Next move the tile three times."""
     from playwright.sync_api import expect
 
     page = browser_page
     page.goto(f"{fresh_app_server}/flash?lang=vi")
     expect(page.get_by_test_id("stSidebarNav")).to_contain_text("Bản đồ 22 ô", timeout=60_000)
     expect(page.get_by_role("heading", name="Flash Attention, chạy thật")).to_be_visible()
-    page.get_by_role("button", name="Chạy prefill").click()
     tile = page.get_by_text(re.compile(r"^Đang đọc tile \d+/\d+"))
     expect(tile).to_contain_text("Đang đọc tile 1/", timeout=60_000)
     total = int(re.search(r"/(\d+)", tile.inner_text()).group(1))

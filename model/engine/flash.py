@@ -158,8 +158,9 @@ def tiled_attention(
 
 
 def default_block_size(n: int) -> int:
-    """A power of two near n/4, between 1 and 128, so a prompt of n tokens walks a handful of tiles."""
-    return min(128, 2 ** round(math.log2(max(n / 4, 1))))
+    """A power of two near n/4, between 1 and 128, so a prompt of n tokens walks a handful of tiles; at least 2
+    from 3 tokens on, so a tile groups several scores (two tokens keep 1 × 1 tiles: a 2 × 2 one would be all)."""
+    return min(128, 2 ** round(math.log2(max(n / 4, 1 if n <= 2 else 2))))
 
 
 # -----------------------------------------------------------------------------
