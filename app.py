@@ -6,16 +6,18 @@ no session defaults) until some visitor has opened the home page.
 """
 
 import shutil
+from urllib.parse import unquote, urlsplit
 
 import streamlit as st
+from streamlit import config
 
 import ui.preload  # noqa: F401  (first: what the pages draw with is imported before any page runs)
 from model.weights.catalog import BUNDLED, FETCHED, list_models, settings
 from ui.classroom import init_presenter, presenter, presenter_style, presenter_toggle
 from ui.i18n import init_language, labels, lang, t
-from ui.pages import DEFAULT_PAGE, PAGES
+from ui.pages import DEFAULT_PAGE, PAGES, page
 from ui.state import init_state, on_model_change
-from ui.widgets import CSS, choice, warn_before_leaving
+from ui.widgets import CSS, choice, md_escape, warn_before_leaving
 
 init_presenter()
 # presenter mode folds the sidebar away (its arrow brings it back)
@@ -54,8 +56,30 @@ st.query_params["lang"] = lang()
 warn_before_leaving(st.session_state.generation is not None)
 presenter_style()
 
-pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path=p.url, default=p.url == DEFAULT_PAGE)
-         for p in PAGES]
-st.navigation(pages).run()
+
+def asked_address() -> str:
+    """The address the browser asked for, below the app's base path: "" for /, "decode" for /decode."""
+    url = st.context.url  # the browser's, without its query
+    if not url:
+        return ""
+    parts = unquote(urlsplit(url).path).strip("/").split("/")
+    base = [part for part in config.get_option("server.baseUrlPath").split("/") if part]
+    return "/".join(parts[len(base):] if parts[:len(base)] == base else parts)
+
+
+# the map lives at /, and answers /map too; an address the app does not have (one segment: Streamlit takes no
+# nested ones) opens the map as well, with a sentence in the session's language instead of Streamlit's English
+# "Page not found"
+asked = asked_address()
+unknown = asked not in {"", *(p.url for p in PAGES)} and "/" not in asked
+map_spec = page(DEFAULT_PAGE)
+pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path="" if p is map_spec else p.url,
+                 default=p is map_spec) for p in PAGES]
+pages += [st.Page(map_spec.path, title=t(map_spec.title_key), icon=map_spec.icon, url_path=address,
+                  visibility="hidden") for address in [map_spec.url] + ([asked] if unknown else [])]
+shown = st.navigation(pages)
+if unknown and shown.url_path == asked:
+    st.info(t("nav.not_found", path=md_escape("/" + asked)))
+shown.run()
 # the page ran to its end: a whole-page run a fragment asked for is done (ui.reruns.rerun_whole_page)
 st.session_state.whole_page_due = False
