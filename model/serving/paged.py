@@ -140,6 +140,13 @@ class PagedCache:
         self.pool.reset()
         self.tables.clear()
 
+    def release(self) -> None:
+        """The pool's memory let go now (a run that ends: its session closed, not at a garbage collection): K and V
+        of no block; the cache takes no more steps."""
+        self.keys, self.values = (store.new_empty(*store.shape[:2], 0, *store.shape[3:])
+                                  for store in (self.keys, self.values))
+        self.tables.clear()
+
 
 class PagedPass:
     """One forward's writes and reads over a PagedCache: `rows` side by side, each request's rows reading its own

@@ -225,9 +225,11 @@ class PagedServer:
         self.running, self.steps, self.plan, self.clock_ms = [], [], None, 0.0
 
     def close(self) -> None:
-        """The tier's file deleted (a run that ends keeps none)."""
+        """The tier's file deleted and the pool's memory let go (a run that ends keeps neither): the server takes no
+        more steps."""
         if self.offload is not None:
             self.offload.close()
+        self.cache.release()
 
     # -- blocks ----------------------------------------------------------------------------------------------------
 
