@@ -167,3 +167,33 @@ def test_a_two_worker_run_listens_on_the_loopback_only(small, one_process):
         assert listening and all(address.startswith("127.0.0.1:") for address in listening), listening
     finally:
         server.close()
+
+
+def test_one_gpu_pairs_over_gloo_through_host_memory_and_two_gpus_over_nccl_each_worker_on_its_own(monkeypatch):
+    """texts review T3: on a one-GPU machine both ranks were put on one device and NCCL was chosen, which NCCL refuses
+    (NVIDIA/nccl#418, "Duplicate GPU detected"): with fewer than two GPUs the pair uses gloo through host memory, the
+    worker sharing the GPU; with two or more the worker takes the next GPU and the pair uses NCCL (checked on a CPU
+    machine by setting torch's device count)."""
+    import torch
+
+    from model.serving.disaggregated import Pairing, backend, pairing
+
+    assert pairing(torch.device("cpu")) == Pairing("gloo", "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert backend(torch.device("cuda", 0)) == "gloo"
+    assert pairing(torch.device("cuda", 0)) == Pairing("gloo", "cuda:0") and pairing(torch.device("cuda")).host_copies
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert pairing(torch.device("cuda")) == Pairing("nccl", "cuda:1")
+    assert pairing(torch.device("cuda", 1)) == Pairing("nccl", "cuda:0")
+    assert not pairing(torch.device("cuda", 1)).host_copies
+
+
+def test_a_run_says_which_backend_ran_and_where_the_worker_was(small, one_process):
+    requests, settings, _ = one_process
+    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    try:
+        assert server.pairing.backend == "gloo" and server.pairing.worker_device == "cpu"
+        assert server.worker.pairing == server.pairing
+    finally:
+        server.close()

@@ -129,6 +129,7 @@ def test_disaggregate_sends_the_formula_s_bytes_and_compares_with_one_process(ru
     report = served(run_cli, "--queue", "mixed", "--disaggregate")
     transfer, one = report["transfer"], report["transfer"]["one_process"]
     assert transfer["alone"] is None and transfer["backend"] == "gloo" and transfer["prompts"] == 16
+    assert transfer["worker_device"] == "cpu"  # which backend ran and where the worker was, said (texts review T3)
     # small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes a position, every prompt position of the 16 requests
     prompts = sum(len(r["prompt_ids"]) for r in report["requests"])
     assert transfer["bytes"] == transfer["bytes_formula"] == 2048 * prompts

@@ -5,11 +5,13 @@ the decode worker, writes them into blocks of its pool and decodes (paged_server
 "received").
 
 - Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
-  values and logits come back over torch.distributed (gloo on a CPU, NCCL between GPUs): send / recv, rank 1 to
-  rank 0, in a process group of the pair's own (a FileStore in a private temporary folder), not the
-  process's one default group, so that each session's worker has its own and several run at once. The pipe says
-  when a prompt is ready, so that this process only calls `recv` for a tensor already sent and never waits on a
-  worker that is gone.
+  values and logits come back over torch.distributed: send / recv, rank 1 to rank 0, in a process group of the pair's
+  own (a FileStore in a private temporary folder), not the process's one default group, so that each session's worker
+  has its own and several run at once. The backend (pairing): NCCL where the worker can have a GPU of its own (two
+  or more GPUs: the next one); gloo, through host memory, on a CPU and on a one-GPU machine, where the worker shares
+  the GPU (NCCL refuses two ranks on one device, "Duplicate GPU detected": NVIDIA/nccl#418). The pipe says when a
+  prompt's keys and values are ready, so that this process only calls `recv` for a tensor the worker is sending
+  and never waits on a worker that is gone.
 - What is sent is what the cache formula counts (counting.cache_bytes_formula, ModelInfo.cache_bytes_formula): per
   layer its keys and values of the prompt's positions, a sliding layer's last `window` of them (Gemma 3), the pool's
   dtype: layers × 2 × KV heads × head dim × positions × bytes. Each transfer's bytes are counted from the tensors
@@ -54,15 +56,48 @@ TRANSFER_S = 60.0     # torch.distributed's timeout: a transfer that takes longe
 POLL_S = 0.05
 
 
+@dataclass(frozen=True)
+class Pairing:
+    """How the two workers are joined: torch.distributed's backend and the prefill worker's device."""
+    backend: str          # "nccl" | "gloo"
+    worker_device: str    # "cpu", "cuda", "cuda:1"…
+
+    @property
+    def host_copies(self) -> bool:
+        """Whether the tensors go through host memory (gloo) rather than GPU to GPU."""
+        return self.backend == "gloo"
+
+
+def pairing(device: torch.device) -> Pairing:
+    """NCCL needs a GPU per rank (two ranks on one GPU are refused, NVIDIA/nccl#418): on a machine with two or more
+    GPUs the worker takes the one after this process's and the pair uses NCCL; with one GPU (or on a CPU) the worker
+    shares this process's device and the pair uses gloo, its tensors copied through host memory."""
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count >= 2:
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            return Pairing("nccl", f"cuda:{(index + 1) % count}")
+    return Pairing("gloo", str(device))
+
+
 def backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    return pairing(device).backend
 
 
-def pair_group(store: dist.Store, rank: int, device: torch.device):
+def pair_group(store: dist.Store, rank: int, backend_name: str):
     """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through `store`."""
-    if backend(device) == "nccl":
+    if backend_name == "nccl":
         return dist.ProcessGroupNCCL(store, rank, 2)
     return dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=TRANSFER_S))
+
+
+def worker_device(device: str) -> str:
+    """The device string load_model takes for the worker's `device`: a numbered GPU made the current one first
+    ("cuda:1" loads as "cuda" on GPU 1)."""
+    if device.startswith("cuda:"):
+        torch.cuda.set_device(int(device.split(":")[1]))
+        return "cuda"
+    return device
 
 
 def held_positions(layout: PagedLayout, n: int) -> list[int]:
@@ -82,18 +117,20 @@ class Transfer:
     prefill_ms: float     # the prefill worker's forward
 
 
-def prefill_worker(conn, store_file: str, model_name: str, device: str, block_size: int, threads: int) -> None:
-    """Rank 1: load the model, say "ready", join the pair's group, then prefill each prompt it is sent."""
+def prefill_worker(conn, store_file: str, model_name: str, device: str, block_size: int, threads: int,
+                   backend_name: str) -> None:
+    """Rank 1: load the model on `device` (pairing's worker_device), say "ready", join the pair's group over
+    `backend_name`, then prefill each prompt it is sent."""
     torch.set_num_threads(threads)
-    model = load_model(model_name, device)
+    model = load_model(model_name, worker_device(device))
     conn.send(("ready",))
     rendezvous = dist.FileStore(store_file, 2)
     rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
-    group = pair_group(rendezvous, 1, model.device)
+    group = pair_group(rendezvous, 1, backend_name)
     layout = PagedLayout.of(model.info, block_size)
     cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.module.lm_head.weight.dtype,
                        model.device)
-    wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
+    wire = model.device if backend_name == "nccl" else torch.device("cpu")
     with torch.inference_mode():
         while True:
             message = conn.recv()
@@ -216,7 +253,8 @@ class PrefillWorker:
 
     def _begin(self, model: NativeModel, model_name: str, block_size: int) -> None:
         self.model, self.layout = model, PagedLayout.of(model.info, block_size)
-        self.wire = model.device if backend(model.device) == "nccl" else torch.device("cpu")
+        self.pairing = pairing(model.device)
+        self.wire = torch.device("cpu") if self.pairing.host_copies else model.device
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         # the pair's own store, a file in a folder only this user may enter: no second worker, in this session or
@@ -227,7 +265,8 @@ class PrefillWorker:
         self.rendezvous = dist.FileStore(store_file, 2)
         self.rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
-            child, store_file, model_name, str(model.device), block_size, torch.get_num_threads()))
+            child, store_file, model_name, self.pairing.worker_device, block_size, torch.get_num_threads(),
+            self.pairing.backend))
         with main_set_aside():
             self.process.start()
         child.close()
@@ -236,7 +275,7 @@ class PrefillWorker:
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
-            self.group = pair_group(self.rendezvous, 0, model.device)
+            self.group = pair_group(self.rendezvous, 0, self.pairing.backend)
         except (WorkerGone, OSError, RuntimeError, ValueError):
             self.stop()
             raise WorkerGone from None
@@ -296,6 +335,7 @@ class DisaggregatedServer(PagedServer):
     def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings, model_name: str):
         super().__init__(model, requests, settings)
         self.model_name = model_name
+        self.pairing = pairing(model.device)  # the backend and the worker's device, said by the page and the CLI
         self.prefilled = {}
         self.transfers: list[Transfer] = []
         self.failure: tuple[str, int] | None = None  # ("start" | "died", the step), once the run went on alone

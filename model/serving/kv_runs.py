@@ -14,7 +14,7 @@ import numpy as np
 
 from model.engine.runtime import NativeModel
 from model.errors import InputError
-from model.serving.disaggregated import DisaggregatedServer, backend
+from model.serving.disaggregated import DisaggregatedServer
 from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
@@ -221,7 +221,8 @@ class QueueRun:
         transfers, failure = self.server.transfers, self.server.failure
         return {"bytes": sum(t.bytes for t in transfers), "bytes_formula": sum(t.bytes_formula for t in transfers),
                 "ms": sum(t.ms for t in transfers), "prefill_ms": sum(t.prefill_ms for t in transfers),
-                "prompts": len(transfers), "backend": backend(self.model.device),
+                "prompts": len(transfers), "backend": self.server.pairing.backend,
+                "worker_device": self.server.pairing.worker_device,
                 "alone": None if failure is None else {"why": failure[0], "step": failure[1]}}
 
     def offload_summary(self) -> dict | None:

@@ -142,7 +142,10 @@ def print_transfer(transfer: dict, ttft: float | None, itl: dict) -> None:
     if alone is not None:
         print(f"the prefill worker {'did not start' if alone['why'] == 'start' else 'stopped'} at step "
               f"{alone['step']}: the run went on in this process, every request served")
-    print(f"two workers over torch.distributed ({transfer['backend']}): {transfer['prompts']} prompts' keys and values "
+    # which backend ran: NCCL between two GPUs; gloo, through host memory, on a CPU or one GPU (disaggregated.pairing)
+    wire = "NCCL, GPU to GPU" if transfer["backend"] == "nccl" else "gloo, through host memory"
+    print(f"two workers over torch.distributed ({wire}; the prefill worker on {transfer['worker_device']}): "
+          f"{transfer['prompts']} prompts' keys and values "
           f"sent, {transfer['bytes']:,} B (the cache formula: {transfer['bytes_formula']:,} B), "
           f"{transfer['ms']:.1f} ms in recv; the prefill worker's forwards {transfer['prefill_ms']:.1f} ms")
     one = transfer["one_process"]
