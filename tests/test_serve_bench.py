@@ -128,6 +128,19 @@ def test_serve_bench_refuses_an_unknown_dtype(run_cli):  # noqa: F811
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "fp4" in out.stderr
 
 
+def test_serve_bench_refuses_an_unknown_dtype_naming_dtype_before_the_model_loads(capsys, monkeypatch):
+    """faults 2026-12-04 #17: `serve-bench --dtype foo` loaded the model first (seconds for a real one, a model
+    that cannot load said instead), then refused foo."""
+    from model.tools import cli, serve_bench
+
+    loads = []
+    monkeypatch.setattr(serve_bench, "load_model", lambda *args, **kwargs: loads.append(args))
+    code = cli.main(["serve-bench", "--model", "no-such-model", "--dtype", "foo"])
+    err = capsys.readouterr().err
+    assert code == 2 and loads == [] and err.count("\n") == 1
+    assert err.startswith("--dtype: unknown number format foo; pick one of: float32, bfloat16, int8"), err
+
+
 def test_profile_writes_a_chrome_trace(run_cli, tmp_path):  # noqa: F811
     trace = tmp_path / "trace.json"
     out = run_cli("profile", "--model", "small", "--steps", "2", "--batch", "2", "--trace", str(trace))

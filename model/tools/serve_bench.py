@@ -15,7 +15,7 @@ import torch
 
 from model.engine.kernels import bf16_products, cpu_features
 from model.engine.loading import load_model
-from model.engine.lowbit import with_weights
+from model.engine.lowbit import check_dtype, with_weights
 from model.engine.runtime import NativeModel
 from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
@@ -173,6 +173,8 @@ def run_cli(args) -> int:
     for option, values in (("--batch", batches), ("--context", contexts), ("--dtype", dtypes)):
         if values is not None:
             check_list(option, values)
+    for dtype in dtypes:
+        check_dtype(dtype)  # before the model loads
     for batch in batches:
         check_option("--batch", batch, 1, MAX_SLOTS)
     check_option("--seed", args.seed, 0, MAX_SEED - (max(batches) - 1))  # row r draws with seed + r
