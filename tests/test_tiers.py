@@ -192,6 +192,15 @@ def test_a_file_given_as_the_tier_folder_is_said_so(small, tmp_path):
     assert "this is a file, not a folder" in refused.value.message("en")
 
 
+def test_a_folder_that_takes_no_file_is_said_so_not_missing(small):
+    """faults 2026-12-04 #15: `--tier-dir /proc` (open gives ENOENT there) was 'this folder does not exist'."""
+    with pytest.raises(InputError) as refused:
+        disk_tier("/proc", 16, PagedLayout.of(small.info, 16), small.module.lm_head.weight.dtype)
+    assert refused.value.message("en").endswith("cannot be made in /proc: this folder cannot hold a file (a system "
+                                                "folder such as /proc).")
+    assert "không chứa được tệp" in refused.value.message("vi")
+
+
 def test_reset_and_close_delete_the_tier_s_file(small, tmp_path):
     requests, settings = tight(small, tmp_path)
     server = PagedServer(small, requests, settings)

@@ -206,8 +206,11 @@ def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) 
     except OSError as failed:
         if handle is not None:
             release_file(handle, path)
+        reason = UNWRITABLE.get(failed.errno, "tier.other")
+        if reason == "tier.missing" and place.is_dir():  # a folder that takes no new file (/proc): not "missing"
+            reason = "tier.no_files"
         raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
-                         reason_text=UNWRITABLE.get(failed.errno, "tier.other")) from None
+                         reason_text=reason) from None
     return Tier("disk", slots, block_shape(layout), dtype, path=path, fd=handle)
 
 
