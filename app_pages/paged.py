@@ -12,24 +12,27 @@ from model.engine.llama import is_packed
 from model.serving import kv_runs, queues
 from model.serving.paged import ALIGN
 from ui import svg
+from ui.classroom import key_figure, settings, why
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
+from ui.pool_view import budget_slider, draw_pool, draw_request_lanes, request_legend
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
 from ui.session_end import hold
 from ui.state import keep_across_pages
-from ui.widgets import legend_html, table_html
+from ui.widgets import table_html
 
-# paged_wanted: what the last click asked for, run by this script where Stop reaches it ("one" step, or to the "end")
+# paged_wanted: what the last click asked for, run by this script where Stop reaches it ("one" step, or to the "end");
+# paged_opened_for: the model the page last opened on, with a run of its default queue started for it
 PAGE_DEFAULTS = {"paged_run": None, "paged_for": None, "paged_queue": "mixed", "paged_block_size": 16,
                  "paged_budget_mb": 1.0, "paged_budget_for": None, "paged_wanted": None, "paged_running": False,
-                 "paged_compared": None, "paged_table_request": None}
+                 "paged_compared": None, "paged_table_request": None, "paged_opened_for": None}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIB = 2**20
 
 keep_across_pages(PAGE_DEFAULTS)
 
-model = page_start("paged")
+model = page_start("paged", intro=False)
 info = model.info
 state = st.session_state
 # a value the selects do not offer (only a forged websocket message sends one) put back to the default
@@ -77,12 +80,14 @@ def variant_name(variant: kv_runs.Variant) -> str:
 
 
 def start() -> None:
-    """A new run of the queue's first variant; its first step runs in the page's script, as every step does."""
+    """A new run of the queue's first variant; its first step runs in the page's script, as every step does. A
+    refused Start (a budget too small: its sentence) leaves no run."""
     live = chosen_variants()[0]
     run = guarded_in_callback(lambda: kv_runs.QueueRun(model, requests(), live.settings))
+    state.paged_run, state.paged_compared = run, None
     if run is not None:
         hold(run)
-        state.paged_run, state.paged_compared, state.paged_wanted = run, None, "one"
+        state.paged_wanted = "one"
         state.paged_for = ((info.name, info.device), state.paged_queue, live)
 
 
@@ -96,28 +101,35 @@ def reset() -> None:
     state.paged_compared, state.paged_wanted = None, None
 
 
-# -- the settings ------------------------------------------------------------------------------------------------
-with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-    st.selectbox(t("paged.queue"), queues.QUEUES, key="paged_queue", width=220,
-                 format_func=labels("paged.queue_", queues.QUEUES).get,
-                 help=t("paged.queue_help", mixed=queues.MIXED_REQUESTS, shared=queues.SHARED_REQUESTS,
-                        filler=queues.SHARED_FILLER, short=queues.LONG_JOIN_SHORT, step=queues.LONG_JOIN_STEP))
-    sizes = [b for b in BLOCK_SIZES if b <= info.context_length]
-    st.selectbox(t("paged.block_size"), sizes, key="paged_block_size", width=140, help=t("paged.block_size_help"))
-    st.number_input(t("paged.budget"), min_value=0.01, max_value=session_mib(), step=0.25, format="%.2f",
-                    key="paged_budget_mb", width=180,
-                    help=t("paged.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS, session=decimal(session_mib())))
-compared = chosen_variants()
-st.caption(t("paged.compares", live=variant_name(compared[0]),
-             others=", ".join(variant_name(v) for v in compared[1:])))
+# -- the settings, folded -----------------------------------------------------------------------------------------
+with settings("paged"):
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.selectbox(t("paged.queue"), queues.QUEUES, key="paged_queue", width=260,
+                     format_func=labels("paged.queue_", queues.QUEUES).get,
+                     help=t("paged.queue_help", mixed=queues.MIXED_REQUESTS, shared=queues.SHARED_REQUESTS,
+                            filler=queues.SHARED_FILLER, short=queues.LONG_JOIN_SHORT, step=queues.LONG_JOIN_STEP))
+        sizes = [b for b in BLOCK_SIZES if b <= info.context_length]
+        st.selectbox(t("paged.block_size"), sizes, key="paged_block_size", width=140,
+                     help=t("paged.block_size_help"))
+        budget_slider("paged_budget_mb", t("paged.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS,
+                                           session=decimal(session_mib())))
+    compared = chosen_variants()
+    st.caption(t("paged.compares", live=variant_name(compared[0]),
+                 others=", ".join(variant_name(v) for v in compared[1:])))
+
+# the first visit on this model: its default queue's run already started (one step; small's takes milliseconds)
+if state.paged_run is None and state.paged_opened_for != (info.name, info.device):
+    state.paged_opened_for = (info.name, info.device)
+    start()
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 run = state.paged_run
 wanted, stopped = asked_steps("paged", run, lambda to_end: run_queue_steps(run, to_end))
-run_buttons("paged", run, "action.start", start, reset, run_key="paged_run_button")
+run_buttons("paged", run, "action.start", start, reset, run_key="paged_run_button", play=True)
 callback_error_here()
 if run is None:
-    st.info(t("paged.press_start"))
+    with key_figure():
+        st.info(t("paged.press_start"))
     st.stop()
 if stopped:
     st.info(t("paged.stopped", steps=len(run.samples)))
@@ -127,11 +139,16 @@ server = run.server
 if run.settings != compared[0].settings or run_queue != state.paged_queue:
     st.caption(t("paged.settings_next_run"))
 
-# -- the pool ----------------------------------------------------------------------------------------------------
+# -- the pool: the page's key figure -------------------------------------------------------------------------------
 pool = server.pool_view()
 n_blocks = len(pool.holder)
 free = int((pool.holder < 0).sum())
 steps = server.steps
+layout = server.layout
+with key_figure():
+    st.subheader(t("paged.pool"))
+    draw_pool(pool)
+    st.html(request_legend(sorted(server.requests), bool((pool.refs > 1).any())))
 with st.container(horizontal=True):
     st.metric(t("serving.steps"), len(steps))
     st.metric(t("paged.running_now"), len(server.running))
@@ -145,37 +162,29 @@ if run_queue == "shared-prefix" and run.settings.prefix_cache:
     if most < server.layout.block_size:
         st.caption(t("paged.nothing_shared", n=len(prompts), common=number(common_start(prompts[0], prompts[-1])),
                      size=number(server.layout.block_size)))
-layout = server.layout
-st.subheader(t("paged.pool"))
-groups = len(layout.groups)
-sliding_groups = sum(w is not None for w in pool.windows)
-st.markdown(t("paged.pool_text", blocks=number(n_blocks), size=layout.block_size, layers=layout.group_layers,
-              block_bytes=number(layout.block_bytes), budget=decimal(run.settings.budget_bytes / MIB, 2))
-            + (" " + t("paged.pool_groups", groups=groups, sliding=sliding_groups, full=groups - sliding_groups,
-                       window=number(info.window)) if sliding_groups else ""))
-if n_blocks > svg.MAX_GRID_BLOCKS:  # too many squares to draw (or to send to 30 browsers): one bar, in summary
-    held = {int(r): int((pool.holder == r).sum()) for r in set(pool.holder[pool.holder >= 0].tolist())}
-    st.html(svg.pool_bar_svg(pool.holder, {r: t("paged.tip_request", request=r, blocks=number(n))
-                                           for r, n in held.items()},
-                             t("paged.tip_free_many", blocks=number(free)), t("paged.pool_alt", blocks=n_blocks,
-                                                                                free=free)))
-    st.caption(t("paged.pool_summary", blocks=number(n_blocks), most=number(svg.MAX_GRID_BLOCKS)))
-else:
-    tips = []
-    for b in range(n_blocks):
-        if pool.holder[b] < 0:
-            tips.append(t("paged.tip_free_cached" if pool.cached[b] else "paged.tip_free", block=b))
-        else:
-            tips.append(t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
-                          size=layout.block_size, refs=int(pool.refs[b])))
-    st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size,
-                               tips, t("paged.pool_alt", blocks=n_blocks, free=free)))
-st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
-                    outlined=True))
-# the white of a held block: a last block's top, or (chunks) whole blocks given out ahead of the chunks that fill them
-st.caption(t("paged.pool_caption") + " " + (t("paged.waste_chunks", chunk=number(run.settings.chunk))
-                                            if run.settings.chunk is not None else t("paged.waste_whole")))
+with why("paged"):
+    st.markdown(t("paged.intro"))
+    groups = len(layout.groups)
+    sliding_groups = sum(w is not None for w in pool.windows)
+    st.markdown(t("paged.pool_text", blocks=number(n_blocks), size=layout.block_size, layers=layout.group_layers,
+                  block_bytes=number(layout.block_bytes), budget=decimal(run.settings.budget_bytes / MIB, 2))
+                + (" " + t("paged.pool_groups", groups=groups, sliding=sliding_groups, full=groups - sliding_groups,
+                           window=number(info.window)) if sliding_groups else ""))
+    # the white of a held block: a last block's top, or (chunks) whole blocks given out ahead of the chunks that
+    # fill them
+    st.caption(t("paged.pool_caption") + " " + (t("paged.waste_chunks", chunk=number(run.settings.chunk))
+                                                if run.settings.chunk is not None else t("paged.waste_whole")))
 
+if not steps:  # reset, or the first step stopped: the pool as it stands, nothing run yet
+    st.stop()
+
+# -- the lanes: prompt chunks beside decode rows -----------------------------------------------------------------
+st.subheader(t("paged.lanes"))
+draw_request_lanes(server)
+with why("paged-lanes"):
+    st.caption(t("paged.lanes_caption"))
+
+# -- a request's block tables ----------------------------------------------------------------------------------------
 holders = sorted(pool.tables)
 if holders:
     if state.paged_table_request not in holders:
@@ -187,39 +196,15 @@ if holders:
     st.html(table_html([t("paged.col_group")] + [str(j) for j in range(width)],
                        [[f"{g} ({kind})"] + ["—" if b < 0 else b for b in table] + [""] * (width - len(table))
                         for g, (kind, table) in enumerate(zip(kinds, tables))]))
-    st.caption(t("paged.table_caption", size=layout.block_size))
+    with why("paged-table"):
+        st.caption(t("paged.table_caption", size=layout.block_size))
 
-if not steps:  # reset, or the first step stopped: the pool as it stands, nothing run yet
-    st.stop()
-
-# -- the lanes: prompt chunks beside decode rows -----------------------------------------------------------------
-st.subheader(t("paged.lanes"))
-ids = sorted(server.requests)
-cells = {rid: [None] * len(steps) for rid in ids}
-marks = {rid: [False] * len(steps) for rid in ids}
-for step in steps:
-    done = {span.request for span in step.spans}
-    for span in step.spans:
-        cells[span.request][step.index] = (span.kind, t("paged.tip_" + span.kind, request=span.request,
-                                                         step=step.index, start=span.start, stop=span.stop - 1))
-    for rid in step.preempted:
-        marks[rid][step.index] = True
-    for rid in ids:
-        request = server.requests[rid]
-        arrived = request.arrival_step <= step.index
-        left = request.left_step is not None and request.left_step < step.index
-        if rid not in done and arrived and not left:
-            cells[rid][step.index] = ("waiting", t("paged.tip_waiting", request=rid, step=step.index))
-st.html(svg.span_lanes_svg(ids, [cells[rid] for rid in ids], [marks[rid] for rid in ids], t("serving.axis_step"),
-                           t("paged.axis_request"), t("paged.lanes_alt")))
-st.html(legend_html({t("paged.legend_" + kind): colour for kind, colour in svg.SPAN_COLOURS.items()}))
-st.caption(t("paged.lanes_caption"))
 st.html(svg.line_chart_svg(list(range(len(run.samples))),
                            {t("paged.reserved_mib"): [s.reserved / MIB for s in run.samples],
                             t("paged.held_mib"): [s.held / MIB for s in run.samples]},
-                           t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: f"{v:g}"))
+                           t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g")))
 st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
-                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: f"{v:g}"))
+                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: number(v, ",g")))
 
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
 st.subheader(t("paged.comparison"))

@@ -9,30 +9,44 @@ import streamlit as st
 
 from model.engine.generate import session_budget_bytes
 from model.serving import kv_runs, queues
-from model.serving.disaggregated import backend, live_workers, max_workers, worker_bytes
+from model.serving.disaggregated import live_workers, max_workers, worker_bytes
+from model.serving.forecast import first_move_out
 from model.serving.paged_server import mib_up
 from model.serving.tiers import tier_kind
+from ui.classroom import key_figure, settings, why
 from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
+from ui.pool_view import budget_slider, draw_request_lanes
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
 from ui.session_end import hold
 from ui.state import keep_across_pages
-from ui.tier_view import draw_crossover, draw_pool_and_tier, draw_workers, measured_crossover, ms, step_events
+from ui.tier_view import (
+    draw_crossover,
+    draw_pool_and_tier,
+    draw_transfers,
+    draw_worker_lanes,
+    first_move_said,
+    measured_crossover,
+    ms,
+    step_events,
+)
 from ui.widgets import table_html
 
 QUEUE = "mixed"  # the queue whose budget runs short: its growing decodes preempt one another
 MODES = ("tier", "workers")
 BLOCK_SIZES = (4, 8, 16, 32, 64)
 MIB = 2**20
-# tiers_wanted: what the last click asked for ("start", one step, or to the "end"), done by this script
+# tiers_wanted: what the last click asked for ("start", one step, or to the "end"), done by this script;
+# tiers_first_move: when the run's tier first moves blocks out (forecast.first_move_out), known at its Start;
+# tiers_opened_for: the model the page last opened on, with a run of the second tier started for it
 PAGE_DEFAULTS = {"tiers_run": None, "tiers_for": None, "tiers_mode": "tier", "tiers_block_size": 16,
                  "tiers_budget_mb": 1.0, "tiers_budget_for": None, "tiers_wanted": None, "tiers_running": False,
-                 "tiers_compared": None}
+                 "tiers_compared": None, "tiers_first_move": None, "tiers_opened_for": None}
 
 keep_across_pages(PAGE_DEFAULTS)
 
-model = page_start("tiers")
+model = page_start("tiers", intro=False)
 info = model.info
 state = st.session_state
 kind = tier_kind(model.device)
@@ -42,7 +56,7 @@ def drop_run() -> None:
     """The run ended: its prefill worker stopped and its tier's file deleted."""
     if state.tiers_run is not None:
         state.tiers_run.close()
-    state.tiers_run, state.tiers_compared = None, None
+    state.tiers_run, state.tiers_compared, state.tiers_first_move = None, None, None
 
 
 # a value the select does not offer (only a forged websocket message sends one) put back to the default
@@ -68,50 +82,61 @@ def reset() -> None:
     state.tiers_compared, state.tiers_wanted = None, None
 
 
-# -- the settings ------------------------------------------------------------------------------------------------
-with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-    st.radio(t("tiers.mode"), MODES, key="tiers_mode", horizontal=True, width=360,
-             format_func=labels("tiers.mode_", MODES).get, help=t("tiers.mode_help"))
-    st.selectbox(t("paged.block_size"), [b for b in BLOCK_SIZES if b <= info.context_length], key="tiers_block_size",
-                 width=140, help=t("paged.block_size_help"))
-    st.number_input(t("paged.budget"), min_value=0.01, max_value=session_budget_bytes() / MIB, step=0.25,
-                    format="%.2f", key="tiers_budget_mb", width=180,
-                    help=t("tiers.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS))
-mode, block_size = state.tiers_mode, int(state.tiers_block_size)
-st.caption(t("tiers.queue", requests=queues.MIXED_REQUESTS) + " "
-           + t("tiers.compares_tier" if mode == "tier" else "tiers.compares_workers", kind=t("tiers.kind_" + kind)))
-if mode == "workers":  # what a Start costs the server, and its cap, said before the cap is reached
-    weights, cache = worker_bytes(model, block_size)
-    st.caption(t("tiers.worker_cost", mib=decimal((weights + cache) / MIB, 1), weights=decimal(weights / MIB, 1),
-                 cache=decimal(cache / MIB, 1), cap=number(max_workers()), live=number(live_workers())))
+# -- the settings, folded -----------------------------------------------------------------------------------------
+with settings("tiers"):
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.radio(t("tiers.mode"), MODES, key="tiers_mode", horizontal=True, width=360,
+                 format_func=labels("tiers.mode_", MODES).get, help=t("tiers.mode_help"))
+        st.selectbox(t("paged.block_size"), [b for b in BLOCK_SIZES if b <= info.context_length],
+                     key="tiers_block_size", width=140, help=t("paged.block_size_help"))
+        budget_slider("tiers_budget_mb", t("tiers.budget_help", slots=kv_runs.DEFAULT_PADDED_SLOTS))
+    mode, block_size = state.tiers_mode, int(state.tiers_block_size)
+    st.caption(t("tiers.queue", requests=queues.MIXED_REQUESTS) + " "
+               + t("tiers.compares_tier" if mode == "tier" else "tiers.compares_workers",
+                   kind=t("tiers.kind_" + kind)))
+    if mode == "workers":  # what a Start costs the server, and its cap, said before the cap is reached
+        weights, cache = worker_bytes(model, block_size)
+        st.caption(t("tiers.worker_cost", mib=decimal((weights + cache) / MIB, 1), weights=decimal(weights / MIB, 1),
+                     cache=decimal(cache / MIB, 1), cap=number(max_workers()), live=number(live_workers())))
 crossover = None
 if mode == "tier":
     with st.spinner(t("tiers.measuring")):
         crossover = guarded(lambda: measured_crossover(model, info.name, info.device, info.dtype, block_size, kind))
 
+# the first visit on this model: a run of the second tier already started (one step; small's takes milliseconds)
+if state.tiers_run is None and mode == "tier" and state.tiers_opened_for != (info.name, info.device):
+    state.tiers_opened_for = (info.name, info.device)
+    state.tiers_wanted = "start"
+
 # -- what a click asked for: here, where a click on Stop (or anything else) reaches it -------------------------------
 wanted, state.tiers_wanted = state.tiers_wanted, None
 if wanted == "start" and (mode == "workers" or crossover is not None):
     drop_run()
-    settings = kv_runs.KVSettings("paged", block_size, int(float(state.tiers_budget_mb) * MIB),
-                                  offload=kind if mode == "tier" else None,
-                                  prefill_worker=chosen_model()[0] if mode == "workers" else None)
+    run_settings = kv_runs.KVSettings("paged", block_size, int(float(state.tiers_budget_mb) * MIB),
+                                      offload=kind if mode == "tier" else None,
+                                      prefill_worker=chosen_model()[0] if mode == "workers" else None)
     with st.spinner(t("tiers.starting_worker" if mode == "workers" else "tiers.making_tier")):
-        state.tiers_run = guarded(lambda: kv_runs.QueueRun(model, requests, settings, crossover))
+        state.tiers_run = guarded(lambda: kv_runs.QueueRun(model, requests, run_settings, crossover))
     if state.tiers_run is not None:
         hold(state.tiers_run)  # its worker and its tier file ended with the session, not at a garbage collection
+        if mode == "tier":  # the step at which its tier first moves blocks out, said before it comes
+            state.tiers_first_move = guarded(lambda: first_move_out(model, requests, run_settings.paged,
+                                                                    state.tiers_run.crossover.positions))
     state.tiers_for = ((info.name, info.device), mode)
     wanted = "one" if state.tiers_run is not None else None
 run = state.tiers_run
 state.tiers_wanted = wanted  # a start's first step, Next's or Run's: asked_steps runs them
 wanted, stopped = asked_steps("tiers", run, lambda to_end: run_queue_steps(run, to_end))
-run_buttons("tiers", run, "action.start", lambda: request("start"), reset, run_key="tiers_run_button")
+run_buttons("tiers", run, "action.start", lambda: request("start"), reset, run_key="tiers_run_button", play=True)
 callback_error_here()
 if run is None:
-    st.info(t("tiers.press_start"))
-    if crossover is not None:
-        st.subheader(t("tiers.crossover"))
-        draw_crossover(crossover)
+    with key_figure():
+        st.info(t("tiers.press_start"))
+        if crossover is not None:
+            st.subheader(t("tiers.crossover"))
+            draw_crossover(crossover)
+    with why("tiers"):
+        st.markdown(t("tiers.intro"))
     st.stop()
 if stopped:
     st.info(t("paged.stopped", steps=len(run.samples)))
@@ -121,6 +146,21 @@ if run_mode != mode or (run.settings.block_size, run.settings.budget_bytes) != (
         block_size, int(float(state.tiers_budget_mb) * MIB)):
     st.caption(t("paged.settings_next_run"))
 server = run.server
+
+# -- the key figure: the pool above the second tier, and where each request was; or the two workers' lanes ----------
+with key_figure():
+    if run_mode == "tier":
+        st.subheader(t("tiers.pool_and_tier"))
+        said = first_move_said(server, state.tiers_first_move, run.crossover)
+        if said is not None:
+            st.markdown(said)
+        draw_pool_and_tier(server)
+        if server.steps:
+            st.markdown(f"**{t('tiers.lanes')}**")
+            draw_request_lanes(server)
+    else:
+        st.subheader(t("tiers.workers"))
+        draw_worker_lanes(server)
 with st.container(horizontal=True):
     st.metric(t("serving.steps"), len(server.steps))
     st.metric(t("paged.running_now"), len(server.running))
@@ -131,29 +171,36 @@ with st.container(horizontal=True):
     else:
         st.metric(t("tiers.transfers"), len(server.transfers))
         st.metric(t("tiers.bytes_received"), number(sum(x.bytes for x in server.transfers)))
+with why("tiers"):
+    st.markdown(t("tiers.intro"))
+    if run_mode == "tier":
+        if server.offload.tier is not None:  # after a reset it is made again at the first move out (tier_deleted)
+            st.markdown(t("tiers.tier_text", kind=t("tiers.kind_" + server.offload.kind),
+                          slots=number(server.offload.tier_bytes // server.layout.block_bytes),
+                          block_bytes=number(server.layout.block_bytes),
+                          mib=decimal(server.offload.tier_bytes / MIB, 2)))
+        st.caption(t("tiers.grids_caption"))
 
-# -- the second tier, or the two workers ---------------------------------------------------------------------------
+# -- what the tier did and its crossover, or the two workers' transfers ----------------------------------------------
 if run_mode == "tier":
-    st.subheader(t("tiers.pool_and_tier"))
-    if server.offload.tier is not None:  # after a reset it is made again at the first move out (tier_deleted)
-        st.markdown(t("tiers.tier_text", kind=t("tiers.kind_" + server.offload.kind),
-                      slots=number(server.offload.tier_bytes // server.layout.block_bytes),
-                      block_bytes=number(server.layout.block_bytes),
-                      mib=decimal(server.offload.tier_bytes / MIB, 2)))
-    draw_pool_and_tier(server)
     st.subheader(t("tiers.events"))
     step_events(server, run.crossover)
     st.subheader(t("tiers.crossover"))
     draw_crossover(run.crossover)
 else:
-    st.subheader(t("tiers.workers"))
     if server.failure is not None:
         st.warning(t("tiers.worker_" + server.failure[0], step=server.failure[1]))
-    elif server.worker is not None:
-        st.markdown(t("tiers.worker_alive", pid=server.worker.process.pid, backend=backend(model.device)))
     else:
-        st.markdown(t("tiers.worker_done" if run.finished else "tiers.worker_ended"))
-    draw_workers(server, model)
+        # which backend runs (ran): NCCL where the worker has a GPU of its own, else gloo through host memory
+        wire = t("tiers.wire_gloo" if server.pairing.host_copies else "tiers.wire_nccl")
+        if server.worker is not None:
+            st.markdown(t("tiers.worker_alive", pid=server.worker.process.pid, device=server.pairing.worker_device,
+                          wire=wire))
+        else:
+            st.markdown(t("tiers.worker_done", wire=wire) if run.finished else t("tiers.worker_ended"))
+        if server.pairing.host_copies and model.device.type == "cuda":
+            st.caption(t("tiers.one_gpu"))
+    draw_transfers(server, model)
 
 # -- the comparison: the same queue in one process, on one tier -----------------------------------------------------
 st.subheader(t("paged.comparison"))

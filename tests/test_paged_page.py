@@ -117,7 +117,7 @@ def test_shared_prefix_shares_blocks_and_says_so():
 @pytest.mark.parametrize(("lang", "least"), [("en", "0\\.19 MiB"), ("vi", "0,19 MiB")])  # markdown escapes a dot
 def test_a_budget_too_small_is_one_sentence_with_the_smallest_that_fits(lang, least):
     at = open_page(lang)
-    at.number_input(key="paged_budget_mb").set_value(0.01).run()
+    at.select_slider(key="paged_budget_mb").set_value(0.01).run()
     click(at, "paged_start")
     assert at.session_state["paged_run"] is None
     assert len(at.error) == 1 and least in at.error[0].value, at.error[0].value
@@ -188,7 +188,7 @@ def test_a_budget_the_paged_run_takes_but_one_padded_slot_does_not_compares_in_a
     """texts review 2026-12-04 P1: at 0.25 MiB on small the paged run serves the mixed queue, but the compared padded
     run cannot hold one slot: its refusal was raised outside the page's guard (Streamlit's redacted error box)."""
     at = open_page(lang)
-    at.number_input(key="paged_budget_mb").set_value(0.25).run()
+    at.select_slider(key="paged_budget_mb").set_value(0.25).run()
     click(at, "paged_start")
     click(at, "paged_run_button")
     assert at.session_state["paged_run"].finished and not at.exception
@@ -212,7 +212,7 @@ def test_a_pool_too_large_to_draw_block_by_block_is_one_bar():
 
     at = open_page("en")
     at.selectbox(key="paged_block_size").set_value(1).run()
-    at.number_input(key="paged_budget_mb").set_value(64.0).run()
+    at.select_slider(key="paged_budget_mb").set_value(64.0).run()
     click(at, "paged_start")
     assert not at.exception and at.session_state["paged_run"].server.cache.n_blocks > svg.MAX_GRID_BLOCKS
     assert any("too many to draw one by one" in c.value for c in at.caption)
@@ -239,7 +239,7 @@ def test_a_preempted_request_admitted_again_computes_only_past_its_cached_prompt
     on, the request admitted again finds its full prompt blocks cached (small, block size 16, 0.22 MiB: request 4 is
     preempted and comes back with 48 positions cached)."""
     at = open_page(paged_queue="shared-prefix")
-    at.number_input(key="paged_budget_mb").set_value(0.22).run()
+    at.select_slider(key="paged_budget_mb").set_value(0.22).run()
     click(click(at, "paged_start"), "paged_run_button")
     server = at.session_state["paged_run"].server
     preempted = {rid for step in server.steps for rid in step.preempted}

@@ -43,7 +43,8 @@ def crossover_from(points) -> int | None:
 @pytest.mark.parametrize("lang", ["vi", "en"])
 def test_a_request_moved_out_to_the_tier_and_back_is_drawn_slot_by_slot(lang):
     at = open_page(lang)
-    assert len(charts(at)) == 1  # the crossover, measured before any run
+    # the page opens on a run already started: the pool, the tier, where each request was, the crossover
+    assert at.session_state["tiers_run"] is not None and len(charts(at)) == 4
     click(at, "tiers_start")
     run = at.session_state["tiers_run"]
     crossover = run.crossover
@@ -59,7 +60,7 @@ def test_a_request_moved_out_to_the_tier_and_back_is_drawn_slot_by_slot(lang):
     back = text("tiers.tip_came_back", lang).format(slot="", request=rid).split(":", 1)[1]
     assert charts(at)[1].count(back) == moved and rid in {s.request for s in run.server.steps[-1].spans}
     # the crossover: a line per series over every point, its positions printed as the points give them
-    chart = charts(at)[2]
+    chart = charts(at)[3]
     assert chart.count("<circle") == 2 * len(crossover.points)
     positions = crossover_from(crossover.points)
     assert positions == crossover.positions
@@ -118,8 +119,14 @@ def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_co
     run = at.session_state["tiers_run"]
     server = run.server
     assert server.failure is None and server.worker.process.is_alive()
+    # which backend runs, and where the worker is (texts review T3): gloo through host memory, the worker on the CPU
+    gloo = text("tiers.wire_gloo", "en")
+    assert text("tiers.worker_alive", "en").format(pid=server.worker.process.pid, device="cpu", wire=gloo) in [
+        m.value for m in at.markdown]
     click(at, "tiers_run_button")
     assert run.finished and server.failure is None and len(server.transfers) == len(run.requests)
+    assert text("tiers.worker_done", "en").format(wire=gloo) in [m.value for m in at.markdown]
+    assert text("tiers.one_gpu", "en") not in [c.value for c in at.caption]  # a CPU: no GPU to share
     page = html(at)
     for transfer in server.transfers:
         n = len(run.requests[transfer.request].prompt_ids)

@@ -21,6 +21,7 @@ from model.serving import measure, workload
 from model.serving.kv_runs import QueueRun
 from model.serving.quality import CHUNK, Quality, held_out
 from model.serving.scheduler import Server, StepProgress
+from ui.classroom import play_row
 from ui.errors import attempt
 from ui.i18n import t
 from ui.models import shared_model_in
@@ -127,22 +128,27 @@ def asked_steps(prefix: str, run: Server | QueueRun | None,
     return wanted, stopped
 
 
-def run_buttons(prefix: str, run: Server | QueueRun | None, start_label: str, on_start: Callable[[], None],
-                on_reset: Callable[[], None], run_key: str) -> None:
-    """Start, then Next, Run (to the end) and Reset once there is a run: Next and Run ask asked_steps for one step
-    or all of them (state[prefix + "_wanted"]); each button's key is prefix + its name, Run's run_key."""
-    def ask(wanted: str) -> None:
-        st.session_state[prefix + "_wanted"] = wanted
+def ask_steps(prefix: str, wanted: str) -> None:
+    """Next's callback ("one") and Run's ("end"): asked_steps runs them in the page's next script run."""
+    st.session_state[prefix + "_wanted"] = wanted
 
-    with st.container(horizontal=True):
+
+def run_buttons(prefix: str, run: Server | QueueRun | None, start_label: str, on_start: Callable[[], None],
+                on_reset: Callable[[], None], run_key: str, play: bool = False) -> None:
+    """Start, then Next, Run (to the end) and Reset once there is a run: Next and Run ask asked_steps for one step
+    or all of them (state[prefix + "_wanted"]); each button's key is prefix + its name, Run's run_key. With `play`,
+    Play / Pause (ui/classroom.play_row, keys prefix + "_play"...) whose every tick asks for one step as Next does."""
+    with st.container(horizontal=True, vertical_alignment="center"):
         st.button(t(start_label), key=prefix + "_start", type="primary" if run is None else "secondary",
                   icon=":material/play_arrow:", on_click=on_start)
         if run is not None:
             st.button(t("action.next"), key=prefix + "_next", type="primary", icon=":material/skip_next:",
-                      disabled=run.finished, on_click=ask, args=("one",), shortcut=NEXT_KEY)
+                      disabled=run.finished, on_click=ask_steps, args=(prefix, "one"), shortcut=NEXT_KEY)
             st.button(t("action.run_to_end"), key=run_key, icon=":material/fast_forward:", disabled=run.finished,
-                      on_click=ask, args=("end",))
+                      on_click=ask_steps, args=(prefix, "end"))
             st.button(t("action.reset"), key=prefix + "_reset", icon=":material/restart_alt:", on_click=on_reset)
+            if play:
+                play_row(prefix, lambda: run.finished, functools.partial(ask_steps, prefix, "one"))
 
 
 def run_variants(runs: list[QueueRun], names: list[str]) -> str | None:

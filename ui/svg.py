@@ -335,11 +335,12 @@ def nice_ticks(top: float, most: int = 5) -> list[float]:
 
 
 def line_chart_svg(x: list[int], series: dict[str, list[float]], x_title: str, y_title: str, description: str,
-                   dashed: tuple[str, ...] = (), number: Callable[[float], str] = str) -> str:
-    """Lines over integer steps from y = 0, a legend above, ticks at every step while there are at most 20.
-    `number` writes the y ticks (the page's thousands separator)."""
+                   dashed: tuple[str, ...] = (), number: Callable[[float], str] = str, title: str = "",
+                   zoom: float = 1.0) -> str:
+    """Lines over integer steps from y = 0, a title and a legend above, ticks at every step while there are at most
+    20. `number` writes the y ticks (the page's thousands separator); `zoom`: how far it may grow past its size."""
     width, right, bottom, plot_h = 400, 14, 46, 190
-    entries, legend_x, legend_y = [], 0, 14  # the legend wraps to another line where a name would not fit
+    entries, legend_x, legend_y = [], 0, 36 if title else 14  # the legend wraps where a name would not fit
     for name in series:
         size = 32 + round(CHAR_PX * len(name))
         if legend_x and legend_x + size > width:
@@ -360,7 +361,7 @@ def line_chart_svg(x: list[int], series: dict[str, list[float]], x_title: str, y
     def py(v: float) -> float:
         return top + plot_h * (1 - v / y_ticks[-1]) if y_ticks[-1] else top + plot_h
 
-    parts = []
+    parts = [f'<text x="0" y="14" dominant-baseline="middle" font-weight="600">{escape(title)}</text>'] if title else []
     for v in y_ticks:
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="{GRID_INK}"/>'
                      f'<text x="{left - 6}" y="{py(v):.1f}" text-anchor="end" dominant-baseline="middle">'
@@ -378,7 +379,7 @@ def line_chart_svg(x: list[int], series: dict[str, list[float]], x_title: str, y
             parts.extend(f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="4" fill="{colour}"/>' for a, b in zip(x, ys))
         parts.append(f'<line x1="{lx}" x2="{lx + 26}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="3"{dash}/>'
                      f'<text x="{lx + 32}" y="{ly}" dominant-baseline="middle">{escape(name)}</text>')
-    return _svg(width, height, description, parts)
+    return _svg(width, height, description, parts, zoom=zoom)
 
 
 # one colour per request, ColorBrewer's Set2 and Dark2, repeating past 16
@@ -386,7 +387,11 @@ LANE_COLOURS = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f"
                 "#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
 
-LANE_IDS_MOST_SLOTS = 16  # up to this many slots a lane is tall enough to write a request's id where it joins
+LANE_IDS_MOST_SLOTS = 16  # up to this many slots a lane is tall enough to write the request's number in its cells
+LANE_WIDTH = 1000  # the lane chart's width: the main column's at 1280 px, so its text is drawn near LANE_FONT_PX
+LANE_FONT_PX = 20  # ≥ 16 px on the screen down to a column of 800 px
+LANE_COLUMNS = 12  # steps the axis shows at least: the lanes fill in from the left as a run goes on
+DARK_LANES = frozenset(range(8, 16))  # Dark2's colours: a request's number on them is written in white
 
 
 def _step_axis(steps: int, left_px: float, cell_w: float, y: float, height: int, step_title: str) -> list[str]:
@@ -399,158 +404,212 @@ def _step_axis(steps: int, left_px: float, cell_w: float, y: float, height: int,
 
 
 def lane_ids_written(slots: int) -> bool:
-    """Whether lane_chart_svg writes each request's id at the cell where it joins (else only its cells' tooltips)."""
+    """Whether lane_chart_svg writes the request's number in its cells (else only in its cells' tooltips)."""
     return slots <= LANE_IDS_MOST_SLOTS
+
+
+def lane_colour(request: int) -> str:
+    return LANE_COLOURS[request % len(LANE_COLOURS)]
 
 
 def lane_chart_svg(holders: list[list[int | None]], joined: list[list[int]], left: list[list[int]],
                    step_title: str, slot_title: str, description: str) -> str:
-    """Which request holds which slot at each step: holders[step][slot] is a request id or None (free); a cell is
-    one token of its request (the step it came out of), a request's run of cells is labelled with its id where it
-    joins, and a bar marks the step it leaves after."""
+    """Which request holds which slot at each step, LANE_WIDTH wide: holders[step][slot] is a request id or None
+    (free); a cell is one token of its request (the step it came out of), with the request's number in it (where a
+    cell is too narrow, only where the request joins), and a bar marks the step it leaves after. The step axis
+    shows at least LANE_COLUMNS steps, so the picture keeps its scale while a run is young."""
     steps, slots = len(holders), len(holders[0]) if holders else 0
-    left_px, top, cell_h = 58, 8, 20 if lane_ids_written(slots) else 12
-    cell_w = max(2.0, min(22.0, 640 / max(1, steps)))
-    width, height = round(left_px + steps * cell_w + 12), top + slots * cell_h + 42
+    font = LANE_FONT_PX
+    left_px, top, right = 80, 6, 10
+    ids = lane_ids_written(slots)
+    cell_h = max(28.0, min(56.0, 320 / max(1, slots))) if ids else max(8.0, 320 / max(1, slots))
+    columns = max(steps, LANE_COLUMNS)
+    cell_w = (LANE_WIDTH - left_px - right) / columns
+    every_cell = cell_w >= 0.62 * font * len(str(max((r for row in holders for r in row if r is not None),
+                                                      default=0))) + 6
+    height = round(top + slots * cell_h + 2.6 * font + 12)
     parts = []
     for slot in range(slots):
         y = top + slot * cell_h
-        parts.append(f'<text x="{left_px - 6}" y="{y + cell_h / 2:.1f}" text-anchor="end" dominant-baseline="middle"'
-                     f' font-size="{min(FONT_PX, cell_h - 2)}">{slot}</text>')
+        parts.append(f'<rect x="{left_px}" y="{y + 1:.1f}" width="{columns * cell_w:.1f}" height="{cell_h - 2:.1f}" '
+                     f'fill="#f8f9fa"/>')
+        if ids or slot % math.ceil(slots / 16) == 0:
+            parts.append(f'<text x="{left_px - 8}" y="{y + cell_h / 2:.1f}" text-anchor="end" '
+                         f'dominant-baseline="middle">{slot}</text>')
         for step, row in enumerate(holders):
             rid = row[slot]
             if rid is None:
                 continue
             x = left_px + step * cell_w
-            parts.append(f'<rect x="{x:.1f}" y="{y + 1}" width="{max(1.0, cell_w - 1):.1f}" height="{cell_h - 2}" '
-                         f'fill="{LANE_COLOURS[rid % len(LANE_COLOURS)]}"><title>{rid}</title></rect>')
-            if rid in joined[step] and lane_ids_written(slots):
-                parts.append(f'<text x="{x + 2:.1f}" y="{y + cell_h / 2:.1f}" dominant-baseline="middle" '
-                             f'font-size="12">{rid}</text>')
-    for step, ids in enumerate(left):
-        for rid in ids:
+            parts.append(f'<rect x="{x:.1f}" y="{y + 1:.1f}" width="{max(1.0, cell_w - 1):.1f}" '
+                         f'height="{cell_h - 2:.1f}" fill="{lane_colour(rid)}"><title>{rid}</title></rect>')
+            if ids and (every_cell or rid in joined[step]):
+                ink = "#fff" if rid % len(LANE_COLOURS) in DARK_LANES else INK
+                anchor = (f'x="{x + cell_w / 2:.1f}" text-anchor="middle"' if every_cell else f'x="{x + 3:.1f}"')
+                parts.append(f'<text class="lane-id" {anchor} y="{y + cell_h / 2:.1f}" dominant-baseline="middle" '
+                             f'font-weight="600" fill="{ink}">{rid}</text>')
+    for step, gone in enumerate(left):
+        for rid in gone:
             x, y = left_px + (step + 1) * cell_w, top + holders[step].index(rid) * cell_h
             parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + cell_h}" stroke="{INK}" '
-                         f'stroke-width="2"/>')
-    parts += _step_axis(steps, left_px, cell_w, top + slots * cell_h + 16, height, step_title)
-    parts.append(f'<text transform="translate(14,{top + slots * cell_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
-                 f"{escape(slot_title)}</text>")
-    return _svg(width, height, description, parts)
+                         f'stroke-width="4"/>')
+    parts += _step_axis(columns, left_px, cell_w, round(top + slots * cell_h + font), height, step_title)
+    parts.append(f'<text transform="translate({font},{top + slots * cell_h / 2:.1f}) rotate(-90)" '
+                 f'text-anchor="middle">{escape(slot_title)}</text>')
+    return _svg(LANE_WIDTH, height, description, parts, font)
 
 
 FREE_BLOCK, SPAN_COLOURS = "#e9ecef", {"prefill": "#225ea8", "recompute": "#d95f02", "decode": "#a6d854",
                                        "waiting": "#dee2e6"}
-BLOCK_PX, BLOCK_COLUMNS = 16, 40  # a block's side in the pool grid, and blocks per row at most
+IN_TIER = "#9c36b5"  # the Tiers page's lanes: a request whose blocks wait in the second tier
+GRID_HEIGHT = 300  # the block grid's height at most while its blocks keep at least BLOCK_SIDE[0]
+BLOCK_SIDE = (14, 50)  # a block's side in the grid (LANE_WIDTH wide), the least and the most: 20 to a row
+NUMBERED_FROM = 32  # a block this wide or wider has its request's number written in it
 # a pool of more blocks is drawn as one bar (pool_bar_svg): block by block, block size 1 under the largest budget
 # was 131,072 squares, 17.7 MB of HTML each rerun and minutes in a browser (faults review 2026-12-04 #8)
 MAX_GRID_BLOCKS = 2048
 
 
+def grid_shape(n: int) -> tuple[int, float]:
+    """Columns and a block's side for a grid of n blocks LANE_WIDTH wide: the largest side (BLOCK_SIDE[1] at most)
+    that keeps the grid within GRID_HEIGHT, in as few rows as that side allows; a grid of blocks smaller than
+    BLOCK_SIDE[0] grows taller instead."""
+    columns, side = 1, 0.0
+    for c in range(1, max(1, n) + 1):
+        s = min(LANE_WIDTH / c, GRID_HEIGHT / -(-n // c), BLOCK_SIDE[1])
+        if s >= side - 1e-9:
+            columns, side = c, s
+    if side < BLOCK_SIDE[0]:
+        side = BLOCK_SIDE[0]
+        columns = int(LANE_WIDTH // side)
+    return columns, side
+
+
+def _block_number(x: float, y: float, side: float, request: int) -> str:
+    """A request's number in the middle of its block, haloed in white to read on its colour and on white."""
+    return (f'<text x="{x + side / 2:.1f}" y="{y + side / 2:.1f}" text-anchor="middle" dominant-baseline="central" '
+            f'font-weight="600" stroke="#fff" stroke-width="4" paint-order="stroke">{request}</text>')
+
+
 def pool_bar_svg(holder: np.ndarray, tips: dict[int, str], free_tip: str, description: str) -> str:
-    """The block pool as one bar, BLOCK_COLUMNS squares wide: a segment per request in its lane colour, as long as
-    the blocks it holds (first holders, in request order), then the free blocks in grey. tips[request]: its
-    segment's tooltip."""
-    width, height = BLOCK_COLUMNS * (BLOCK_PX + 2) + 2, 2 * BLOCK_PX
+    """The block pool as one bar, LANE_WIDTH wide: a segment per request in its lane colour, as long as the blocks
+    it holds (first holders, in request order), then the free blocks in grey. tips[request]: its segment's
+    tooltip."""
+    width, height = LANE_WIDTH, 2 * BLOCK_SIDE[1]
     requests, counts = np.unique(holder[holder >= 0], return_counts=True)
     scale = (width - 2) / max(1, len(holder))
     parts, x = [], 1.0
     for request, count in zip(requests.tolist(), counts.tolist()):
-        colour = LANE_COLOURS[int(request) % len(LANE_COLOURS)]
-        parts.append(f'<rect x="{x:.1f}" y="1" width="{count * scale:.1f}" height="{height - 2}" fill="{colour}">'
-                     f"<title>{escape(tips[request])}</title></rect>")
+        parts.append(f'<rect x="{x:.1f}" y="1" width="{count * scale:.1f}" height="{height - 2}" '
+                     f'fill="{lane_colour(int(request))}"><title>{escape(tips[request])}</title></rect>')
         x += count * scale
     parts.append(f'<rect x="{x:.1f}" y="1" width="{width - 1 - x:.1f}" height="{height - 2}" fill="{FREE_BLOCK}">'
                  f"<title>{escape(free_tip)}</title></rect>")
-    return _svg(width, height, description, parts)
+    return _svg(width, height, description, parts, LANE_FONT_PX)
 
 
 def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sliding: np.ndarray,
                    filled: np.ndarray, block_size: int, tips: list[str], description: str) -> str:
-    """The block pool, a square per block in id order: a held block in its first holder's lane colour, filled from
-    the bottom as far as the positions it holds (the rest of a last block is the waste), framed dark where more
-    than one request holds it, crossed by a white stripe where a sliding group holds it; a free block grey, with a
-    dashed outline while the prefix cache can still find it. tips[b]: block b's tooltip."""
+    """The block pool, a square per block in id order, LANE_WIDTH wide and its blocks as large as fit
+    (grid_shape): a held block in its first holder's lane colour, filled from the bottom as far as the positions it
+    holds (the rest of a last block is the waste), its request's number written in it where the block is large
+    enough, framed dark where more than one request holds it, crossed by a white stripe where a sliding group holds
+    it; a free block grey, with a dashed outline while the prefix cache can still find it. tips[b]: block b's
+    tooltip."""
     n = len(holder)
-    columns = max(1, min(BLOCK_COLUMNS, n))
-    rows = -(-n // columns)
-    cell = BLOCK_PX + 2
-    width, height = columns * cell + 2, rows * cell + 2
+    columns, cell = grid_shape(n)
+    side = cell - max(1.5, 0.08 * cell)
+    numbered = cell >= NUMBERED_FROM
     parts = []
     for b in range(n):
         x, y = 1 + (b % columns) * cell, 1 + (b // columns) * cell
         tip = f"<title>{escape(tips[b])}</title>"
         if holder[b] < 0:
             outline = f' stroke="{MUTED_INK}" stroke-dasharray="3,2"' if cached[b] else ""
-            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{FREE_BLOCK}"'
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{side:.1f}" height="{side:.1f}" fill="{FREE_BLOCK}"'
                          f"{outline}>{tip}</rect>")
             continue
-        colour = LANE_COLOURS[int(holder[b]) % len(LANE_COLOURS)]
-        level = BLOCK_PX * int(filled[b]) / block_size
+        request = int(holder[b])
+        colour = lane_colour(request)
+        level = side * int(filled[b]) / block_size
         frame = f' stroke="{INK}" stroke-width="2"' if refs[b] > 1 else f' stroke="{colour}"'
-        parts.append(f'<g>{tip}<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="white"{frame}/>'
-                     f'<rect x="{x}" y="{y + BLOCK_PX - level:.1f}" width="{BLOCK_PX}" height="{level:.1f}" '
+        parts.append(f'<g>{tip}<rect x="{x:.1f}" y="{y:.1f}" width="{side:.1f}" height="{side:.1f}" fill="white"'
+                     f'{frame}/><rect x="{x:.1f}" y="{y + side - level:.1f}" width="{side:.1f}" height="{level:.1f}" '
                      f'fill="{colour}"/>'
-                     + (f'<line x1="{x}" y1="{y + BLOCK_PX}" x2="{x + BLOCK_PX}" y2="{y}" stroke="white" '
-                        f'stroke-width="2"/>' if sliding[b] else "") + "</g>")
-    return _svg(width, height, description, parts)
+                     + (f'<line x1="{x:.1f}" y1="{y + side:.1f}" x2="{x + side:.1f}" y2="{y:.1f}" stroke="white" '
+                        f'stroke-width="2"/>' if sliding[b] else "")
+                     + (_block_number(x, y, side, request) if numbered else "") + "</g>")
+    return _svg(LANE_WIDTH, round(-(-n // columns) * cell + 2), description, parts, LANE_FONT_PX)
 
 
 def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], preempted: list[list[bool]],
-                   step_title: str, row_title: str, description: str) -> str:
-    """What each request did at each step: cells[r][step] is (kind, tooltip) with kind a key of SPAN_COLOURS
-    (a prompt's chunk, its positions computed again after a preemption, a decode, waiting for blocks), None before
-    it arrives and after it leaves; a red cross where it was preempted."""
+                   step_title: str, row_title: str, description: str,
+                   colours: dict[str, str] = SPAN_COLOURS) -> str:
+    """What each request did at each step, LANE_WIDTH wide: cells[r][step] is (kind, tooltip) with kind a key of
+    `colours` (a prompt's chunk, its positions computed again after a preemption, a decode, waiting for blocks),
+    None before it arrives and after it leaves; a red cross where it was preempted. The step axis shows at least
+    LANE_COLUMNS steps; a row is tall enough for its request's number while there are at most 16."""
     steps = len(cells[0]) if cells else 0
-    left_px, top, cell_h = 44, 8, 14 if len(rows) <= 24 else 8
-    cell_w = max(2.0, min(18.0, 640 / max(1, steps)))
-    width, height = round(left_px + steps * cell_w + 12), top + len(rows) * cell_h + 42
+    font = LANE_FONT_PX
+    left_px, top, right = 80, 6, 10
+    cell_h = max(8.0, min(32.0, 420 / max(1, len(rows))))
+    every = math.ceil((font + 4) / cell_h)  # rows per written number
+    columns = max(steps, LANE_COLUMNS)
+    cell_w = (LANE_WIDTH - left_px - right) / columns
+    height = round(top + len(rows) * cell_h + 2.6 * font + 12)
     parts = []
     for r, rid in enumerate(rows):
         y = top + r * cell_h
-        if cell_h >= 12:
-            parts.append(f'<text x="{left_px - 6}" y="{y + cell_h / 2:.1f}" text-anchor="end" '
-                         f'dominant-baseline="middle" font-size="11">{rid}</text>')
+        if r % every == 0:
+            parts.append(f'<text x="{left_px - 8}" y="{y + cell_h / 2:.1f}" text-anchor="end" '
+                         f'dominant-baseline="middle">{rid}</text>')
         for step, cell in enumerate(cells[r]):
             x = left_px + step * cell_w
             if cell is not None:
                 kind, tip = cell
-                parts.append(f'<rect x="{x:.1f}" y="{y + 1}" width="{max(1.0, cell_w - 1):.1f}" height="{cell_h - 2}" '
-                             f'fill="{SPAN_COLOURS[kind]}"><title>{escape(tip)}</title></rect>')
+                parts.append(f'<rect x="{x:.1f}" y="{y + 1:.1f}" width="{max(1.0, cell_w - 1):.1f}" '
+                             f'height="{cell_h - 2:.1f}" fill="{colours[kind]}"><title>{escape(tip)}</title></rect>')
             if preempted[r][step]:
-                parts.append(f'<path d="M{x:.1f},{y + 1} l{cell_w - 1:.1f},{cell_h - 2} M{x:.1f},{y + cell_h - 1} '
-                             f'l{cell_w - 1:.1f},{-(cell_h - 2)}" stroke="#c92a2a" stroke-width="2"/>')
-    parts += _step_axis(steps, left_px, cell_w, top + len(rows) * cell_h + 16, height, step_title)
-    parts.append(f'<text transform="translate(14,{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
+                parts.append(f'<path d="M{x:.1f},{y + 1:.1f} l{cell_w - 1:.1f},{cell_h - 2:.1f} M{x:.1f},'
+                             f'{y + cell_h - 1:.1f} l{cell_w - 1:.1f},{-(cell_h - 2):.1f}" stroke="#c92a2a" '
+                             f'stroke-width="3"/>')
+    parts += _step_axis(columns, left_px, cell_w, round(top + len(rows) * cell_h + font), height, step_title)
+    parts.append(f'<text transform="translate({font},{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
                  f'text-anchor="middle">{escape(row_title)}</text>')
-    return _svg(width, height, description, parts)
+    return _svg(LANE_WIDTH, height, description, parts, font)
 
 
 def tier_slots_svg(holder: np.ndarray, went_out: np.ndarray, came_back: np.ndarray, tips: list[str],
                    description: str) -> str:
     """The second tier's slots, a square per slot in id order, as the pool's blocks are drawn (block_grid_svg): a
-    slot holding a moved-out block in its request's lane colour, framed dark when it went out in the last step; a
-    free slot grey, outlined dashed in the request's colour when its block went back to the pool in the last step."""
+    slot holding a moved-out block in its request's lane colour with its number, framed dark when it went out in
+    the last step; a free slot grey, outlined dashed in the request's colour when its block went back to the pool
+    in the last step."""
     n = len(holder)
-    columns = max(1, min(BLOCK_COLUMNS, n))
-    cell = BLOCK_PX + 2
-    width, height = columns * cell + 2, -(-n // columns) * cell + 2
+    columns, cell = grid_shape(n)
+    side = cell - max(1.5, 0.08 * cell)
+    numbered = cell >= NUMBERED_FROM
     parts = []
     for s in range(n):
         x, y = 1 + (s % columns) * cell, 1 + (s // columns) * cell
         tip = f"<title>{escape(tips[s])}</title>"
         if holder[s] >= 0:
-            colour = LANE_COLOURS[int(holder[s]) % len(LANE_COLOURS)]
-            frame = f' stroke="{INK}" stroke-width="2"' if went_out[s] else ""
-            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{colour}"{frame}>'
-                         f"{tip}</rect>")
+            request = int(holder[s])
+            frame = f' stroke="{INK}" stroke-width="3"' if went_out[s] else ""
+            parts.append(f'<g>{tip}<rect x="{x:.1f}" y="{y:.1f}" width="{side:.1f}" height="{side:.1f}" '
+                         f'fill="{lane_colour(request)}"{frame}/>'
+                         + (_block_number(x, y, side, request) if numbered else "") + "</g>")
         elif came_back[s] >= 0:
-            colour = LANE_COLOURS[int(came_back[s]) % len(LANE_COLOURS)]
-            parts.append(f'<rect x="{x + 1}" y="{y + 1}" width="{BLOCK_PX - 2}" height="{BLOCK_PX - 2}" '
-                         f'fill="{FREE_BLOCK}" stroke="{colour}" stroke-width="2" stroke-dasharray="3,2">{tip}</rect>')
+            parts.append(f'<rect x="{x + 1:.1f}" y="{y + 1:.1f}" width="{side - 2:.1f}" height="{side - 2:.1f}" '
+                         f'fill="{FREE_BLOCK}" stroke="{lane_colour(int(came_back[s]))}" stroke-width="3" '
+                         f'stroke-dasharray="5,3">{tip}</rect>')
         else:
-            parts.append(f'<rect x="{x}" y="{y}" width="{BLOCK_PX}" height="{BLOCK_PX}" fill="{FREE_BLOCK}">'
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{side:.1f}" height="{side:.1f}" fill="{FREE_BLOCK}">'
                          f"{tip}</rect>")
-    return _svg(width, height, description, parts)
+    return _svg(LANE_WIDTH, round(-(-n // columns) * cell + 2), description, parts, LANE_FONT_PX)
+
+
+CROSSOVER_FONT_PX = 18  # the crossover chart is drawn at its own size: its text 18 px on the screen
 
 
 def crossover_svg(positions: list[int], series: dict[str, list[float]], crossover: int | None, crossover_label: str,
@@ -558,15 +617,16 @@ def crossover_svg(positions: list[int], series: dict[str, list[float]], crossove
     """Times by positions on log-log axes (positions double from one block up; times from a fraction of a
     millisecond to seconds): a line per series (the first a round trip through the tier, the second the
     recompute), a dashed upright line at the crossover with its label. `number` writes the ticks."""
-    width, left, right, bottom, plot_h = 420, 58, 16, 46, 180
-    entries, legend_x, legend_y = [], 0, 14
+    font = CROSSOVER_FONT_PX
+    width, left, right, bottom, plot_h = 560, 76, 20, 58, 220
+    entries, legend_x, legend_y = [], 0, 16
     for name in series:
-        size = 32 + round(CHAR_PX * len(name))
+        size = 36 + round(0.55 * font * len(name))
         if legend_x and legend_x + size > width:
-            legend_x, legend_y = 0, legend_y + 20
+            legend_x, legend_y = 0, legend_y + 26
         entries.append((legend_x, legend_y))
         legend_x += size + 18
-    top = legend_y + 24
+    top = legend_y + 30
     height = top + plot_h + bottom
     plot_w = width - left - right
     x_lo, x_hi = math.log2(positions[0]), math.log2(positions[-1])
@@ -586,11 +646,12 @@ def crossover_svg(positions: list[int], series: dict[str, list[float]], crossove
                      f'stroke="{GRID_INK}"/><text x="{left - 6}" y="{py(10**e):.1f}" text-anchor="end" '
                      f'dominant-baseline="middle">{escape(number(10.0**e))}</text>')
     for v in positions:
-        parts.append(f'<text x="{px(v):.1f}" y="{top + plot_h + 16}" text-anchor="middle">{escape(number(v))}</text>')
+        parts.append(f'<text x="{px(v):.1f}" y="{top + plot_h + font + 4}" text-anchor="middle">'
+                     f"{escape(number(v))}</text>")
     if crossover is not None:
         parts.append(f'<line x1="{px(crossover):.1f}" x2="{px(crossover):.1f}" y1="{top}" y2="{top + plot_h}" '
                      f'stroke="{INK}" stroke-width="2" stroke-dasharray="6 4"/>'
-                     f'<text x="{px(crossover) + 6:.1f}" y="{top + 12}" font-size="12">'
+                     f'<text x="{px(crossover) + 6:.1f}" y="{top + font}">'
                      f"{escape(crossover_label)}</text>")
     for (name, ys), colour, (lx, ly) in zip(series.items(), (KEPT, CHOSEN), entries):
         points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(positions, ys))
@@ -601,9 +662,9 @@ def crossover_svg(positions: list[int], series: dict[str, list[float]], crossove
         parts.append(f'<line x1="{lx}" x2="{lx + 26}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="3"/>'
                      f'<text x="{lx + 32}" y="{ly}" dominant-baseline="middle">{escape(name)}</text>')
     parts.append(f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">{escape(x_title)}</text>'
-                 f'<text transform="translate(14,{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
+                 f'<text transform="translate({font},{top + plot_h / 2:.1f}) rotate(-90)" text-anchor="middle">'
                  f"{escape(y_title)}</text>")
-    return _svg(width, height, description, parts)
+    return _svg(width, height, description, parts, font)
 
 
 WORKER_COLOURS = {"received": "#7570b3", "prefill": SPAN_COLOURS["prefill"], "decode": SPAN_COLOURS["decode"]}
@@ -611,25 +672,27 @@ WORKER_COLOURS = {"received": "#7570b3", "prefill": SPAN_COLOURS["prefill"], "de
 
 def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_cells: list[tuple[str, str] | None],
                      gone_at: int | None, lane_names: tuple[str, str], step_title: str, description: str) -> str:
-    """Two lanes over the decode worker's steps: above, the prefill worker, a box per prompt it sent (transfers:
-    (request, the step that received it, tooltip)) in the request's lane colour, stacked where a step received
-    several, an arrow from each step's boxes down to the decode worker; below, the decode worker, a cell per step
-    (decode_cells[step]: (kind of WORKER_COLOURS, tooltip) or None: nothing ran). gone_at: the step from which the
-    prefill worker was gone, its lane crossed out from there."""
-    left_px, top, box_h = round(CHAR_PX * max(len(name) for name in lane_names)) + 16, 8, 14
-    cell_w = max(3.0, min(22.0, 640 / max(1, steps)))
+    """Two lanes over the decode worker's steps, LANE_WIDTH wide (at least LANE_COLUMNS steps): above, the prefill
+    worker, a box per prompt it sent (transfers: (request, the step that received it, tooltip)) in the request's
+    lane colour with its number where the box is wide enough, stacked where a step received several, an arrow from
+    each step's boxes down to the decode worker; below, the decode worker, a cell per step (decode_cells[step]:
+    (kind of WORKER_COLOURS, tooltip) or None: nothing ran). gone_at: the step from which the prefill worker was
+    gone, its lane crossed out from there."""
+    font = LANE_FONT_PX
+    left_px, top, box_h = round(0.55 * font * max(len(name) for name in lane_names)) + 16, 6, 28
+    columns = max(steps, LANE_COLUMNS)
+    cell_w = (LANE_WIDTH - left_px - 10) / columns
     per_step: dict[int, list[tuple[int, str]]] = {}
     for request, step, tip in transfers:
         per_step.setdefault(step, []).append((request, tip))
     lane_h = box_h * max([len(v) for v in per_step.values()] + [1]) + 4
-    gap, decode_h = 34, 22
+    gap, decode_h = 40, 32
     decode_y = top + lane_h + gap
-    width = round(left_px + steps * cell_w + 12)
-    height = decode_y + decode_h + 40
+    height = round(decode_y + decode_h + 2.6 * font + 12)
     parts = [f'<defs><marker id="head" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="7" markerHeight="7" '
              f'orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="{INK}"/></marker></defs>']
     for name, y, h in ((lane_names[0], top, lane_h), (lane_names[1], decode_y, decode_h)):
-        parts.append(f'<rect x="{left_px}" y="{y}" width="{steps * cell_w:.1f}" height="{h}" fill="none" '
+        parts.append(f'<rect x="{left_px}" y="{y}" width="{columns * cell_w:.1f}" height="{h}" fill="none" '
                      f'stroke="{GRID_INK}"/><text x="{left_px - 8}" y="{y + h / 2:.1f}" text-anchor="end" '
                      f'dominant-baseline="middle">{escape(name)}</text>')
     for step, boxes in per_step.items():
@@ -637,13 +700,14 @@ def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_c
         for k, (request, tip) in enumerate(boxes):
             y = top + 2 + k * box_h
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{max(1.0, cell_w - 1):.1f}" height="{box_h - 1}" '
-                         f'fill="{LANE_COLOURS[request % len(LANE_COLOURS)]}"><title>{escape(tip)}</title></rect>')
-            if cell_w >= 14:
+                         f'fill="{lane_colour(request)}"><title>{escape(tip)}</title></rect>')
+            if cell_w >= 0.62 * font * len(str(request)) + 6:
+                ink = "#fff" if request % len(LANE_COLOURS) in DARK_LANES else INK
                 parts.append(f'<text x="{x + cell_w / 2:.1f}" y="{y + box_h / 2:.1f}" text-anchor="middle" '
-                             f'dominant-baseline="middle" font-size="10">{request}</text>')
+                             f'dominant-baseline="central" font-weight="600" fill="{ink}">{request}</text>')
         mid = x + cell_w / 2
         parts.append(f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{top + 2 + len(boxes) * box_h}" y2="{decode_y - 2}" '
-                     f'stroke="{INK}" stroke-width="1.5" marker-end="url(#head)"/>')
+                     f'stroke="{INK}" stroke-width="2" marker-end="url(#head)"/>')
     for step, cell in enumerate(decode_cells):
         if cell is not None:
             kind, tip = cell
@@ -655,8 +719,8 @@ def worker_lanes_svg(steps: int, transfers: list[tuple[int, int, str]], decode_c
         parts.append(f'<rect x="{x:.1f}" y="{top}" width="{(steps - gone_at) * cell_w:.1f}" height="{lane_h}" '
                      f'fill="{GRID_INK}" opacity="0.6"/><path d="M{x:.1f},{top} l{min(lane_h, 40)},{lane_h} '
                      f'M{x:.1f},{top + lane_h} l{min(lane_h, 40)},{-lane_h}" stroke="#c92a2a" stroke-width="3"/>')
-    parts += _step_axis(steps, left_px, cell_w, decode_y + decode_h + 16, height, step_title)
-    return _svg(width, height, description, parts)
+    parts += _step_axis(columns, left_px, cell_w, round(decode_y + decode_h + font), height, step_title)
+    return _svg(LANE_WIDTH, height, description, parts, font)
 
 
 LABEL_CHAR_PX, LABEL_LINE_PX = 7, 13  # a 12-pixel label's width per character and its height
@@ -729,12 +793,14 @@ def roofline_svg(points: list[tuple[str, float, float]], bandwidth_gb_s: float, 
     return _svg(width, height, description, parts)
 
 
-def _svg(width: int, height: int, description: str, parts: list[str]) -> str:
+def _svg(width: int, height: int, description: str, parts: list[str], font_px: int = FONT_PX,
+         zoom: float = 1.0) -> str:
     """An <img> of the SVG: st.html's sanitiser drops inline SVG, and an image is one element for the page to lay
-    out. It scales down with its column, never up, so the text keeps its size where there is room."""
+    out. It scales down with its column, never up past `zoom` times its size, so the text keeps its size (font_px,
+    times zoom) where there is room."""
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
-           f'height="{height}" font-family="{FONT_FAMILY}" font-size="{FONT_PX}" fill="{INK}">'
+           f'height="{height}" font-family="{FONT_FAMILY}" font-size="{font_px}" fill="{INK}">'
            + "".join(parts) + "</svg>")
     source = "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
     return (f'<img class="dl-chart" src="{source}" alt="{escape(description)}" width="{width}" height="{height}" '
-            f'style="width:100%;max-width:{width}px;height:auto">')
+            f'style="width:100%;max-width:{round(width * zoom)}px;height:auto">')

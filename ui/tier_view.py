@@ -10,12 +10,14 @@ import streamlit as st
 
 from model.engine.runtime import LoadedModel
 from model.serving.disaggregated import DisaggregatedServer
+from model.serving.forecast import FirstMove
 from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer
 from model.serving.tiers import Crossover, measure_crossover
 from ui import svg
 from ui.errors import error_sentence
 from ui.i18n import decimal, number, t
+from ui.pool_view import draw_pool, request_legend
 from ui.widgets import legend_html, table_html
 
 _measuring = threading.Lock()  # one measurement at a time: two at once would time each other's work
@@ -35,40 +37,58 @@ def ms(value: float | None) -> str:
 
 
 def draw_pool_and_tier(server: PagedServer) -> None:
-    """The pool's blocks and the tier's slots, side by side, with what went out and came back in the last step."""
-    offload, layout = server.offload, server.layout
+    """The pool's blocks, then the tier's slots below (each as wide as the page), with what went out and came back
+    in the last step, and the legend of the requests' colours."""
+    offload = server.offload
     pool, tier = server.pool_view(), offload.view()
-    pool_tips = [t("paged.tip_free", block=b) if pool.holder[b] < 0 else
-                 t("paged.tip_held", block=b, request=int(pool.holder[b]), filled=int(pool.filled[b]),
-                   size=layout.block_size, refs=int(pool.refs[b])) for b in range(len(pool.holder))]
-    tier_tips = []
-    for s in range(len(tier.holder)):
-        if tier.holder[s] >= 0:
-            tier_tips.append(t("tiers.tip_out_now" if tier.went_out[s] else "tiers.tip_out", slot=s,
-                               request=int(tier.holder[s])))
-        elif tier.came_back[s] >= 0:
-            tier_tips.append(t("tiers.tip_came_back", slot=s, request=int(tier.came_back[s])))
-        else:
-            tier_tips.append(t("tiers.tip_free", slot=s))
     free = int((pool.holder < 0).sum())
-    left, right = st.columns(2)
-    with left:
-        st.markdown(f"**{t('tiers.pool_heading', free=number(free), blocks=number(len(pool.holder)))}**")
-        st.html(svg.block_grid_svg(pool.holder, pool.refs, pool.cached, pool.sliding, pool.filled, layout.block_size,
-                                   pool_tips, t("paged.pool_alt", blocks=len(pool.holder), free=free)))
-    with right:
-        held = int((tier.holder >= 0).sum())
-        if len(tier.holder):
-            st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
-            st.html(svg.tier_slots_svg(tier.holder, tier.went_out, tier.came_back, tier_tips,
-                                       t("tiers.tier_alt", held=held, slots=len(tier.holder))))
-        else:
-            st.caption(t("tiers.tier_deleted"))
-    st.html(legend_html({t("paged.legend_free"): svg.FREE_BLOCK, t("paged.legend_held"): svg.LANE_COLOURS[0]},
-                        outlined=True))
-    st.caption(t("tiers.grids_caption"))
+    st.markdown(f"**{t('tiers.pool_heading', free=number(free), blocks=number(len(pool.holder)))}**")
+    draw_pool(pool)
+    held = int((tier.holder >= 0).sum())
+    if not len(tier.holder):
+        st.caption(t("tiers.tier_deleted"))
+    elif len(tier.holder) > svg.MAX_GRID_BLOCKS:  # as the pool past it: one bar, a segment per request
+        st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
+        out = {int(r): int((tier.holder == r).sum()) for r in set(tier.holder[tier.holder >= 0].tolist())}
+        st.html(svg.pool_bar_svg(tier.holder, {r: t("tiers.tip_out_many", request=r, slots=number(n))
+                                               for r, n in out.items()},
+                                 t("tiers.tip_free_many", slots=number(len(tier.holder) - held)),
+                                 t("tiers.tier_alt", held=held, slots=len(tier.holder))))
+    else:
+        tips = []
+        for s in range(len(tier.holder)):
+            if tier.holder[s] >= 0:
+                tips.append(t("tiers.tip_out_now" if tier.went_out[s] else "tiers.tip_out", slot=s,
+                              request=int(tier.holder[s])))
+            elif tier.came_back[s] >= 0:
+                tips.append(t("tiers.tip_came_back", slot=s, request=int(tier.came_back[s])))
+            else:
+                tips.append(t("tiers.tip_free", slot=s))
+        st.markdown(f"**{t('tiers.tier_heading', held=number(held), slots=number(len(tier.holder)))}**")
+        st.html(svg.tier_slots_svg(tier.holder, tier.went_out, tier.came_back, tips,
+                                   t("tiers.tier_alt", held=held, slots=len(tier.holder))))
+    st.html(request_legend(sorted(server.requests)))
     if offload.failure is not None:
         st.error(error_sentence(offload.failure))
+
+
+def first_move_said(server: PagedServer, first: FirstMove | None, crossover: Crossover) -> str | None:
+    """When the tier first moves blocks out: done (its step and request), or to come (its step, how many Next
+    presses away, the victim and its positions: forecast.first_move_out, at Start), or not in this run; None where
+    nothing moves on this machine (crossover_none says so) or the step foreseen passed with no move (the tier
+    was full or could not be written: the events say why)."""
+    done = next(((step.index, rid) for step in server.steps for rid, what in step.tier if what == "out"), None)
+    if done is not None:
+        return t("tiers.first_out_done", step=done[0], request=done[1])
+    if crossover.positions is None:
+        return None
+    if first is None:
+        return t("tiers.first_out_none", crossover=number(crossover.positions))
+    presses = first.step - len(server.steps) + 1
+    if presses < 1:
+        return None
+    return t("tiers.first_out_next" if presses == 1 else "tiers.first_out_at", step=first.step, presses=presses,
+             request=first.request, positions=number(first.positions), crossover=number(crossover.positions))
 
 
 def step_events(server: PagedServer, crossover: Crossover) -> None:
@@ -133,8 +153,9 @@ def formula_text(model: LoadedModel, positions: int) -> str:
     return f"{written} = {number(model.info.cache_bytes_formula(positions))}"
 
 
-def draw_workers(server: DisaggregatedServer, model: LoadedModel) -> None:
-    """The two lanes, each transfer an arrow between them, then the transfers' bytes beside the formula."""
+def draw_worker_lanes(server: DisaggregatedServer) -> None:
+    """The two lanes, each transfer an arrow from the prefill worker's to the decode worker's step that received it,
+    and their legend."""
     steps = server.steps
     transfers = server.transfers
     boxes = [(x.request, x.step, t("tiers.tip_transfer", request=x.request, step=x.step, bytes=number(x.bytes),
@@ -149,10 +170,14 @@ def draw_workers(server: DisaggregatedServer, model: LoadedModel) -> None:
                                                         here=here,
                                                         decodes=kinds.count("decode"))))
     gone = None if server.failure is None else server.failure[1]
-    if steps:
-        st.html(svg.worker_lanes_svg(len(steps), boxes, cells, gone, (t("tiers.lane_prefill"), t("tiers.lane_decode")),
-                                     t("serving.axis_step"), t("tiers.lanes_alt", transfers=len(transfers))))
-        st.html(legend_html({t("tiers.legend_" + kind): colour for kind, colour in svg.WORKER_COLOURS.items()}))
+    st.html(svg.worker_lanes_svg(len(steps), boxes, cells, gone, (t("tiers.lane_prefill"), t("tiers.lane_decode")),
+                                 t("serving.axis_step"), t("tiers.lanes_alt", transfers=len(transfers))))
+    st.html(legend_html({t("tiers.legend_" + kind): colour for kind, colour in svg.WORKER_COLOURS.items()}))
+
+
+def draw_transfers(server: DisaggregatedServer, model: LoadedModel) -> None:
+    """Each transfer's bytes beside the cache formula's."""
+    transfers = server.transfers
     rows = [[x.request, x.step, number(x.positions), number(x.bytes), formula_text(model, x.positions),
              t("paged.same" if x.bytes == x.bytes_formula else "paged.not_same"), ms(x.ms), ms(x.prefill_ms)]
             for x in transfers]
