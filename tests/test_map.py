@@ -171,7 +171,9 @@ def test_hide_overlay_removes_the_arrows_frames_and_labels():
     assert ("5A", "5B") in pairs and ("5B", "5C") in pairs
     assert ("1C", "2A") in pairs and ("2D", "3A") in pairs  # column 1 -> 2 -> 3
     labelled = {a["label"]: (a["from"], a["to"]) for a in arrows if a.get("label")}
-    assert labelled == {"next batch": ("3E", "col-1"), "load weights": ("3E", "5A")}
+    assert labelled == {"batch tiếp theo": ("3E", "col-1"), "nạp trọng số": ("3E", "5A")}  # in the page's language
+    english = {a["label"] for a in spec_of(build(lang="en"))["arrows"] if a.get("label")}
+    assert english == {"next batch", "load weights"}
     assert not any(a["from"][0] == "4" or a["to"][0] == "4" for a in arrows)  # column 4 is not in the flow
     doc = Tags(shown)
     assert len(doc.find("section", "dlm-frame")) == 5 and len(doc.find("header", "dlm-head")) == 5
@@ -341,7 +343,11 @@ def test_map_in_the_browser(app_server, browser_page, artifacts, lang, size):
     for cid in IDS:
         assert page.locator(f".dlm-cell[data-cell='{cid}']").is_visible(), cid
     arrow_labels = page.locator(".dlm-arrow-label").all_text_contents()
-    assert arrow_labels == ["next batch", "load weights"]
+    assert arrow_labels == [text("map.arrow_next_batch", lang), text("map.arrow_load_weights", lang)]
+    # the whole map on the first screen, band 5 (the first lesson's) included
+    bottom = page.evaluate("Math.max(...[...document.querySelectorAll('.dlm-cell')]"
+                           ".map(e => e.getBoundingClientRect().bottom))")
+    assert bottom <= size[1], f"the lowest cell ends at y = {bottom:.0f}"
 
     # projector checks: no horizontal scrolling, the map fits the main area, cell text ≥ 14 px
     fits = page.evaluate(

@@ -181,7 +181,8 @@ def map_html(
     hide_overlay: bool,
     labels: dict[str, str],
 ) -> str:
-    """The whole map: four columns (bands 1-4), band 5 below, arrows and frames unless hide_overlay.
+    """The whole map: four columns (bands 1-4), band 5 under columns 1-3 and beside column 4 (so the 22 cells fit
+    one 1280 × 720 screen under the page's title), arrows and frames unless hide_overlay.
 
     band is "all" or "1".."5": the chosen band is highlighted (class "hl"), the others dimmed ("dim").
     """
@@ -210,7 +211,7 @@ def map_html(
         f"<style>{CSS}</style>"
         f'<div class="dlm dlm-overlay-{overlay}" data-band="{escape(band)}" role="group" '
         f'aria-label="{escape(labels["map.map_title"])}">'
-        f'<div class="dlm-grid">{columns}</div>{band5}</div>'
+        f'<div class="dlm-grid">{columns}{band5}</div></div>'
         f"{pops}"
         f"<script>{SCRIPT.replace('__SPEC__', script_json(spec))}</script>"
         "</div>"
@@ -218,11 +219,12 @@ def map_html(
 
 
 # -----------------------------------------------------------------------------
-# style: saturated band fills with near-black text (they survive a projector), 15-16 px text in cells
+# style: saturated band fills with near-black text (they survive a projector); sizes in rem, so presenter mode's
+# larger root enlarges the cells' text with the page's
 
 CSS = """
 .dlm-root{--ink:#14161a;--line:#2b2f36;font-family:inherit;color:var(--ink);}
-.dlm{position:relative;background:#fff;border:1px solid #d5d8de;border-radius:14px;padding:14px 16px 16px;
+.dlm{position:relative;background:#fff;border:1px solid #d5d8de;border-radius:14px;padding:0.5rem 0.75rem 0.75rem;
  box-sizing:border-box;width:100%;}
 .dlm *{box-sizing:border-box;}
 .dlm-b1{--band:#f5b324;--band-dark:#8a5a00;}
@@ -232,47 +234,47 @@ CSS = """
 .dlm-b5{--band:#43c27c;--band-dark:#0f6b39;}
 .dlm-col-1{--band-dark:#8a5a00;}.dlm-col-2{--band-dark:#0b4f8a;}.dlm-col-3{--band-dark:#9a2d10;}
 .dlm-col-4{--band-dark:#5b2aa6;}.dlm-band5{--band-dark:#0f6b39;}
-.dlm-grid{display:grid;grid-template-columns:repeat(3,minmax(0,1fr)) minmax(0,1.25fr);
- column-gap:30px;align-items:start;}
-.dlm-overlay-on .dlm-grid{padding-top:30px;}
+.dlm-grid{display:grid;grid-template-columns:repeat(3,minmax(0,1fr)) minmax(0,1.3fr);grid-template-rows:auto 1fr;
+ column-gap:1.4rem;row-gap:2.3rem;align-items:start;}
+.dlm-overlay-on .dlm-grid{padding-top:1.6rem;}
 .dlm-col{position:relative;min-width:0;}
-.dlm-frame{border:2px solid var(--band-dark);border-radius:12px;padding:8px 8px 10px;background:#f7f8fa;}
+.dlm-col-4{grid-column:4;grid-row:1 / 3;}
+.dlm-frame{border:2px solid var(--band-dark);border-radius:12px;padding:0.3rem 0.35rem 0.4rem;background:#f7f8fa;}
 .dlm-col-4.dlm-frame{border-style:dashed;border-width:2.5px;
  background:repeating-linear-gradient(135deg,#f6f2fd 0 10px,#fff 10px 20px);}
-.dlm-head{display:flex;align-items:center;gap:7px;margin:0 0 8px;font-weight:700;font-size:15px;line-height:1.2;
- color:var(--ink);}
-.dlm-num{flex:none;display:inline-flex;align-items:center;justify-content:center;width:24px;height:24px;border-radius:50%;
- background:var(--band);border:2px solid var(--band-dark);font-size:14px;font-weight:800;}
-.dlm-note{margin:-2px 0 8px;font-size:14px;line-height:1.3;color:#3b2470;font-style:italic;}
-.dlm-cells{display:flex;flex-direction:column;gap:18px;}
-.dlm-col-4 .dlm-cells{gap:8px;}
+.dlm-head{display:flex;align-items:center;gap:0.4rem;margin:0 0 0.3rem;font-weight:700;font-size:0.9rem;
+ line-height:1.15;color:var(--ink);}
+.dlm-num{flex:none;display:inline-flex;align-items:center;justify-content:center;width:1.4rem;height:1.4rem;
+ border-radius:50%;background:var(--band);border:2px solid var(--band-dark);font-size:0.85rem;font-weight:800;}
+.dlm-note{margin:-0.1rem 0 0.3rem;font-size:0.8rem;line-height:1.2;color:#3b2470;font-style:italic;}
+.dlm-cells{display:flex;flex-direction:column;gap:0.8rem;}
+.dlm-col-4 .dlm-cells{gap:0.3rem;}
 .dlm-cell{position:relative;display:block;width:100%;text-align:left;cursor:pointer;font:inherit;color:var(--ink);
- background:var(--band);border:2px solid var(--band-dark);border-radius:9px;padding:7px 9px;margin:0;
- font-size:15px;line-height:1.25;min-height:44px;transition:opacity .15s,filter .15s,transform .1s;}
+ background:var(--band);border:2px solid var(--band-dark);border-radius:9px;padding:0.2rem 0.4rem;margin:0;
+ font-size:0.875rem;line-height:1.2;min-height:2.4rem;transition:opacity .15s,filter .15s,transform .1s;}
 .dlm-cell:hover,.dlm-cell:focus-visible{outline:3px solid #14161a;outline-offset:1px;z-index:5;}
 .dlm-cell:active{transform:translateY(1px);}
-.dlm-id{font-weight:800;font-size:16px;margin-right:6px;}
+.dlm-id{font-weight:800;font-size:0.9rem;margin-right:0.3rem;}
 .dlm-title{font-weight:500;overflow-wrap:anywhere;}
-.dlm-live-mark{position:absolute;top:4px;right:5px;font-size:15px;line-height:1;color:var(--ink);}
-.dlm-cell:has(.dlm-live-mark){padding-right:20px;}
+.dlm-live-mark{position:absolute;top:0.2rem;right:0.25rem;font-size:0.8rem;line-height:1;color:var(--ink);}
+.dlm-cell:has(.dlm-live-mark){padding-right:1.1rem;}
 .dlm-cell.dim,.dlm-col.dim .dlm-head,.dlm-col.dim .dlm-note,.dlm-band5.dim .dlm-head{opacity:.28;filter:grayscale(.85);}
 .dlm-frame.dim{border-color:#c9ccd2;}
 .dlm-cell.hl{box-shadow:0 0 0 3px #14161a;}
 .dlm-frame.hl{border-width:3px;background:#fffbe6;}
-.dlm-tip{display:none;position:absolute;left:-2px;bottom:calc(100% + 9px);width:max(100%,260px);
- max-width:340px;z-index:30;
- background:#14161a;color:#fff;border-radius:8px;padding:8px 10px;font-size:15px;font-weight:500;line-height:1.35;
- box-shadow:0 6px 18px rgba(0,0,0,.3);pointer-events:none;white-space:normal;}
+.dlm-tip{display:none;position:absolute;left:-2px;bottom:calc(100% + 9px);width:max(100%,16rem);
+ max-width:21rem;z-index:30;
+ background:#14161a;color:#fff;border-radius:8px;padding:0.5rem 0.6rem;font-size:0.9375rem;font-weight:500;
+ line-height:1.35;box-shadow:0 6px 18px rgba(0,0,0,.3);pointer-events:none;white-space:normal;}
 .dlm-tip::after{content:"";position:absolute;left:18px;top:100%;border:7px solid transparent;border-top-color:#14161a;}
 .dlm-col-4 .dlm-tip,.dlm-band5 .dlm-cell:last-child .dlm-tip{left:auto;right:-2px;}
 .dlm-col-4 .dlm-tip::after,.dlm-band5 .dlm-cell:last-child .dlm-tip::after{left:auto;right:18px;}
-.dlm-tip-hint{display:block;margin-top:4px;font-size:14px;color:#c8ccd4;font-style:italic;}
+.dlm-tip-hint{display:block;margin-top:0.25rem;font-size:0.875rem;color:#c8ccd4;font-style:italic;}
 .dlm-cell:hover .dlm-tip,.dlm-cell:focus-visible .dlm-tip{display:block;}
-.dlm-band5{position:relative;margin-top:16px;display:flex;align-items:center;gap:16px;}
-.dlm-overlay-on .dlm-band5{margin-top:54px;}
-.dlm-band5.dlm-frame{padding:10px 12px;}
-.dlm-head5{flex:none;flex-direction:column;align-items:flex-start;margin:0;max-width:120px;}
-.dlm-band5 .dlm-cells{flex:1;display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:40px;}
+.dlm-band5{position:relative;grid-column:1 / 4;grid-row:2;display:flex;align-items:center;gap:0.8rem;}
+.dlm-band5.dlm-frame{padding:0.4rem 0.5rem;}
+.dlm-head5{flex:none;flex-direction:column;align-items:flex-start;margin:0;max-width:6rem;}
+.dlm-band5 .dlm-cells{flex:1;display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:1.6rem;}
 .dlm-svg{position:absolute;left:0;top:0;overflow:visible;pointer-events:none;z-index:3;}
 .dlm-svg path{fill:none;stroke:var(--line);stroke-width:2.5;stroke-linejoin:round;}
 .dlm-svg polygon{fill:var(--line);stroke:none;}
@@ -280,40 +282,43 @@ CSS = """
 .dlm-svg .dlm-long path{stroke-width:3;stroke-dasharray:8 5;}
 .dlm-arrow-label{position:absolute;z-index:4;transform:translate(-50%,-50%);background:#fff;
  border:2px solid var(--line);
- border-radius:999px;padding:1px 10px;font-size:14px;font-weight:700;white-space:nowrap;color:var(--ink);
+ border-radius:999px;padding:0 0.6rem;font-size:0.8rem;font-weight:700;white-space:nowrap;color:var(--ink);
  pointer-events:none;}
 .dlm-arrow-label.faint{opacity:.3;}
 .dlm-pop{border:none;padding:0;background:transparent;max-width:none;max-height:none;overflow:visible;color:var(--ink);}
 .dlm-pop::backdrop{background:rgba(10,12,16,.45);}
 .dlm-pop-box{width:min(760px,calc(100vw - 32px));max-height:calc(100vh - 40px);overflow:auto;background:#fff;
  border-radius:14px;border-top:10px solid var(--band);box-shadow:0 18px 48px rgba(0,0,0,.35);padding:14px 20px 18px;
- font-size:15px;line-height:1.45;}
+ font-size:0.9375rem;line-height:1.45;}
 .dlm-pop-head{position:relative;padding-right:44px;margin-bottom:6px;}
-.dlm-pop-band{margin:0;font-size:14px;font-weight:700;color:var(--band-dark);text-transform:uppercase;letter-spacing:.03em;}
-.dlm-pop h3{margin:2px 0 4px;padding:0;font-size:22px;line-height:1.25;font-weight:700;color:var(--ink);}
+.dlm-pop-band{margin:0;font-size:0.875rem;font-weight:700;color:var(--band-dark);text-transform:uppercase;
+ letter-spacing:.03em;}
+.dlm-pop h3{margin:2px 0 4px;padding:0;font-size:1.375rem;line-height:1.25;font-weight:700;color:var(--ink);}
 .dlm-pop-id{display:inline-block;background:var(--band);border:2px solid var(--band-dark);border-radius:7px;
  padding:0 7px;
  margin-right:4px;}
-.dlm-pop-tagline{margin:0;font-size:16px;font-style:italic;color:#333;}
+.dlm-pop-tagline{margin:0;font-size:1rem;font-style:italic;color:#333;}
 .dlm-close{position:absolute;top:0;right:0;width:38px;height:38px;border-radius:50%;border:2px solid #14161a;
- background:#fff;color:#14161a;font-size:18px;font-weight:700;cursor:pointer;line-height:1;}
+ background:#fff;color:#14161a;font-size:1.125rem;font-weight:700;cursor:pointer;line-height:1;}
 .dlm-close:hover,.dlm-close:focus-visible{background:#14161a;color:#fff;}
 .dlm-parts{display:flex;flex-direction:column;gap:10px;margin-top:10px;}
-.dlm-part h4{margin:0 0 2px;padding:0;font-size:14px;font-weight:800;text-transform:uppercase;letter-spacing:.03em;
+.dlm-part h4{margin:0 0 2px;padding:0;font-size:0.875rem;font-weight:800;text-transform:uppercase;letter-spacing:.03em;
  color:var(--band-dark);}
-.dlm-part p{margin:0;font-size:15px;}
+.dlm-part p{margin:0;font-size:0.9375rem;}
 .dlm-part-caveat{background:#fff4d6;border-left:5px solid #d99a00;padding:6px 10px;border-radius:6px;}
 .dlm-links{display:flex;flex-wrap:wrap;align-items:center;gap:8px 10px;margin-top:14px;}
-.dlm-links-label{font-weight:700;font-size:15px;}
+.dlm-links-label{font-weight:700;font-size:0.9375rem;}
 .dlm-live{display:inline-block;background:#14161a;color:#fff !important;text-decoration:none !important;font-weight:700;
- border-radius:8px;padding:7px 12px;font-size:15px;}
+ border-radius:8px;padding:7px 12px;font-size:0.9375rem;}
 .dlm-live:hover,.dlm-live:focus-visible{background:var(--band-dark);}
 .dlm-root{container-type:inline-size;}
-@container (max-width:680px){.dlm-grid{grid-template-columns:repeat(2,minmax(0,1fr));row-gap:16px;}
- .dlm-overlay-on .dlm-grid{padding-top:0;}.dlm-overlay-on .dlm-band5{margin-top:16px;}
- .dlm-svg,.dlm-arrow-label{display:none;}.dlm-cells{gap:8px;}
- .dlm-band5{flex-direction:column;align-items:stretch;}.dlm-head5{flex-direction:row;max-width:none;}
- .dlm-band5 .dlm-cells{grid-template-columns:1fr;gap:8px;}}
+@container (max-width:680px){.dlm-grid{grid-template-columns:repeat(2,minmax(0,1fr));grid-template-rows:none;
+ row-gap:1rem;}
+ .dlm-overlay-on .dlm-grid{padding-top:0;}.dlm-col-4{grid-column:auto;grid-row:auto;}
+ .dlm-svg,.dlm-arrow-label{display:none;}.dlm-cells{gap:0.5rem;}
+ .dlm-band5{grid-column:1 / -1;grid-row:auto;flex-direction:column;align-items:stretch;}
+ .dlm-head5{flex-direction:row;max-width:none;}
+ .dlm-band5 .dlm-cells{grid-template-columns:1fr;gap:0.5rem;}}
 """
 
 # -----------------------------------------------------------------------------
@@ -378,7 +383,7 @@ SCRIPT = r"""
         label = [(gx + x) / 2, y];
       } else if (a.kind === "drop") {  // 3E -> down to the lane above band 5 -> over to 5A
         const to = box(cell(a.to));
-        const y = (grid.b + band5.t) / 2 + 4;
+        const y = (Math.max(cols[0].b, cols[1].b, cols[2].b) + band5.t) / 2;
         d = `M${from.cx},${from.b + 1} V${y} H${to.cx} V${to.t - 2}`; tip = [to.cx, to.t - 1, "down"];
         label = [(from.cx + to.cx) / 2, y];
       }
