@@ -5,7 +5,7 @@
   perplexity guide scores it; a longer text in windows of the context, each moved on by half of it, each token scored
   once with the most tokens before it that a window holds;
 - greedy agreement: float32 writes NEW_TOKENS greedy tokens after each of the text's fixed prompts; each dtype reads
-  that same text in one pass, and at every position that predicted a new token its argmax is checked against
+  that same text through its cache, CHUNK positions a pass, and at every position that predicted a new token its argmax is checked against
   float32's;
 - mean KL: KL(float32 ‖ dtype) of the next-token distributions at every scored position of the held-out text, in nats.
 
@@ -168,10 +168,13 @@ def greedy_texts(reference: NativeModel, prompts: tuple[str, ...], new_tokens: i
 
 @torch.inference_mode()
 def greedy_choices(model: NativeModel, texts: list[tuple[list[int], int]]) -> torch.Tensor:
-    """The model's argmax at every position of the texts that predicted a new token, read in one pass each."""
+    """The model's argmax at every position of the texts that predicted a new token, each text read through its
+    cache CHUNK positions a pass (a cache in fewer bits is then read as a decode step reads it: kv_quant)."""
     picks = []
     for ids, prompt_len in texts:
-        logits = model.every_logits(ids[:-1], None)                          # (len − 1, vocab)
+        cache = model.new_cache()
+        logits = torch.cat([model.every_logits(ids[at:min(at + CHUNK, len(ids) - 1)], cache)
+                            for at in range(0, len(ids) - 1, CHUNK)])      # (len − 1, vocab)
         picks.append(logits[prompt_len - 1:].argmax(dim=-1))
     return torch.cat(picks)
 

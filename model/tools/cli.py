@@ -450,9 +450,12 @@ def parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("quality", help="what fewer bits cost: perplexity, greedy agreement and KL against float32")
     q.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
-    q.add_argument("--dtype", default="float32,bfloat16,int8",
+    q.add_argument("--dtype", default=None,
                    help="float32, bfloat16, int8, comma-separated, each once; float32, the reference, is always "
-                        "measured (default: %(default)s)")
+                        "measured (default: float32,bfloat16,int8)")
+    q.add_argument("--kv-dtype", default=None,
+                   help="float32, int8, fp8, comma-separated: the KV cache stored in each (the weights float32) in "
+                        "place of the weights' dtypes; each row gives its bytes per position, scales counted")
     q.add_argument("--text", default=None,
                    help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS:,} to {MAX_QUALITY_TOKENS:,} tokens of the "
                         "model's tokenizer (default: the project's held-out text in the model's language, "

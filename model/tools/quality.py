@@ -10,13 +10,15 @@ import json
 from dataclasses import asdict
 
 from model.engine.kernels import bf16_products, cpu_features, int8_products
+from model.engine.kv_quant import GROUP, bytes_per_position, check_kv_dtype, with_kv_dtype
 from model.engine.loading import load_model
 from model.engine.lowbit import check_dtype, with_weights
 from model.errors import InputError
-from model.serving.quality import held_out, measure_quality, text_ids
+from model.serving.quality import CHUNK, held_out, measure_quality, text_ids
 from model.tools.options import check_list, read_bounded
 from model.tools.serve_bench import cpu_line, parse_list
 
+DEFAULT_DTYPES = "float32,bfloat16,int8"
 MAX_TEXT_BYTES = 2**20  # a text past this is refused before it is tokenised (8,192 tokens take far fewer bytes)
 
 
@@ -32,12 +34,22 @@ def read_text(path: str) -> str:
 
 
 def run_cli(args) -> int:
-    dtypes = parse_list(args.dtype, str.strip, "--dtype")
+    kv_dtypes = None if args.kv_dtype is None else parse_list(args.kv_dtype, str.strip, "--kv-dtype")
+    if kv_dtypes is not None:
+        check_list("--kv-dtype", kv_dtypes)
+        if args.dtype not in (None, "float32"):
+            raise InputError("kv_dtype_with_dtype")
+        for kv_dtype in kv_dtypes:
+            check_kv_dtype(kv_dtype)  # before the model loads
+    dtypes = parse_list(args.dtype or DEFAULT_DTYPES, str.strip, "--dtype")
     check_list("--dtype", dtypes)
     for dtype in dtypes:
         check_dtype(dtype)  # before the model loads
     base = load_model(args.model, args.device, operator=True)
-    models = {"float32": base} | {d: with_weights(base, d) for d in dtypes if d != "float32"}  # refusals first
+    if kv_dtypes is not None:  # the cache in fewer bits, the weights float32 (kv_quant)
+        models = {"float32": base} | {d: with_kv_dtype(base, d) for d in kv_dtypes if d != "float32"}
+    else:
+        models = {"float32": base} | {d: with_weights(base, d) for d in dtypes if d != "float32"}  # refusals first
     text = held_out(base.info.language)
     name = args.text if args.text is not None else text.name
     ids = text_ids(base, read_text(args.text) if args.text is not None else text.text, name)
@@ -49,9 +61,17 @@ def run_cli(args) -> int:
         "machine": {"cpu": asdict(cpu_features()), "bf16_products": bf16_products(), "int8_products": int8_products()},
         "conditions": f"perplexity = exp(mean NLL of every token but the first given those before it); "
                       f"{quality.prompts} prompts × {quality.new_tokens} greedy tokens float32 wrote, each dtype "
-                      f"reading them in one pass; KL(float32 ‖ dtype) of the next-token distributions at every scored "
-                      f"position of the text, in nats"}
+                      f"reading them through its cache, {CHUNK} positions a pass; KL(float32 ‖ dtype) of the "
+                      f"next-token distributions at every scored position of the text, in nats"}
     del report["rows"]
+    if kv_dtypes is not None:
+        info = base.info
+        report["kv_dtypes"] = [{"kv_dtype": row.pop("dtype"), "bytes_per_position": bytes_per_position(
+            row_dtype, info.n_layers, info.n_kv_heads, info.d_head), **row}
+            for row, row_dtype in ((dict(r), r["dtype"]) for r in report.pop("dtypes"))]
+        report["conditions"] += (f"; the weights float32, K and V stored in each kv_dtype (int8: keys a scale per "
+                                 f"channel per {GROUP} positions, values a scale per position; fp8: e4m3, a scale "
+                                 f"per layer for K and for V) and read back for attention")
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -66,8 +86,11 @@ def print_report(report: dict) -> None:
     print(f"{report['tokens']} tokens scored in {report['windows']} window(s) of the {report['context']}-position "
           "context")
     print(cpu_line(report["machine"]["cpu"], report["machine"]["bf16_products"]))
-    print(f"{'dtype':<10}{'perplexity':>11}{'NLL':>9}{'greedy agreement':>22}{'mean KL':>10}")
-    for row in report["dtypes"]:
+    kv = "kv_dtypes" in report
+    print(f"{'KV dtype' if kv else 'dtype':<10}{'perplexity':>11}{'NLL':>9}{'greedy agreement':>22}{'mean KL':>10}"
+          + (f"{'B/position':>12}" if kv else ""))
+    for row in report["kv_dtypes" if kv else "dtypes"]:
         agree = f"{row['greedy_agree']}/{row['greedy_total']} ({row['greedy_agreement']:.1%})"
-        print(f"{row['dtype']:<10}{row['perplexity']:>11.3f}{row['nll']:>9.4f}{agree:>22}{row['mean_kl']:>10.5f}")
+        print(f"{row['kv_dtype' if kv else 'dtype']:<10}{row['perplexity']:>11.3f}{row['nll']:>9.4f}{agree:>22}"
+              f"{row['mean_kl']:>10.5f}" + (f"{row['bytes_per_position']:>12,.0f}" if kv else ""))
     print(report["conditions"])
