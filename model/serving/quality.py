@@ -5,8 +5,8 @@
   perplexity guide scores it; a longer text in windows of the context, each moved on by half of it, each token scored
   once with the most tokens before it that a window holds;
 - greedy agreement: float32 writes NEW_TOKENS greedy tokens after each of the text's fixed prompts; each dtype reads
-  that same text through its cache, CHUNK positions a pass, and at every position that predicted a new token its argmax is checked against
-  float32's;
+  that same text through its cache, CHUNK positions a pass, and at every position that predicted a new token its
+  argmax is checked against float32's;
 - mean KL: KL(float32 ‖ dtype) of the next-token distributions at every scored position of the held-out text, in nats.
 
 The held-out texts (assets/quality/, their source and licence in sources.json) were written for this project, so no
