@@ -26,14 +26,29 @@ from model.serving.scheduler import Request, Server
 from model.serving.slots import SlotCache, decode_rows
 
 TOL = 1e-5  # the issue's bound
-# small, SmolLM2, Gemma 3 270M and a random Llama on a CPU where the decode kernels build: every row is its solo run
-# bit for bit. The shared model's linears multiply in the kernels, which sum every output in one order whatever the
-# rows beside it (llama.PackedWeight, kernels.cpp), each row is attended over its own keys alone (llama.RowKeys), and
-# a Llama's SiLU × up is the kernels' silu_mul, the same bits wherever a number lies. The real models' widths (128,
-# 352, 576, 640, 1,536, 2,048) also fill torch's vector loops; a random Gemma 3's (48, 80) leave a tail that torch's
-# GELU finishes one element at a time, rounded unlike the vector lanes, at another place in a batch of rows: 1e-7
-# apart there.
+# A Llama (small, SmolLM2, a random one) on a CPU where the decode kernels build: every row is its solo run bit for
+# bit, on any such CPU, because every op a row's numbers go through is the project's own code or an elementwise torch
+# op that rounds one number alone: the linears multiply in the kernels, which sum every output in one order whatever
+# the rows beside it (llama.PackedWeight, kernels.cpp), the norms and each query's attention over exactly its keys
+# are the kernels' (llama.RowKeys, kernels.attend_spans), and SiLU × up is the kernels' silu_mul, a number's bits
+# wherever it lies.
 EXACT = 0.0 if kernels.unavailable_reason() is None else TOL
+# Gemma 3's GELU (tanh) is torch's F.gelu, whose vector loop finishes a row's last width mod its step (and, past
+# 32,768 numbers on several threads, a thread's share of the rows) one number at a time, rounded unlike the vector
+# lanes: which numbers go that way depends on the CPU's vector width, the thread count and the rows beside it, so a
+# Gemma row is its solo run within this bound, not bit for bit (where the widths happen to fill the loops, as 128,
+# 640 and 2,048 do on this AVX-512 Xeon on two threads, it is 0.0, which no test relies on). The bound: every GELU
+# output one float32 ulp off (GELU computed in float64 and rounded, in place of torch's) moved Gemma 3 270M's logits
+# by at most 1.7e-4 (prompts of 5 to 530 positions, 3 decode steps) and a random Gemma 3's (widths 64, 128) by 1.5e-5.
+GELU_TOL = 1e-3
+
+
+def row_tol(model) -> float:
+    """How far a row's logits may be from its solo run's: EXACT (a Llama), GELU_TOL where torch's GELU takes part
+    (Gemma 3)."""
+    return GELU_TOL if isinstance(model.module, Gemma3) else EXACT
+
+
 BUDGET = 256 * 2**20
 
 
@@ -177,15 +192,16 @@ def test_random_gemma3_rows_move_their_window_to_the_front(tiny_gemma3, monkeypa
 @needs_gemma3
 def test_gemma3_rows_equal_their_solo_runs_with_joins_and_leaves(gemma3):
     # the second row is past the 512-position window from its prefill on
-    check_rows_equal_solo(gemma3, [5, 530, 17], new_tokens=4, slots=2, tol=EXACT)
+    check_rows_equal_solo(gemma3, [5, 530, 17], new_tokens=4, slots=2, tol=row_tol(gemma3))
 
 
 def check_fewer_bits_rows_exact(model, dtype: str, longest: int) -> None:
     """Issue 38: the decode kernels sum each row alone in every dtype, and int8 rounds each row's inputs to int16 with
     the row's own scale, nothing measured across the batch (torch's dynamic int8 products scale the inputs per tensor,
-    which couples the rows): 9 requests of different lengths through 8 slots are their solo runs, bit for bit."""
+    which couples the rows): 9 requests of different lengths through 8 slots are their solo runs, bit for bit (a
+    Gemma 3 within its GELU's rounding: row_tol)."""
     sizes = check_rows_equal_solo(with_weights(model, dtype), [5, 40, 17, 9, 33, 12, 3, 25, longest], new_tokens=3,
-                                  slots=8, tol=EXACT)
+                                  slots=8, tol=row_tol(model))
     assert 8 in sizes
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import needs_kernels, packed
-from test_batch import EXACT, TOL, prompts_of, solo_run
+from test_batch import EXACT, GELU_TOL, TOL, prompts_of, solo_run
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model as needs_smollm2
 
@@ -25,9 +25,10 @@ MB = 2**20
 
 @pytest.fixture(scope="module")
 def wide_gemma3():
-    """A random Gemma 3 whose widths fill torch's vector loops (64, 128; d_head 16), so that its rows can be exact
-    (test_batch's tiny one, widths 32 and 48, drifts 1e-5 in chunks): 8 layers (sliding, sliding, sliding, full,
-    twice), window 24, 4 query heads over 2 KV heads, norm weights away from 0."""
+    """A random Gemma 3 wider than test_batch's tiny one (widths 64, 128; d_head 16): 8 layers (sliding, sliding,
+    sliding, full, twice), window 24, 4 query heads over 2 KV heads, norm weights away from 0. Its GELU is torch's, so
+    its rows are their solo runs within test_batch.GELU_TOL, not bit for bit (the rounding of torch's vector loop
+    depends on the CPU)."""
     torch.manual_seed(1)
     cfg = Gemma3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -106,7 +107,7 @@ LENGTHS, ARRIVALS = [3, 21, 40, 17, 33], [0, 0, 1, 2, 2]
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT),
-                                         pytest.param("wide_gemma3", EXACT, marks=needs_kernels)])
+                                         pytest.param("wide_gemma3", GELU_TOL, marks=needs_kernels)])
 def test_every_request_is_its_solo_run_in_each_mode(name, tol, mode, request, monkeypatch):
     model = request.getfixturevalue(name)
     new = min(12, model.info.context_length - 17 - max(LENGTHS))
@@ -116,7 +117,7 @@ def test_every_request_is_its_solo_run_in_each_mode(name, tol, mode, request, mo
 
 
 @pytest.mark.parametrize(("name", "tol"), [("tiny_gqa", TOL), ("small", EXACT),
-                                         pytest.param("wide_gemma3", EXACT, marks=needs_kernels)])
+                                         pytest.param("wide_gemma3", GELU_TOL, marks=needs_kernels)])
 def test_a_preempted_request_computes_its_positions_again_and_stays_its_solo_run(name, tol, request, monkeypatch):
     """A budget of a few blocks more than the longest request needs: growing decodes find no block, the latest
     admitted request gives its blocks back and is computed again later, prompt and written tokens."""
@@ -148,8 +149,9 @@ def test_the_prefix_cache_prefills_only_what_follows_the_shared_blocks(small):
 
 
 def test_a_hit_is_a_multiple_of_align_positions_whatever_the_block_size(small):
-    """Blocks of 4: 40 shared ids fill 10 blocks, but the hit is 32 positions, a multiple of ALIGN (16): a chunk
-    that starts elsewhere would round its keys differently from the solo run's one prefill."""
+    """Blocks of 4: 40 shared ids fill 10 blocks, but the hit is 32 positions, a multiple of ALIGN (16), for the
+    paths off the kernels (torch's softmax finishes a row's last keys outside its vector loop); in the kernels each
+    query is attended over its keys alone (attend_spans) wherever its chunk starts."""
     requests = queue(small, [4, 9], 4, shared=40, arrivals=[0, 1])
     server = PagedServer(small, requests, PagedSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True))
     while not server.finished:
@@ -159,8 +161,9 @@ def test_a_hit_is_a_multiple_of_align_positions_whatever_the_block_size(small):
 
 
 def test_a_hit_shorter_than_align_positions_is_not_taken(small, monkeypatch):
-    """Blocks of 4 and 9 shared ids: two full blocks are cached, but a hit of 8 positions would be keys the first
-    request's 12-position prefill computed in its softmax's scalar tail, 2e-6 away from the solo run's."""
+    """Blocks of 4 and 9 shared ids: two full blocks are cached, but a hit of 8 positions is not a multiple of ALIGN
+    (under torch's softmax, off the kernels, those keys come from the first request's 12-position prefill's scalar
+    tail, 2e-6 away from the solo run's), so it is not taken: its tokens and logits still its solo run's."""
     requests = queue(small, [3, 21], 6, shared=9, arrivals=[0, 1])
     server = serve_and_check(small, requests, PagedSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True),
                              monkeypatch, EXACT)
@@ -168,10 +171,35 @@ def test_a_hit_shorter_than_align_positions_is_not_taken(small, monkeypatch):
 
 
 def test_a_chunk_reads_the_keys_of_its_whole_prompt(wide_gemma3, monkeypatch):
-    """A 400-position prompt in chunks of 100: the chunk 200 .. 299 over only its 300 keys would be summed by MKL in
-    one part where the prompt's one prefill over 400 sums in parts of 192 (2e-7 apart in attention's output)."""
+    """A 400-position prompt in chunks of 100, each chunk's queries attended over its prompt's keys in the kernels
+    (attend_spans: each query over exactly the keys it sees, in one fixed order of sums), as the prompt's one prefill
+    attends them: its solo run (within GELU_TOL: Gemma's GELU is torch's)."""
     requests = queue(wide_gemma3, [400], 3)
-    serve_and_check(wide_gemma3, requests, PagedSettings(budget_bytes=8 * MB, chunk=100), monkeypatch, EXACT)
+    serve_and_check(wide_gemma3, requests, PagedSettings(budget_bytes=8 * MB, chunk=100), monkeypatch, GELU_TOL)
+
+
+@needs_kernels
+@pytest.mark.parametrize("tol", [GELU_TOL, pytest.param(0.0, marks=pytest.mark.xfail(strict=True, reason=(
+    "0.0 held only where torch's GELU rounds every number the same way, as on this CPU")))])
+def test_gemma_rows_are_their_solo_runs_within_gelu_tol_where_the_gelu_rounds_by_where_a_number_lies(
+        wide_gemma3, tol, monkeypatch):
+    """A stand-in for a CPU whose torch GELU rounds some numbers another way by where they lie (another vector width,
+    another thread split): a pass of several rows rounds its GELU from float64 (one ulp at most from torch's), a
+    decode step of one row is torch's. Gemma rows then hold within GELU_TOL, and not bit for bit (strict xfail: the
+    0.0 the tests asserted before encoded this CPU's rounding)."""
+    import torch.nn.functional as F
+
+    from model.engine.llama import MLP
+
+    def by_rows(x):
+        if x.shape[-2] > 1:
+            return F.gelu(x.double(), approximate="tanh").float()
+        return F.gelu(x, approximate="tanh")
+
+    for mlp in (m for m in wide_gemma3.module.modules() if isinstance(m, MLP)):
+        monkeypatch.setattr(mlp, "activation", by_rows)
+    requests = queue(wide_gemma3, [5, 40, 17], 8, arrivals=[0, 0, 2])
+    serve_and_check(wide_gemma3, requests, PagedSettings(budget_bytes=4 * MB, chunk=16), monkeypatch, tol)
 
 
 def test_a_chunk_rides_with_the_decode_rows_in_one_step(wide_gemma3):
@@ -305,5 +333,5 @@ def test_gemma3_requests_are_their_solo_runs_past_the_window_in_chunks_and_with_
     0, as the solo run's one prefill reads them), a second one finding its first 544 positions cached."""
     requests = queue(gemma3, [16, 26], 3, shared=544, arrivals=[0, 6])
     server = serve_and_check(gemma3, requests, PagedSettings(budget_bytes=160 * MB, prefix_cache=True, chunk=128),
-                             monkeypatch, EXACT)
+                             monkeypatch, GELU_TOL)
     assert {rid: n for s in server.steps for rid, n in s.cached_positions.items()} == {0: 0, 1: 544}

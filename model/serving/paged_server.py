@@ -17,14 +17,16 @@ the queue, when the pool has its blocks free), its blocks come back and it goes 
 tier cannot take (full, or its file could not be made) or whose blocks come back damaged is computed again, and the
 step says why.
 
-Every request's tokens are its solo run's (float32 on a CPU: its logits bit for bit; tests/test_paged.py): a prompt's
-chunk is a masked row over the keys of its whole prompt (paged.py), of two positions at least (one query over a whole
-prompt's keys rounds unlike that row of the prompt's one prefill), and any other position (a decode, and after a
-preemption each token it had written) is a row of one query over exactly its keys, as its solo run computed it. So
-a prefix-cache hit is a multiple of paged.ALIGN positions, and only prompt blocks are cached (a written token's keys
-come from a decode step, not a prefill). One limit, measured: a hit past 192 positions, computed in another
-request's prefill whose prompt is on the other side of MKL's 368-key line (paged.py), can differ from the solo run in
-the last bits of the logits (5e-5 on SmolLM2, its tokens the same).
+Every request's tokens are its solo run's, and with the decode kernels (float32 on a CPU, the packed linears) its
+logits are too, bit for bit on any CPU they build on (tests/test_paged.py): every query of a pass (a prompt's chunk,
+the rest after a prefix-cache hit, a decode, a preempted request's positions computed again) is attended in the
+kernels over exactly the keys its solo run's pass attends it over, in the kernels' own order of sums
+(kernels.attend_spans), and the products sum each row alone. A prompt's chunk still reads the keys of its whole
+prompt (the ones not computed yet masked) and is two positions long at least, and a prefix-cache hit is a multiple of
+paged.ALIGN positions, so that the paths off the kernels (torch's product and softmax: a bfloat16 model, a GPU, no
+compiler) see the shapes of the prompt's one prefill (paged.py); only prompt blocks are cached (a written token's
+keys come from a decode step, not a prefill). Gemma 3's GELU is torch's, whose rounding of a number can depend on
+where it lies: its rows are their solo runs within that rounding (tests/test_batch.py, GELU_TOL).
 """
 
 from __future__ import annotations
