@@ -1,6 +1,9 @@
 """Train: one training step at a time on this session's own copy of micro or small, every stage in map order
 (1A corpus … 3E checkpoint), the checkpoint loaded back for inference, and the memory savers 4A and 4B. The cells
-are drawn by ui/train_cells.py."""
+are drawn by ui/train_cells.py.
+
+The key figure is the loss: this step's value beside ln V and the curve of every step so far, with the step buttons
+right under it; the architecture, initial weights and hyper-parameters are folded into the settings above it."""
 
 from functools import partial
 
@@ -9,8 +12,9 @@ import torch
 
 from model.training.train import Trainer, TrainSettings, limits
 from ui import train_cells as cells
+from ui.classroom import key_figure, settings, why
 from ui.errors import guarded
-from ui.i18n import labels, t
+from ui.i18n import labels, number, t
 from ui.runs import interrupted_run, run_steps
 from ui.state import keep_across_pages
 from ui.widgets import NEXT_KEY, choice
@@ -56,10 +60,8 @@ def session_trainer(settings: TrainSettings) -> Trainer | None:
 keep_across_pages(WIDGETS)
 
 st.title(t("train.title"))
-st.caption(t("train.intro"))
-
-with st.container(border=True):
-    c1, c2, c3, c4 = st.columns([1.1, 1.8, 0.8, 2.6])
+with settings("train"):
+    c1, c2, c3 = st.columns([1.3, 1.6, 1], vertical_alignment="bottom")
     with c1:
         choice(st.segmented_control, t("train.model"), ["small", "micro"], key="train_model",
                format_func=labels("train.model_", ["small", "micro"]).get, on_change=reset)
@@ -67,12 +69,13 @@ with st.container(border=True):
         choice(st.segmented_control, t("train.init"), ["random", "bundled"], key="train_init",
                format_func=labels("train.init_", ["random", "bundled"]).get, on_change=reset)
     c3.number_input(t("train.seed"), 0, 2**31 - 1, key="train_seed", on_change=reset)
-    c4.caption(t("train.reset_note"))
-    d1, d2, d3, d4, d5, d6, d7, d8 = st.columns(8)
+    st.caption(t("train.reset_note"))
+    d1, d2, d3, d4 = st.columns(4)  # four to a row: a label as long as "Accumulation (k)" stays on one line
     d1.number_input(t("train.batch"), 1, BOUND.max_batch, key="train_batch", help=t("train.batch_help"))
     d2.number_input(t("train.seq_len"), 1, BOUND.max_seq_len, key="train_seq_len", help=t("train.seq_len_help"))
     d3.number_input(t("train.accum"), 1, BOUND.max_accum, key="train_accum", help=t("train.accum_help"))
-    d4.select_slider(t("train.lr"), LR_CHOICES, key="train_lr", format_func=lambda v: f"{v:g}")
+    d4.select_slider(t("train.lr"), LR_CHOICES, key="train_lr", format_func=lambda v: number(v, "g"))
+    d5, d6, d7, d8 = st.columns(4)
     d5.number_input(t("train.warmup"), 0, 1000, key="train_warmup")
     d6.number_input(t("train.schedule"), 1, 10_000, key="train_schedule", help=t("train.schedule_help"))
     d7.number_input(t("train.clip"), 0.05, 100.0, step=0.25, key="train_clip")
@@ -90,33 +93,38 @@ if stopped is not None:
 left_steps = BOUND.max_steps - trainer.steps_done
 asked_steps = int(st.session_state.train_n)
 steps_to_run = min(asked_steps, left_steps)
+figure = key_figure()  # drawn after the buttons' clicks are handled, so it shows the step they made
 b1, b2, b3, b4, _ = st.columns([1.1, 1, 1.3, 1, 1.6], vertical_alignment="bottom")
 one = b1.button(t("train.one_step"), key="train_one", type="primary", icon=":material/skip_next:",
                 disabled=left_steps < 1, width="stretch", shortcut=NEXT_KEY)
 b2.number_input(t("train.n_steps"), 1, 500, key="train_n")
-run = b3.button(t("train.run_n", n=steps_to_run if left_steps else asked_steps), key="train_run",
+run = b3.button(t("train.run_n", n=number(steps_to_run if left_steps else asked_steps)), key="train_run",
                 icon=":material/fast_forward:", disabled=left_steps < 1, width="stretch")
 b4.button(t("action.reset"), key="train_reset", icon=":material/restart_alt:", on_click=reset, width="stretch")
 if left_steps < 1:
-    st.info(t("error.train_step_limit", steps=BOUND.max_steps))
+    st.info(t("error.train_step_limit", steps=number(BOUND.max_steps)))
 elif steps_to_run < asked_steps:
-    st.caption(t("train.run_capped", left=left_steps, most=BOUND.max_steps, asked=asked_steps))
+    st.caption(t("train.run_capped", left=number(left_steps), most=number(BOUND.max_steps),
+                 asked=number(asked_steps)))
 
 if one:
     guarded(trainer.step)
 if run:
     run_steps("train_running", trainer, lambda: trainer.steps_done, trainer.step, steps_to_run, t("train.cancel"),
-              "train_cancel", lambda done: t("train.running", done=done, n=steps_to_run,
-                                             loss=f"{trainer.history[-1].loss:.3f}"),
+              "train_cancel", lambda done: t("train.running", done=number(done), n=number(steps_to_run),
+                                             loss=number(trainer.history[-1].loss, ".3f")),
               partial(cells.loss_figure, trainer), "train_live")
+with figure:
+    cells.loss_now(trainer)
 
-last_ms = f"{trainer.history[-1].ms:.0f}" if trainer.history else "–"
-st.caption(t("train.status", done=trainer.steps_done, most=BOUND.max_steps, ms=last_ms, device=trainer.device,
-             threads=torch.get_num_threads()))
+last_ms = number(trainer.history[-1].ms, ".0f") if trainer.history else "–"
+st.caption(t("train.status", done=number(trainer.steps_done), most=number(BOUND.max_steps), ms=last_ms,
+             device=trainer.device, threads=torch.get_num_threads()))
+with why("train"):
+    st.caption(t("train.intro"))
 
 cells.corpus_cell(trainer)
 if trainer.last is None:
-    st.info(t("train.press_step"))
     st.stop()
 row = cells.tokenizer_cell(trainer)
 cells.labels_cell(trainer, row)

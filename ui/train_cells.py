@@ -1,5 +1,6 @@
-"""The Train page's cells (1A … 4C), each drawn by one function from this session's trainer and its last step, in
-the order of the map. The page script (app_pages/train.py) holds the controls and calls them."""
+"""The Train page's key figure (the loss now and its curve) and its cells (1A … 4C), each drawn by one function from
+this session's trainer and its last step, in the order of the map. The page script (app_pages/train.py) holds the
+controls and calls them."""
 
 from functools import partial
 
@@ -14,8 +15,9 @@ from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import WordTokenizer
 from model.training.train import IGNORE, StepReport, Trainer, limits, lr_curve, measure_memory
 from ui import charts
+from ui.classroom import localised
 from ui.errors import guarded
-from ui.i18n import t
+from ui.i18n import decimal, number, t
 from ui.models import shared_model
 from ui.runs import save_checkpoint
 from ui.state import default_prompt
@@ -30,9 +32,31 @@ MIB = 2**20
 
 
 def loss_figure(trainer: Trainer) -> dict:
-    steps = [p.step for p in trainer.history]
-    return charts.curve(steps, [p.loss for p in trainer.history], t("train.loss"), t("train.axis_step"),
-                        t("train.loss"), level=(trainer.ln_vocab, t("train.ln_v", value=f"{trainer.ln_vocab:.3f}")))
+    """The loss of every step against ln V, drawn across a frame of at least ten steps (the first steps fill a frame
+    that stays put; before the first step, ln V alone)."""
+    steps, losses = [p.step for p in trainer.history], [p.loss for p in trainer.history]
+    frame = [0, max(10, steps[-1] if steps else 0)]
+    ln_v = (trainer.ln_vocab, t("train.ln_v", value=decimal(trainer.ln_vocab, 3)))
+    figure = charts.curve(steps or frame, losses or [None, None], t("train.loss"), t("train.axis_step"),
+                          t("train.loss"), level=ln_v, height=280)
+    figure["data"][1]["x"] = frame  # the ln V line
+    if frame[-1] <= 10:
+        figure["layout"]["xaxis"]["dtick"] = 1  # whole steps, not 0.5 between two
+    return localised(figure)
+
+
+def loss_now(trainer: Trainer) -> None:
+    """The key figure: the last step's loss beside ln V and the steps made, then the curve of every step; before
+    the first step, the one thing to do."""
+    report = trainer.last
+    numbers, curve = st.columns([1, 3])
+    numbers.metric(t("train.loss"), number(report.loss, ".4f") if report is not None else "–")
+    numbers.metric(t("train.ln_v_label"), number(trainer.ln_vocab, ".4f"),
+                   help=t("train.ln_v_help", v=number(trainer.config.vocab_size)))
+    numbers.metric(t("train.steps"), number(trainer.steps_done))
+    curve.plotly_chart(loss_figure(trainer), key="train_loss_curve")
+    if not trainer.history:
+        st.info(t("train.press_step"))
 
 
 def greedy_side_by_side(trainer: Trainer, name: str, folder: str, prompt: str) -> list[tuple[str, str]]:
@@ -70,11 +94,11 @@ def corpus_cell(trainer: Trainer) -> None:
     corpus, report = trainer.corpus, trainer.last
     st.subheader(t("train.h_1a"), anchor="cell-1a")
     m1, m2, m3, m4, m5 = st.columns(5)
-    m1.metric(t("train.sentences"), f"{len(corpus.sentences):,}")
-    m2.metric(t("train.vietnamese"), f"{corpus.n_vietnamese:,}")
-    m3.metric(t("train.english"), f"{corpus.n_english:,}")
-    m4.metric(t("train.corpus_tokens"), f"{corpus.n_tokens:,}")
-    m5.metric(t("train.vocab"), trainer.config.vocab_size)
+    m1.metric(t("train.sentences"), number(len(corpus.sentences)))
+    m2.metric(t("train.vietnamese"), number(corpus.n_vietnamese))
+    m3.metric(t("train.english"), number(corpus.n_english))
+    m4.metric(t("train.corpus_tokens"), number(corpus.n_tokens), help=t("train.corpus_tokens_help"))
+    m5.metric(t("train.vocab"), number(trainer.config.vocab_size))
     st.caption(t("train.cleaning_" + trainer.settings.model))
     if report is None:
         st.markdown("\n".join(f"- {md_escape(s)}" for s in corpus.sentences[:PREVIEW_LINES]))
@@ -127,7 +151,7 @@ def forward_cell(trainer: Trainer) -> None:
     st.plotly_chart(charts.attention_heatmap(probs, [t("train.row_n", r=r) for r in range(shown)],
                                              [f"#{i}" for i in range(T)], height=max(300, 60 + 26 * shown)),
                     key="train_prob_grid")
-    st.caption(t("train.prob_grid_read", shown=shown, rows=rows, uniform=f"{1 / V:.4f}"))
+    st.caption(t("train.prob_grid_read", shown=shown, rows=rows, uniform=number(1 / V, ".4f")))
 
 
 def loss_cell(trainer: Trainer, row: int) -> None:
@@ -137,18 +161,18 @@ def loss_cell(trainer: Trainer, row: int) -> None:
     real, ignored = real_and_ignored(report)
     st.subheader(t("train.h_3a"), anchor="cell-3a")
     a1, a2, a3, a4 = st.columns(4)
-    a1.metric(t("train.loss"), f"{report.loss:.4f}")
-    a2.metric(t("train.ln_v_label"), f"{trainer.ln_vocab:.4f}", help=t("train.ln_v_help", v=V))
-    a3.metric(t("train.real_labels"), real)
-    a4.metric(t("train.ignored_labels"), ignored)
+    a1.metric(t("train.loss"), number(report.loss, ".4f"))
+    a2.metric(t("train.ln_v_label"), number(trainer.ln_vocab, ".4f"), help=t("train.ln_v_help", v=number(V)))
+    a3.metric(t("train.real_labels"), number(real))
+    a4.metric(t("train.ignored_labels"), number(ignored))
     real_positions = [i for i in range(batch.inputs.shape[1]) if batch.labels[row, i] != IGNORE]
     st.html(table_html([t("train.position"), t("train.input_tokens"), t("train.label_tokens"), t("train.p_label"),
                         t("train.position_loss")],
                        [[i, tok.token(int(batch.inputs[row, i])), tok.token(int(batch.labels[row, i])),
-                         f"{report.prob_right[row, i]:.4f}", f"{report.token_loss[row, i]:.4f}"]
+                         number(report.prob_right[row, i], ".4f"), number(report.token_loss[row, i], ".4f")]
                         for i in real_positions]))
-    st.markdown(t("train.loss_explain_" + trainer.settings.init, real=real, loss=f"{report.loss:.4f}",
-                  ln_v=f"{trainer.ln_vocab:.4f}", v=V))
+    st.markdown(t("train.loss_explain_" + trainer.settings.init, real=number(real), loss=number(report.loss, ".4f"),
+                  ln_v=number(trainer.ln_vocab, ".4f"), v=number(V)))
 
 
 def group_table_height(report: StepReport) -> int:
@@ -172,18 +196,19 @@ def clipping_cell(trainer: Trainer) -> None:
     real, _ = real_and_ignored(report)
     st.subheader(t("train.h_3c"), anchor="cell-3c")
     k1, k2, k3 = st.columns(3)
-    k1.metric(t("train.norm_before"), f"{report.grad_norm:.4f}")
-    k2.metric(t("train.threshold"), f"{report.clip:g}")
-    k3.metric(t("train.norm_after"), f"{report.grad_norm_clipped:.4f}")
+    k1.metric(t("train.norm_before"), number(report.grad_norm, ".4f"))
+    k2.metric(t("train.threshold"), number(report.clip, "g"))
+    k3.metric(t("train.norm_after"), number(report.grad_norm_clipped, ".4f"))
     clipped = report.grad_norm > report.clip
-    st.markdown(t("train.clipped" if clipped else "train.not_clipped", scale=f"{report.clip / report.grad_norm:.4f}"))
+    st.markdown(t("train.clipped" if clipped else "train.not_clipped",
+                  scale=number(report.clip / report.grad_norm, ".4f")))
     k = len(report.micro_losses)
     if k > 1:
         st.html(table_html([t("train.micro_batch"), t("train.rows"), t("train.real_labels"), t("train.loss")],
-                           [[i, report.micro_batch, n, f"{loss:.4f}"]
+                           [[i, report.micro_batch, n, number(loss, ".4f")]
                             for i, (loss, n) in enumerate(zip(report.micro_losses, report.micro_tokens))]))
         st.markdown(t("train.accum_explain", k=k, b=report.micro_batch, rows=len(report.batch.sentence_ids),
-                      real=real, loss=f"{report.loss:.4f}"))
+                      real=number(real), loss=number(report.loss, ".4f")))
     else:
         st.caption(t("train.accum_off"))
 
@@ -194,22 +219,23 @@ def optimizer_cell(trainer: Trainer) -> None:
     st.subheader(t("train.h_3d"), anchor="cell-3d")
     horizon = max(s.schedule_steps, report.step)
     left, right = st.columns(2)
-    left.plotly_chart(charts.curve(list(range(1, horizon + 1)), lr_curve(s, horizon), t("train.lr"),
-                                   t("train.axis_step"), t("train.lr"), mark=(report.step, report.lr,
-                                                                             t("train.this_step"))),
+    left.plotly_chart(localised(charts.curve(list(range(1, horizon + 1)), lr_curve(s, horizon), t("train.lr"),
+                                             t("train.axis_step"), t("train.lr"),
+                                             mark=(report.step, report.lr, t("train.this_step")))),
                       key="train_lr_curve")
     right.dataframe({t("train.group"): group_names(trainer, report), t("train.update_ratio"): report.update_ratios},
                     hide_index=True, height=group_table_height(report),
                     column_config={t("train.update_ratio"): st.column_config.ProgressColumn(
                         format="%.2e", min_value=0.0, max_value=max(report.update_ratios))})
-    st.markdown(t("train.adamw_explain", lr=f"{report.lr:.2e}", wd=f"{report.weight_decay:g}",
-                  decay=f"{report.lr * report.weight_decay:.2e}", step=report.step))
+    st.markdown(t("train.adamw_explain", lr=number(report.lr, ".2e"), wd=number(report.weight_decay, "g"),
+                  decay=number(report.lr * report.weight_decay, ".2e"), step=number(report.step)))
 
 
 def checkpoint_cell(trainer: Trainer) -> None:
-    """3E: the loss curve, its CSV, and a checkpoint saved into this session's store."""
+    """3E: the loss curve's CSV (the curve itself is the key figure, at the top of the page), and a checkpoint saved
+    into this session's store."""
     st.subheader(t("train.h_3e"), anchor="cell-3e")
-    st.plotly_chart(loss_figure(trainer), key="train_loss_curve")
+    st.caption(t("train.curve_above"))
     st.download_button(t("train.download_curve"), key="train_download", icon=":material/download:",
                        on_click="ignore", file_name="decode-lab-train.csv", mime="text/csv",
                        data=partial(csv_of, trainer.history))
@@ -221,9 +247,9 @@ def checkpoint_cell(trainer: Trainer) -> None:
     if st.session_state.train_files is not None:
         name, files = st.session_state.train_files
         st.markdown(t("train.saved", name=md_escape(name)))
-        st.html(table_html([t("train.file"), t("train.bytes")], [[f, f"{b:,}"] for f, b in files]))
-    st.markdown(t("train.resumable", moments=f"{trainer.optimizer.nbytes():,}", weights=f"{trainer.weight_bytes():,}",
-                  step=trainer.steps_done, seed=trainer.settings.seed, most=BOUND.max_checkpoints))
+        st.html(table_html([t("train.file"), t("train.bytes")], [[f, number(b)] for f, b in files]))
+    st.markdown(t("train.resumable", moments=number(trainer.optimizer.nbytes()), weights=number(trainer.weight_bytes()),
+                  step=number(trainer.steps_done), seed=trainer.settings.seed, most=BOUND.max_checkpoints))
 
 
 def load_weights_cell(trainer: Trainer) -> None:
@@ -250,6 +276,10 @@ def load_weights_cell(trainer: Trainer) -> None:
             col.markdown(t("train.answer", name=md_escape(name), text=md_escape(text) or "∅"))
 
 
+def mib(n: int) -> str:
+    return decimal(n / MIB, 2) + " MiB"
+
+
 def memory_conditions(trainer: Trainer, measured) -> str:
     return t("train.memory_conditions", device=trainer.device, threads=torch.get_num_threads(),
              b=measured.batch_size, t=measured.seq_len, model=measured.model)
@@ -266,13 +296,13 @@ def mixed_precision_cell(trainer: Trainer) -> None:
         return
     (fp32, bf16, _), measured = st.session_state.train_memory
     st.html(table_html(["", t("train.float32"), t("train.bfloat16")], [
-        [t("train.loss"), f"{fp32.loss:.6f}", f"{bf16.loss:.6f}"],
-        [t("train.loss_diff"), "0", f"{bf16.loss - fp32.loss:+.2e}"],
-        [t("train.activation_mem"), f"{fp32.activation_bytes / MIB:.2f} MiB", f"{bf16.activation_bytes / MIB:.2f} MiB"],
-        [t("train.peak_mem"), f"{fp32.peak_bytes / MIB:.2f} MiB", f"{bf16.peak_bytes / MIB:.2f} MiB"],
-        [t("train.ms"), f"{fp32.ms:.1f}", f"{bf16.ms:.1f}"]]))
-    st.markdown(t("train.bf16_read", saved=f"{(fp32.activation_bytes - bf16.activation_bytes) / MIB:.2f}",
-                  share=f"{1 - bf16.activation_bytes / fp32.activation_bytes:.0%}"))
+        [t("train.loss"), number(fp32.loss, ".6f"), number(bf16.loss, ".6f")],
+        [t("train.loss_diff"), "0", number(bf16.loss - fp32.loss, "+.2e")],
+        [t("train.activation_mem"), mib(fp32.activation_bytes), mib(bf16.activation_bytes)],
+        [t("train.peak_mem"), mib(fp32.peak_bytes), mib(bf16.peak_bytes)],
+        [t("train.ms"), decimal(fp32.ms), decimal(bf16.ms)]]))
+    st.markdown(t("train.bf16_read", saved=decimal((fp32.activation_bytes - bf16.activation_bytes) / MIB, 2),
+                  share=number(1 - bf16.activation_bytes / fp32.activation_bytes, ".0%")))
     st.caption(memory_conditions(trainer, measured))
 
 
@@ -285,10 +315,10 @@ def activation_checkpointing_cell(trainer: Trainer) -> None:
         return
     (fp32, _, ckpt), measured = st.session_state.train_memory
     st.html(table_html(["", t("train.without"), t("train.with")], [
-        [t("train.peak_mem"), f"{fp32.peak_bytes / MIB:.2f} MiB", f"{ckpt.peak_bytes / MIB:.2f} MiB"],
-        [t("train.activation_mem"), f"{fp32.activation_bytes / MIB:.2f} MiB", f"{ckpt.activation_bytes / MIB:.2f} MiB"],
-        [t("train.ms"), f"{fp32.ms:.1f}", f"{ckpt.ms:.1f}"],
-        [t("train.loss"), f"{fp32.loss:.6f}", f"{ckpt.loss:.6f}"]]))
+        [t("train.peak_mem"), mib(fp32.peak_bytes), mib(ckpt.peak_bytes)],
+        [t("train.activation_mem"), mib(fp32.activation_bytes), mib(ckpt.activation_bytes)],
+        [t("train.ms"), decimal(fp32.ms), decimal(ckpt.ms)],
+        [t("train.loss"), number(fp32.loss, ".6f"), number(ckpt.loss, ".6f")]]))
     st.markdown(t("train.checkpointing_read", layers=trainer.config.num_hidden_layers))
     st.caption(memory_conditions(trainer, measured))
 
@@ -296,5 +326,5 @@ def activation_checkpointing_cell(trainer: Trainer) -> None:
 def pretraining_cell(trainer: Trainer) -> None:
     """4C: what pretraining is, from this corpus's size."""
     st.subheader(t("train.h_4c"), anchor="cell-4c")
-    st.markdown(t("train.pretraining", n=f"{len(trainer.corpus.sentences):,}"))
+    st.markdown(t("train.pretraining", n=number(len(trainer.corpus.sentences))))
     st.page_link("app_pages/map.py", label=t("train.to_map"), icon=":material/map:")
