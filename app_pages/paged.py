@@ -202,9 +202,11 @@ if holders:
 st.html(svg.line_chart_svg(list(range(len(run.samples))),
                            {t("paged.reserved_mib"): [s.reserved / MIB for s in run.samples],
                             t("paged.held_mib"): [s.held / MIB for s in run.samples]},
-                           t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g")))
+                           t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g"),
+                           title=t("paged.memory_alt"), zoom=1.5))
 st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
-                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: number(v, ",g")))
+                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: number(v, ",g"),
+                           title=t("serving.step_chart"), zoom=1.5))
 
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
 st.subheader(t("paged.comparison"))

@@ -289,3 +289,23 @@ def test_a_block_larger_than_the_shared_prefix_shares_nothing_and_the_page_says_
         click(at, "paged_next")
     assert at.session_state["paged_run"].summary()["shared_blocks"] > 0
     assert not any("none is full" in c for c in captions(at))
+
+
+def test_the_page_opens_on_a_run_its_pool_numbers_each_held_block_and_the_legend_ties_colours_to_numbers():
+    """review 2026-12-04 (issue 49): the pool on small was a 360-pixel strip with no legend tying a colour to a
+    request, and the budget read 0.65 beside 0,65 MiB in the Vietnamese view."""
+    from ui import svg
+
+    at = open_page("vi")
+    run = at.session_state["paged_run"]
+    assert run is not None and len(run.samples) == 1  # opened on the default queue's run, its first step made
+    pool = run.server.pool_view()
+    grid = charts(at)[0]
+    written = re.findall(r'paint-order="stroke">(\d+)</text>', grid)
+    assert sorted(map(int, written)) == sorted(pool.holder[pool.holder >= 0].tolist()) and written
+    assert f'viewBox="0 0 {svg.LANE_WIDTH} ' in grid  # as wide as the lanes: the main column
+    page = html(at)
+    assert all(f'background:{svg.lane_colour(rid)}">{rid}</b>' in page for rid in run.server.requests)
+    assert text("paged.legend_waste", "vi") in page and text("paged.legend_free", "vi") in page
+    options = at.select_slider(key="paged_budget_mb").options
+    assert "0,65" in options and "0.65" not in options

@@ -69,6 +69,50 @@ def test_a_request_moved_out_to_the_tier_and_back_is_drawn_slot_by_slot(lang):
     assert not at.error and not at.exception
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_page_says_at_which_step_the_first_blocks_move_out_then_that_they_did(lang):
+    """review 2026-12-04 (issue 49): after Start and three Next the second tier was empty, the first move came at
+    step 8 unannounced, and Run to end left both grids empty."""
+    from ui import svg
+
+    at = open_page(lang)  # opened on a run already started: its first step made
+    run = at.session_state["tiers_run"]
+    first = at.session_state["tiers_first_move"]
+    said = lambda: [m.value for m in at.markdown]  # noqa: E731
+    victim = dict(request=first.request, positions=first.positions, crossover=run.crossover.positions)
+    assert text("tiers.first_out_at", lang).format(step=first.step, presses=first.step, **victim) in said()
+    while len(run.server.steps) < first.step:
+        click(at, "tiers_next")
+    assert text("tiers.first_out_next", lang).format(step=first.step, presses=1, **victim) in said()
+    assert run.server.offload.moves.blocks_out == 0
+    click(at, "tiers_next")
+    assert run.server.offload.moves.blocks_out > 0
+    assert text("tiers.first_out_done", lang).format(step=first.step, request=first.request) in said()
+    click(at, "tiers_run_button")
+    # the pool and the tier are empty now; where each request was shows every step its blocks spent in the tier
+    lanes = charts(at)[2]
+    in_tier = text("tiers.tip_in_tier", lang).split("}")[-1]  # ": its blocks in the second tier"
+    assert lanes.count(f'fill="{svg.IN_TIER}"') == lanes.count(in_tier) > 0
+
+
+def test_a_pool_and_tier_too_large_to_draw_block_by_block_are_one_bar_each():
+    """faults review 2026-12-04 #8 on the Tiers page: block size 4 under a budget of 32 MiB is 4,096 blocks and as
+    many tier slots, each drawn as a square with its own tooltip; past svg.MAX_GRID_BLOCKS each is one bar, a segment
+    per request, as on the Paged KV page."""
+    from ui import svg
+
+    at = open_page("en")
+    at.selectbox(key="tiers_block_size").set_value(4).run()
+    at.select_slider(key="tiers_budget_mb").set_value(32.0).run()
+    click(at, "tiers_start")
+    server = at.session_state["tiers_run"].server
+    assert server.cache.n_blocks > svg.MAX_GRID_BLOCKS and server.offload.tier.n_slots > svg.MAX_GRID_BLOCKS
+    page = html(at)
+    free_slot = text("tiers.tip_free", "en").format(slot=0)
+    assert any("too many to draw one by one" in c.value for c in at.caption)
+    assert free_slot not in page and len(page) < 200_000, len(page)
+
+
 def test_the_events_table_says_why_a_victim_was_computed_again(monkeypatch):
     """A tier with no free slot (after the crossover is measured): every victim is computed again, and the step
     says the tier was full."""
@@ -213,6 +257,7 @@ def test_browser_moves_a_request_out_and_back_then_serves_with_two_workers(app_s
     page.screenshot(path=f"test-artifacts/tiers-tier-{lang}.png")
     page.get_by_text(text("tiers.crossover", lang)).first.evaluate("e => e.scrollIntoView({block: 'start'})")
     page.screenshot(path=f"test-artifacts/tiers-crossover-{lang}.png")
+    page.locator(".st-key-tiers_settings summary").click()  # the settings, folded
     page.get_by_text(text("tiers.mode_workers", lang), exact=True).click()
     wait_idle(page)
     page.get_by_role("button", name=text("action.start", lang)).click()
