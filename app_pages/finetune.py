@@ -1,5 +1,9 @@
 """Fine-tune: post-training one optimizer step per click (cells 4D SFT, 4E LoRA, 4F RLHF, 4G DPO), each method a
-tab with its data, its loss, its numbers per step (chart and table) and the same prompts answered before and now."""
+tab with its data, its loss, its numbers per step (chart and table) and the same prompts answered before and now.
+
+Each tab's key figure is those answers, with the step buttons right under them and the method's settings folded; the
+page opens on the SFT tab with its run made (small, no step yet), so the "before" answers are there at once. The
+views are drawn by ui/finetune_views.py."""
 
 import math
 from dataclasses import replace
@@ -9,28 +13,25 @@ import streamlit as st
 
 from model.training.dpo import DPO
 from model.training.lora import LoRA
-from model.training.posttrain import DEFAULT_BATCH, IDENTITY_FIELDS, MODELS, FinetuneSettings
-from model.training.rlhf import RLHF, RM_BATCH, questions_per_step
+from model.training.posttrain import IDENTITY_FIELDS, FinetuneSettings
+from model.training.rlhf import RLHF
 from model.training.sft import SFT
 from model.training.train import limits
 from ui import finetune_views as views
+from ui.classroom import key_figure, settings, why
 from ui.errors import guarded
 from ui.i18n import number, t
 from ui.pages import FINETUNE_TABS
-from ui.runs import interrupted_run, run_steps, save_checkpoint
+from ui.runs import interrupted_run, run_steps
 from ui.state import keep_across_pages
-from ui.widgets import NEXT_KEY, md_escape
+from ui.widgets import NEXT_KEY
 
 BOUND = limits()
 CLASSES = {"sft": SFT, "lora": LoRA, "dpo": DPO, "rlhf": RLHF}
 ORDER = tuple(FINETUNE_TABS)  # the map's order: 4D, 4E, 4F, 4G
 DEFAULTS = FinetuneSettings()
-GROUP = DEFAULTS.group_size  # RLHF's answers per question: no widget, the page keeps the default
-# the settings a user can change that need a new trainer (IDENTITY_FIELDS), each with its label
-NEW_RUN = {"model": "finetune.model", "seed": "finetune.seed", "rank": "finetune.rank", "alpha": "finetune.alpha",
-           "targets": "finetune.targets"}
 WIDGETS = {"ft_trainers": {}, "ft_running": None, "train_store": None, "session_checkpoints": {},
-           "checkpoint_bases": {}, "ft_saved": None}
+           "checkpoint_bases": {}, "ft_saved": None, "ft_opened": False}
 for m in ORDER:
     WIDGETS.update({f"ft_{m}_model": "small", f"ft_{m}_seed": 0, f"ft_{m}_batch": 16, f"ft_{m}_n": 20})
 WIDGETS.update({"ft_lora_rank": 4, "ft_lora_alpha": 8.0, "ft_lora_targets": "qv", "ft_dpo_beta": 0.1,
@@ -74,25 +75,6 @@ def new_trainer(method: str):
 
 def reset(method: str) -> None:
     st.session_state.ft_trainers[method] = None
-
-
-def described(settings: FinetuneSettings, names: list[str]) -> str:
-    """'Seed = 2, Model = small': the named settings with their values, as the widgets show them."""
-    def value(name: str) -> str:
-        v = getattr(settings, name)
-        return (t("finetune.targets_" + v) if name == "targets" else number(v, "g") if name == "alpha"
-                else number(v) if name == "seed" else str(v))
-    return ", ".join(f"{t(NEW_RUN[name])} = {value(name)}" for name in names)
-
-
-def new_run_waits(method: str, trainer) -> None:
-    """The widgets name another model, seed, rank, alpha or target layers than the run's: say that the run goes on
-    until Reset, which starts the new one."""
-    wanted = settings_of(method)
-    changed = [name for name in NEW_RUN if getattr(wanted, name) != getattr(trainer.settings, name)]
-    if changed:
-        st.warning(t("finetune.new_run_waits", was=described(trainer.settings, changed),
-                     now=described(wanted, changed)), icon=":material/pending:")
 
 
 def steps_left(trainer) -> int:
@@ -142,43 +124,6 @@ def controls(method: str, trainer):
     return trainer
 
 
-def use_this_model(method: str, trainer) -> None:
-    if not st.button(t("finetune.use"), key=f"ft_{method}_use", icon=":material/save:",
-                     disabled=trainer.steps_done == 0):
-        if st.session_state.ft_saved and st.session_state.ft_saved[0] == method:
-            st.success(t("finetune.saved", name=md_escape(st.session_state.ft_saved[1])))
-        return
-    saved = save_checkpoint(trainer)
-    if saved is not None:
-        st.session_state.ft_saved = (method, saved[0])
-        st.rerun()  # the sidebar, drawn before this page, lists it on the next run
-
-
-def batch_of_model(method: str) -> None:
-    """A newly chosen model starts from its own batch size (gemma3's step is far heavier than small's)."""
-    model = st.session_state[f"ft_{method}_model"]
-    if model in DEFAULT_BATCH:
-        st.session_state[f"ft_{method}_batch"] = min(DEFAULT_BATCH[model], BOUND.max_batch)
-
-
-def model_and_seed(method: str) -> None:
-    c1, c2, c3 = st.columns([1.4, 1, 1])
-    models = MODELS[method]
-    c1.segmented_control(t("finetune.model"), list(models), key=f"ft_{method}_model", disabled=len(models) == 1,
-                         required=True, on_change=batch_of_model, args=(method,))
-    c2.number_input(t("finetune.seed"), 0, 2**31 - 1, key=f"ft_{method}_seed")
-    if method == "rlhf":  # its policy's batch counts sampled answers, G to a question
-        c3.number_input(t("finetune.batch_rlhf"), GROUP, BOUND.max_batch // GROUP * GROUP, step=GROUP,
-                        key="ft_rlhf_batch")
-        questions = questions_per_step(settings_of("rlhf"))
-        st.caption(t("finetune.batch_rlhf_read", questions=number(questions), g=number(GROUP),
-                     answers=number(questions * GROUP), rm=number(RM_BATCH)))
-    else:
-        c3.number_input(t("finetune.batch"), 1, BOUND.max_batch, key=f"ft_{method}_batch")
-    if method in ("sft", "lora") and st.session_state[f"ft_{method}_model"] in models:
-        st.caption(t("finetune.data_" + st.session_state[f"ft_{method}_model"]))
-
-
 def rlhf_reward_model(trainer):
     """(a): the reward model's One step / Run N, its chart and its held-out accuracy; returns the trainer, made at
     the reward model's first step."""
@@ -210,7 +155,6 @@ keep_across_pages(WIDGETS | {"ft_tab": t("finetune.tab_" + ORDER[0])})  # the op
 if st.query_params.get("tab") in ORDER:  # a link to one method's cell (the map's, opened in a new tab)
     st.session_state.ft_tab = t("finetune.tab_" + st.query_params.pop("tab"))
 st.title(t("finetune.title"))
-st.caption(t("finetune.intro", warmup=DEFAULTS.warmup_sft_steps))
 stopped = interrupted_run("ft_running")
 if stopped is not None:
     ran_on, done, asked = stopped
@@ -226,38 +170,31 @@ for method, tab in zip(ORDER, tabs):
         continue
     with tab:
         st.subheader(t("finetune.h_" + method), anchor=FINETUNE_TABS[method])
-        if method == "dpo":
-            st.markdown(t("finetune.explain_dpo", ln2=number(math.log(2), ".4f")))
-        else:
-            st.markdown(t("finetune.explain_" + method))
-        model_and_seed(method)
-        if method == "lora":
-            l1, l2, l3 = st.columns([1, 1, 1.4])
-            l1.number_input(t("finetune.rank"), 1, 64, key="ft_lora_rank")
-            l2.number_input(t("finetune.alpha"), 0.5, 256.0, key="ft_lora_alpha")
-            l3.segmented_control(t("finetune.targets"), ["qv", "all"], key="ft_lora_targets", required=True,
-                                 format_func=lambda v: t("finetune.targets_" + v))
-        if method == "dpo":  # DPO needs β > 0: at 0 every margin and every gradient is 0
-            st.slider(t("finetune.beta"), 0.01, 1.0, step=0.01, key="ft_dpo_beta")
-        if method == "rlhf":  # β = 0: no KL leash at all (TRL's GRPO default)
-            r1, r2 = st.columns(2)
-            r1.slider(t("finetune.beta"), 0.0, 1.0, step=0.01, key="ft_rlhf_beta")
-            r2.slider(t("finetune.length_bonus"), 0.0, 1.0, step=0.05, key="ft_rlhf_bonus",
-                      help=t("finetune.length_bonus_help"))
         trainer = session_trainer(method)
-        if trainer is not None:
-            new_run_waits(method, trainer)
+        if method == "sft" and trainer is None and not st.session_state.ft_opened:
+            trainer = new_trainer(method)  # the first visit opens on a run made: its "before" answers
+        st.session_state.ft_opened = True
+        with settings("ft_" + method):
+            views.method_settings(method, settings_of(method))
+        figure = key_figure()  # filled once the buttons below have made their step
         if method == "rlhf":
             st.markdown(t("finetune.h_reward_model"))
             trainer = rlhf_reward_model(trainer)
             st.markdown(t("finetune.h_policy"))
         trainer = controls(method, trainer)
+        with figure:
+            views.before_after(method, trainer, settings_of(method).model)
+            if method == "rlhf" and (trainer is None or not trainer.rm_history):
+                st.info(t("finetune.press_reward_step", warmup=DEFAULTS.warmup_sft_steps))
+            elif trainer is None:
+                st.info(t("finetune.press_step"))
+        if trainer is not None:
+            views.new_run_waits(settings_of(method), trainer)
+        with why("ft-" + method):
+            st.caption(t("finetune.intro", warmup=DEFAULTS.warmup_sft_steps))
+            st.markdown(t("finetune.explain_" + method, ln2=number(math.log(2), ".4f")))
         if method == "dpo":
             views.dpo_view(trainer)
-        if method == "rlhf" and (trainer is None or not trainer.rm_history):
-            st.info(t("finetune.press_reward_step", warmup=DEFAULTS.warmup_sft_steps))
-        elif trainer is None:
-            st.info(t("finetune.press_step"))
         if trainer is None:
             continue
         views.status(method, trainer)
@@ -270,5 +207,4 @@ for method, tab in zip(ORDER, tabs):
         if method == "rlhf":
             st.caption(t("finetune.rlhf_simplified"))
         views.numbers(method, trainer)
-        views.before_after(trainer)
-        use_this_model(method, trainer)
+        views.use_this_model(method, trainer)

@@ -327,3 +327,20 @@ def test_a_step_on_each_tab_in_a_real_browser(app_server, browser_page, artifact
         page.set_viewport_size({"width": 1440, "height": 2600})
         page.screenshot(path=str(artifacts / f"finetune-{method}-{lang}.png"), full_page=True)
         page.set_viewport_size({"width": 1440, "height": 900})
+
+
+def test_the_page_opens_on_the_sft_run_with_its_before_answers_and_names_an_empty_one():
+    """Issue 49: the first visit makes the SFT run (small, no step yet), so the key figure shows the answers before;
+    an empty answer is a word that the line under the table explains, not a bare symbol; Reset is not undone."""
+    from html import escape
+
+    at = open_page("vi")
+    run = trainer(at, "sft")
+    assert run is not None and run.steps_done == 0 and not at.error
+    html = html_of(at)
+    assert all(escape(p) in html for p, _ in run.before) and "∅" not in html
+    if any(not answer for _, answer in run.before):
+        legend = text("finetune.empty_legend", "vi").format(empty=text("finetune.empty_answer", "vi"))
+        assert escape(legend) in html
+    click(at, "ft_sft_reset")
+    assert trainer(at, "sft") is None and [i.value for i in at.info] == [text("finetune.press_step", "vi")]
