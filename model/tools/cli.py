@@ -456,6 +456,9 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--kv-dtype", default=None,
                    help="float32, int8, fp8, comma-separated: the KV cache stored in each (the weights float32) in "
                         "place of the weights' dtypes; each row gives its bytes per position, scales counted")
+    q.add_argument("--kv-window", default=None,
+                   help="S,W: the attention sink measured and a bounded cache (S first positions kept with the W "
+                        "latest, StreamingLLM) re-run along the text against the window alone and the full cache")
     q.add_argument("--text", default=None,
                    help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS:,} to {MAX_QUALITY_TOKENS:,} tokens of the "
                         "model's tokenizer (default: the project's held-out text in the model's language, "

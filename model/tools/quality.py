@@ -15,6 +15,7 @@ from model.engine.loading import load_model
 from model.engine.lowbit import check_dtype, with_weights
 from model.errors import InputError
 from model.serving.quality import CHUNK, held_out, measure_quality, text_ids
+from model.tools.kv_window import measure_window, parse_window, print_window
 from model.tools.options import check_list, read_bounded
 from model.tools.serve_bench import cpu_line, parse_list
 
@@ -34,6 +35,8 @@ def read_text(path: str) -> str:
 
 
 def run_cli(args) -> int:
+    if args.kv_window is not None:
+        return run_window(args)
     kv_dtypes = None if args.kv_dtype is None else parse_list(args.kv_dtype, str.strip, "--kv-dtype")
     if kv_dtypes is not None:
         check_list("--kv-dtype", kv_dtypes)
@@ -94,3 +97,19 @@ def print_report(report: dict) -> None:
         print(f"{row['kv_dtype' if kv else 'dtype']:<10}{row['perplexity']:>11.3f}{row['nll']:>9.4f}{agree:>22}"
               f"{row['mean_kl']:>10.5f}" + (f"{row['bytes_per_position']:>12,.0f}" if kv else ""))
     print(report["conditions"])
+
+
+def run_window(args) -> int:
+    """--kv-window S,W: the sink and the bounded cache (model/tools/kv_window.py), float32 weights."""
+    sinks, window = parse_window(args.kv_window)
+    base = load_model(args.model, args.device, operator=True)
+    text = held_out(base.info.language)
+    name = args.text if args.text is not None else text.name
+    ids = text_ids(base, read_text(args.text) if args.text is not None else text.text, name)
+    report = {"model": base.info.name, "text": name} | measure_window(base, ids, sinks, window)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        print(f"model {report['model']}; text {report['text']}")
+        print_window(report)
+    return 0

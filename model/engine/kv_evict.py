@@ -1,0 +1,103 @@
+"""A bounded cache: attention sinks and a window (StreamingLLM, arXiv 2309.17453), measured, not drawn.
+
+A cache that keeps only the `window` latest positions forgets the first ones, and a model trained on whole contexts
+puts much of its attention on those (the attention sink: the softmax's weights must sum to 1 and the first tokens,
+seen by every query, take what no other key needs). StreamingLLM keeps the first `sinks` positions as well, and gives
+the positions inside the cache to RoPE (a key at cache slot i turns as position i), not the text's: a query then never
+sees a distance the model was not trained on. The cache stores its keys unturned (turned back by their slot's angle
+as they arrive) and turns them by their current slot at every pass, so an eviction only shifts slots.
+
+sink_mass measures the sink itself: the attention weight each layer and head puts on the first positions of a text.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from model.engine.cache import LayerBytes
+from model.engine.llama import Probe, apply_rope
+from model.engine.runtime import NativeModel
+from model.errors import InputError
+
+
+class SinkWindowCache(LayerBytes):
+    """The first `sinks` positions and the `window` latest, per layer (B, n_kv, held, d_head); sinks 0 is the window
+    alone. `length` is the number held, so the model's forward turns each new position by its slot in the cache."""
+
+    def __init__(self, model: NativeModel, sinks: int, window: int):
+        self.module, self.sinks, self.window = model.module, sinks, window
+        self.n_layers = model.info.n_layers
+        self.keys: list[torch.Tensor | None] = [None] * self.n_layers    # unturned
+        self.values: list[torch.Tensor | None] = [None] * self.n_layers
+        self.held = [0] * self.n_layers
+        self.evicted = 0                                                   # text positions dropped so far
+
+    @property
+    def length(self) -> int:
+        return self.held[0]
+
+    def first_seen(self, layer: int, position: int) -> int:
+        return 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k turned at slots held .. held + T − 1 (the forward's positions); returns every held key turned at its
+        slot and the values, then drops the oldest positions after the sinks past sinks + window."""
+        start, T = self.held[layer], k.shape[2]
+        cos, sin = self._turn(start, start + T, k.dtype)
+        plain = apply_rope(k, cos, -sin)                                   # turned back to position 0
+        keys = plain if self.keys[layer] is None else torch.cat((self.keys[layer], plain), dim=2)
+        values = v if self.values[layer] is None else torch.cat((self.values[layer], v), dim=2)
+        cos, sin = self._turn(0, keys.shape[2], k.dtype)
+        turned = apply_rope(keys, cos, sin)                                # (B, n_kv, held + T, d_head)
+        read = values
+        over = keys.shape[2] - (self.sinks + self.window)
+        if over > 0:
+            keep = torch.cat((torch.arange(self.sinks), torch.arange(self.sinks + over, keys.shape[2])))
+            keys, values = keys[:, :, keep], values[:, :, keep]
+            if layer == 0:
+                self.evicted += over
+        self.keys[layer], self.values[layer], self.held[layer] = keys, values, keys.shape[2]
+        return turned, read
+
+    def _turn(self, first: int, end: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        positions = torch.arange(first, end, device=self.module.device)
+        return self.module.rope(positions, dtype)[None]
+
+    def crop(self, n: int) -> None:
+        if n != self.length:
+            raise ValueError("a bounded cache does not crop")
+
+    def can_crop(self, n: int) -> bool:
+        return n == self.length
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
+
+
+def check_window(model: NativeModel, sinks: int, window: int) -> None:
+    """A window of at least one position and sinks within the model's context; a model with sliding layers (Gemma
+    3) is refused: its sliding layers bound their own cache already, and its full ones turn with another base."""
+    if window < 1 or sinks < 0 or sinks + window >= model.info.context_length:
+        raise InputError("kv_window_range", sinks=sinks, window=window, context=model.info.context_length)
+    if any(w is not None for w in model.info.layer_windows):
+        raise InputError("kv_window_sliding", model=model.info.name)
+
+
+@torch.inference_mode()
+def sink_mass(model: NativeModel, ids: list[int], first: int = 1, skip: int = 4) -> torch.Tensor:
+    """(layers, heads): the mean attention weight on the first `first` positions, over the queries of one pass of
+    `ids` past the first `skip` (an early query has few keys, so any key takes much of its weight)."""
+    out = model.module(torch.tensor([ids], device=model.device), probe=Probe(attentions=True))
+    weights = torch.cat(out.attentions)                                   # (layers, heads, T, T)
+    return weights[:, :, skip:, :first].sum(dim=-1).mean(dim=-1).float()
+
+
+@torch.inference_mode()
+def nll_along(model: NativeModel, ids: list[int], cache) -> list[float]:
+    """The negative log-likelihood of each token after the first, the text fed one token a step through `cache` (a
+    bounded cache re-run as it evicts, not replayed): what a perplexity-by-position curve draws."""
+    nlls = []
+    for position in range(len(ids) - 1):
+        logits = model.every_logits([ids[position]], cache)[-1].float()
+        nlls.append(float(-torch.log_softmax(logits, dim=-1)[ids[position + 1]]))
+    return nlls

@@ -1,0 +1,69 @@
+"""A bounded cache (model/engine/kv_evict.py): StreamingLLM's sinks and window, and the sink measured."""
+
+import json
+
+import pytest
+import torch
+
+from model.engine.kv_evict import SinkWindowCache, check_window, nll_along, sink_mass
+from model.errors import InputError
+from model.tools.cli import main
+
+IDS = [(11 * i) % 250 + 3 for i in range(40)]
+
+
+def test_a_bound_never_reached_is_the_full_cache_within_rounding(small):
+    """Keys kept unturned and turned again by their slot: the same keys up to float rounding (stated: 1e-4 on the
+    NLL), since nothing was evicted and every slot is the text's position."""
+    full = nll_along(small, IDS, small.new_cache())
+    bounded = nll_along(small, IDS, SinkWindowCache(small, 4, 60))
+    assert max(abs(a - b) for a, b in zip(full, bounded)) < 1e-4
+
+
+def test_the_cache_keeps_the_sinks_and_the_latest_with_their_slots(small):
+    """After 40 positions through 2 sinks + 8 latest: 10 held, the first layer's values those of positions 0, 1 and
+    32..39 as the full cache holds them (a first layer's value depends on its token alone, and values are never
+    turned: bit for bit); breaks if the oldest after the sinks were kept instead."""
+    bounded, full = SinkWindowCache(small, 2, 8), small.new_cache()
+    nll_along(small, IDS + [3], bounded)
+    nll_along(small, IDS + [3], full)
+    assert bounded.length == 10 and bounded.evicted == 30
+    kept = [0, 1, *range(32, 40)]
+    assert torch.equal(bounded.layer(0)[1], full.layer(0)[1][:, :, kept])
+    assert all(bounded.layer(layer)[0].shape[2] == 10 for layer in range(small.info.n_layers))
+
+
+def test_the_window_alone_is_the_same_cache_without_sinks(small):
+    alone = SinkWindowCache(small, 0, 10)
+    nll_along(small, IDS + [3], alone)
+    assert alone.length == 10 and alone.evicted == 30
+
+
+def test_sink_mass_is_a_share_per_layer_and_head(small):
+    mass = sink_mass(small, IDS)
+    assert mass.shape == (small.info.n_layers, small.info.n_heads)
+    assert bool(((mass >= 0) & (mass <= 1)).all())
+
+
+def test_bad_windows_are_refused(small):
+    with pytest.raises(InputError, match="W must be at least 1"):
+        check_window(small, 4, 0)
+    with pytest.raises(InputError, match="under the model's context of 128"):
+        check_window(small, 64, 64)
+
+
+def test_quality_kv_window_runs_the_three_caches(tmp_path, capsys):
+    text = tmp_path / "short.txt"
+    text.write_text("con mèo ngủ trên ghế . con chó chạy ngoài sân . " * 4, encoding="utf-8")
+    assert main(["quality", "--model", "small", "--kv-window", "2,8", "--text", str(text), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = {r["policy"]: r for r in report["runs"]}
+    assert list(runs) == ["full", "sinks", "window"] and report["sinks"] == 2 and report["window"] == 8
+    assert all(r["positions"] == report["tokens"] - 1 for r in runs.values())
+    assert len(report["sink_mass"]) == 4 and len(report["sink_mass"][0]) == 4
+
+
+@pytest.mark.parametrize("value, said", [("4", "takes two whole numbers"), ("a,b", "takes two whole numbers")])
+def test_bad_kv_window_is_one_sentence(capsys, value, said):
+    assert main(["quality", "--model", "small", "--kv-window", value]) == 2
+    assert said in capsys.readouterr().err
