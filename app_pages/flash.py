@@ -128,7 +128,7 @@ def tile_html(index: int, last: int) -> str:
     step = steps[read[index]]
     rows, cols = span(step.q_rows), span(step.k_cols)
     grid = (svg.tile_grid_svg(steps, read[index], labels, (t("flash.axis_keys"), t("flash.axis_queries")),
-                              t("flash.walk"))
+                              t("flash.walk"), decimal)
             + legend_html({t("flash.state_" + s): svg.TILE_COLOURS[s] for s in svg.TILE_STATES}, outlined=True)
             + paragraph_html(t("flash.grid_caption"), "dl-caption"))
     done = (box_html(t("flash.block_done", qb=step.q_block, rows=rows), "pass")
@@ -147,7 +147,7 @@ def tile_html(index: int, last: int) -> str:
             + f'<div class="dl-scroll">{stats}</div>'  # a block of 64 or 128 rows scrolls in place
             + paragraph_html(t("flash.stats_caption"), "dl-caption")
             + paragraph_html("**" + t("flash.partial") + "**")
-            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"))
+            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"), decimal)
             + paragraph_html(t("flash.partial_caption", gap=number(result.gap(step), ".3g")), "dl-caption"))
     return f'<div class="dl-grid"><div>{grid}</div><div>{tile}</div></div>'
 

@@ -244,7 +244,7 @@ def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_se
     page = browser_page
     page.goto(f"{fresh_app_server}/flash?lang=vi")
     expect(page.get_by_test_id("stSidebarNav")).to_contain_text("Bản đồ 22 ô", timeout=60_000)
-    expect(page.get_by_role("heading", name="Flash Attention, chạy thật")).to_be_visible()
+    expect(page.get_by_role("heading", name="Flash Attention, chạy thật")).to_be_visible(timeout=60_000)
     tile = page.get_by_text(re.compile(r"^Đang đọc tile \d+/\d+"))
     expect(tile).to_contain_text("Đang đọc tile 1/", timeout=60_000)
     total = int(re.search(r"/(\d+)", tile.inner_text()).group(1))
@@ -256,3 +256,13 @@ def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_se
     assert page.get_by_test_id("stException").count() == 0
     page.get_by_role("button", name="Tile tiếp").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "flash-browser-vi.png"))
+
+
+def test_the_vietnamese_walk_writes_its_scores_with_a_decimal_comma():
+    """The numbers drawn in the grid and the running output follow the page's language (-0,12 in vi)."""
+    import base64
+
+    at = open_flash("small", "vi")
+    pictures = "".join(base64.b64decode(src).decode() for src in re.findall(r'base64,([^"]+)"', walk_html(at)))
+    scores = re.findall(r'font-size="13"[^>]*>(-?\d+[.,]\d+)</text>', pictures)
+    assert scores and all("," in s and "." not in s for s in scores)

@@ -254,11 +254,15 @@ def tile_states(steps: list, current: int) -> tuple[np.ndarray, np.ndarray]:
     return state, scores
 
 
+def fixed(value: float, places: int) -> str:
+    return f"{value:.{places}f}"
+
+
 def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tuple[str, str],
-                  description: str) -> str:
+                  description: str, decimal: Callable[[float, int], str] = fixed) -> str:
     """The score grid of the walk (tile_states): each cell coloured by its state, bold lines between the blocks,
-    the tile being read framed, skipped tiles marked ✕, and each computed score printed while the cells are big.
-    axis_names: (keys, queries)."""
+    the tile being read framed, skipped tiles marked ✕, and each computed score printed while the cells are big,
+    by `decimal` (value, places: the page's decimal mark). axis_names: (keys, queries)."""
     state, scores = tile_states(steps, current)
     n = len(labels)
     side = min(TILE_GRID_SIDE[1], max(TILE_GRID_SIDE[0], TILE_CELL_PX * n))
@@ -276,7 +280,7 @@ def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tupl
     if n <= SCORES_UP_TO:
         digits = 2 if n <= 6 else 1  # the numbers must fit their cell
         parts += [f'<text x="{left + (c + 0.5) * cell:.1f}" y="{top + (r + 0.5) * cell:.1f}" text-anchor="middle" '
-                  f'dominant-baseline="middle" font-size="13">{scores[r, c]:.{digits}f}</text>'
+                  f'dominant-baseline="middle" font-size="13">{decimal(scores[r, c], digits)}</text>'
                   for r in range(n) for c in range(n) if np.isfinite(scores[r, c])]
     if len(steps) <= MARKS_UP_TO:
         parts += [f'<text x="{left + sum(s.k_cols) / 2 * cell:.1f}" y="{top + sum(s.q_rows) / 2 * cell:.1f}" '
@@ -296,10 +300,11 @@ def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tupl
     return _svg(width, height, description, parts)
 
 
-def output_svg(values: np.ndarray, row_labels: list[str], description: str) -> str:
+def output_svg(values: np.ndarray, row_labels: list[str], description: str,
+               decimal: Callable[[float, int], str] = fixed) -> str:
     """values (rows, d_head), e.g. a running output, on a scale symmetric around 0 (blue < 0 < red) with its bar;
-    each value printed while there are few. Rows labelled on the left (every k-th where they would crowd),
-    dimensions below."""
+    each value printed while there are few, by `decimal` (value, places). Rows labelled on the left (every k-th
+    where they would crowd), dimensions below."""
     rows, d = values.shape
     limit = float(np.max(np.abs(values))) or 1.0
     plot_w, plot_h = 330, max(72, min(320, 30 * rows))  # a single row still leaves room for the bar's three ticks
@@ -317,7 +322,7 @@ def output_svg(values: np.ndarray, row_labels: list[str], description: str) -> s
     if d <= 8 and rows <= 16:
         parts += [f'<text x="{left + (j + 0.5) * col_px:.1f}" y="{top + (r + 0.5) * row_px:.1f}" '
                   f'text-anchor="middle" dominant-baseline="middle" font-size="13" '
-                  f'fill="{"#fff" if abs(values[r, j]) > 0.6 * limit else INK}">{values[r, j]:.2f}</text>'
+                  f'fill="{"#fff" if abs(values[r, j]) > 0.6 * limit else INK}">{decimal(values[r, j], 2)}</text>'
                   for r in range(rows) for j in range(d)]
     parts += _colour_bar(bar_x, top, plot_h, DIVERGING,
                          [(1, f"{limit:.2g}"), (0.5, "0"), (0, f"−{limit:.2g}")], "dl-diverging-scale")
