@@ -10,7 +10,7 @@ from conftest import wait_idle
 from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 from streamlit.testing.v1 import AppTest
 
-from model.texts import number_in
+from model.texts import number_in, text
 from model.training.train import Trainer
 from ui.pages import page
 
@@ -132,8 +132,10 @@ def test_browser_one_step_shows_the_loss(app_server, browser_page, artifacts, la
     page_, words = browser_page, {"vi": ("Một bước", "Làm lại"), "en": ("One step", "Reset")}[lang]
     page_.goto(f"{app_server}/train?lang={lang}")
     page_.get_by_role("button", name=words[0]).first.click()
+    from playwright.sync_api import expect
+
     loss = page_.locator('[data-testid="stMetric"]').filter(has_text=re.compile(r"^Loss")).first
-    loss.wait_for(timeout=90_000)
+    expect(loss).to_contain_text(re.compile(r"\d+[.,]\d{4}"), timeout=90_000)  # "–" until the first step
     value = float(re.search(r"\d+[.,]\d{4}", loss.inner_text()).group().replace(",", "."))
     assert abs(value - math.log(525)) < 0.1  # small from random weights: near ln V
     assert page_.locator("[data-testid='stException']").count() == 0
@@ -253,7 +255,9 @@ def test_browser_settings_and_run_survive_a_visit_with_a_non_default_seed(app_se
     """Issue 28: seed 5, batch 3, two steps, Decode in the sidebar, back to Train: the same run goes on."""
     page_ = browser_page
     page_.goto(f"{app_server}/train?lang=en")
-    page_.get_by_text("Settings", exact=True).click()  # the hyper-parameters are folded under the key figure's row
+    wait_idle(page_)
+    page_.locator(".st-key-train_settings summary").click()  # the hyper-parameters are folded above the key figure
+    page_.get_by_label("Seed", exact=True).wait_for(timeout=30_000)
     for label, value in (("Seed", "5"), ("Batch (rows)", "3")):
         box = page_.get_by_label(label, exact=True)
         box.fill(value)
@@ -263,7 +267,7 @@ def test_browser_settings_and_run_survive_a_visit_with_a_non_default_seed(app_se
         page_.get_by_role("button", name="One step").click()
         page_.get_by_text(f"Steps done: {done} ").wait_for(timeout=90_000)
     sidebar_to(page_, "Decode")
-    page_.get_by_role("button", name="Run prefill").wait_for(timeout=90_000)
+    page_.get_by_role("heading", name=text("decode.title", "en")).wait_for(timeout=90_000)
     sidebar_to(page_, "Train")
     page_.get_by_text("Steps done: 2 ").wait_for(timeout=90_000)
     assert page_.get_by_label("Seed", exact=True).input_value() == "5"
