@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from model.engine.kv_evict import SinkWindowCache, check_window, nll_along, sink_mass
+from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_window, nll_along, sink_mass
 from model.errors import InputError
 from model.tools.cli import main
 
@@ -39,6 +39,18 @@ def test_the_window_alone_is_the_same_cache_without_sinks(small):
     assert alone.length == 10 and alone.evicted == 30
 
 
+def test_heavy_hitters_keep_the_latest_and_the_most_attended(small):
+    """H2O at 3 heavy + 5 recent: 8 positions held a layer, the 5 latest among them, and the 3 older ones that had
+    received the most attention when each drop was made; a bound
+    never reached gives the full cache's NLL bit for bit (keys are kept as the model turned them)."""
+    cache = HeavyHitterCache(small, 3, 5)
+    nll_along(small, IDS, cache)
+    assert cache.length == len(IDS) - 1
+    for held in cache.positions:
+        assert len(held) == 8 and held[-5:] == list(range(len(IDS) - 6, len(IDS) - 1))
+    assert nll_along(small, IDS, HeavyHitterCache(small, 40, 40)) == nll_along(small, IDS, small.new_cache())
+
+
 def test_sink_mass_is_a_share_per_layer_and_head(small):
     mass = sink_mass(small, IDS)
     assert mass.shape == (small.info.n_layers, small.info.n_heads)
@@ -58,7 +70,7 @@ def test_quality_kv_window_runs_the_three_caches(tmp_path, capsys):
     assert main(["quality", "--model", "small", "--kv-window", "2,8", "--text", str(text), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     runs = {r["policy"]: r for r in report["runs"]}
-    assert list(runs) == ["full", "sinks", "window"] and report["sinks"] == 2 and report["window"] == 8
+    assert list(runs) == ["full", "sinks", "window", "heavy_hitters"] and report["sinks"] == 2 and report["window"] == 8
     assert all(r["positions"] == report["tokens"] - 1 for r in runs.values())
     assert len(report["sink_mass"]) == 4 and len(report["sink_mass"][0]) == 4
 

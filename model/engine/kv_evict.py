@@ -74,6 +74,64 @@ class SinkWindowCache(LayerBytes):
         return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
 
 
+class HeavyHitterCache(LayerBytes):
+    """H2O's policy (arXiv 2306.14048) at a budget of `heavy` + `recent` positions a layer: the `recent` latest are
+    always kept, and of the older ones the `heavy` whose attention received so far is largest (summed over the
+    queries that saw them and over the heads); one position leaves a layer after each step that brings it past
+    the budget. Keys keep their text positions (as H2O does), so `length` is the text's and `first_seen` is 0 over the
+    positions held, which `keys_for` lists."""
+
+    def __init__(self, model: NativeModel, heavy: int, recent: int):
+        self.heavy, self.recent, self.n_layers = heavy, recent, model.info.n_layers
+        self.keys: list[torch.Tensor | None] = [None] * self.n_layers
+        self.values: list[torch.Tensor | None] = [None] * self.n_layers
+        self.scores: list[torch.Tensor | None] = [None] * self.n_layers   # (held,) attention received
+        self.positions: list[list[int]] = [[] for _ in range(self.n_layers)]
+        self.seen = 0
+
+    @property
+    def length(self) -> int:
+        return self.seen
+
+    def first_seen(self, layer: int, position: int) -> int:
+        return 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        T = k.shape[2]
+        first = self.seen if layer == 0 else self.seen - T
+        self.keys[layer] = k if self.keys[layer] is None else torch.cat((self.keys[layer], k), dim=2)
+        self.values[layer] = v if self.values[layer] is None else torch.cat((self.values[layer], v), dim=2)
+        self.positions[layer] += range(first, first + T)
+        new_scores = torch.zeros(T)
+        self.scores[layer] = new_scores if self.scores[layer] is None else torch.cat((self.scores[layer], new_scores))
+        if layer == 0:
+            self.seen += T
+        return self.keys[layer], self.values[layer]
+
+    def observe(self, attentions: list[torch.Tensor]) -> None:
+        """After a pass: each layer's weights (B, heads, T, held) added to its positions' scores, then the
+        lowest-scored older position dropped where the layer is past its budget."""
+        for layer, weights in enumerate(attentions):
+            self.scores[layer] += weights.float().sum(dim=(0, 1, 2))[-self.scores[layer].shape[0]:]
+            while len(self.positions[layer]) > self.heavy + self.recent:
+                older = self.scores[layer][:-self.recent] if self.recent else self.scores[layer]
+                drop = int(older.argmin())
+                keep = [i for i in range(len(self.positions[layer])) if i != drop]
+                self.keys[layer], self.values[layer] = self.keys[layer][:, :, keep], self.values[layer][:, :, keep]
+                self.scores[layer] = self.scores[layer][keep]
+                del self.positions[layer][drop]
+
+    def crop(self, n: int) -> None:
+        if n != self.length:
+            raise ValueError("a bounded cache does not crop")
+
+    def can_crop(self, n: int) -> bool:
+        return n == self.length
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
+
+
 def check_window(model: NativeModel, sinks: int, window: int) -> None:
     """A window of at least one position and sinks within the model's context; a model with sliding layers (Gemma
     3) is refused: its sliding layers bound their own cache already, and its full ones turn with another base."""
@@ -96,8 +154,11 @@ def sink_mass(model: NativeModel, ids: list[int], first: int = 1, skip: int = 4)
 def nll_along(model: NativeModel, ids: list[int], cache) -> list[float]:
     """The negative log-likelihood of each token after the first, the text fed one token a step through `cache` (a
     bounded cache re-run as it evicts, not replayed): what a perplexity-by-position curve draws."""
-    nlls = []
+    nlls, watched = [], isinstance(cache, HeavyHitterCache)  # H2O scores keys by the attention they received
     for position in range(len(ids) - 1):
-        logits = model.every_logits([ids[position]], cache)[-1].float()
-        nlls.append(float(-torch.log_softmax(logits, dim=-1)[ids[position + 1]]))
+        x = torch.tensor([[ids[position]]], device=model.device)
+        out = model.module(x, cache, probe=Probe(attentions=watched))  # at the cache's length: a slot for sinks
+        if watched:
+            cache.observe(out.attentions)
+        nlls.append(float(-torch.log_softmax(out.logits[0, -1].float(), dim=-1)[ids[position + 1]]))
     return nlls

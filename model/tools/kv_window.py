@@ -1,7 +1,8 @@
 """quality --kv-window S,W: the attention sink measured, and a bounded cache re-run along a text (kv_evict).
 
-Three runs of the same text, one token a step: the full cache, the first S positions kept with the W latest
-(StreamingLLM), and the window alone with as many positions (S + W latest); the perplexity of each over the
+Four runs of the same text, one token a step: the full cache, the first S positions kept with the W latest
+(StreamingLLM), the window alone with as many positions (S + W latest), and H2O's heavy hitters at the same budget
+(the W latest and the S older ones that received the most attention); the perplexity of each over the
 positions past the bound, and by segments of SEGMENT positions (the curve). Beside them, the sink: the mean attention
 weight each layer and head puts on the text's first position.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from model.engine.kv_evict import SinkWindowCache, check_window, nll_along, sink_mass
+from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_window, nll_along, sink_mass
 from model.errors import InputError
 
 SEGMENT = 64
@@ -31,7 +32,8 @@ def measure_window(model, ids: list[int], sinks: int, window: int) -> dict:
     full_len = min(len(along), model.info.context_length)
     runs = {"full": nll_along(model, along[:full_len], model.new_cache()),
             "sinks": nll_along(model, along, SinkWindowCache(model, sinks, window)),
-            "window": nll_along(model, along, SinkWindowCache(model, 0, sinks + window))}
+            "window": nll_along(model, along, SinkWindowCache(model, 0, sinks + window)),
+            "heavy_hitters": nll_along(model, along, HeavyHitterCache(model, sinks, window))}
     bound = sinks + window
 
     def perplexity(nlls: list[float]) -> float | None:
