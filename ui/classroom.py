@@ -26,6 +26,7 @@ PLAY_DEFAULT_SPEED = 1.0
 PRESENT_CSS = """
 <style>
 html{font-size:20px}
+code{font-size:.8em !important}
 [data-testid='stSidebar'][aria-expanded='true']{min-width:300px}
 </style>
 """
@@ -120,16 +121,13 @@ def play_row(prefix: str, finished: Callable[[], bool], step: Callable[[], None]
         st.button(t("action.pause") if playing else t("action.play"), key=prefix + "_play",
                   icon=":material/pause:" if playing else ":material/play_circle:", on_click=toggle,
                   disabled=disabled or (finished() and not playing))
-        st.segmented_control(t("classroom.pace"), PLAY_SPEEDS, key=speed_key, required=True,
-                             format_func=lambda s: t("classroom.pace_option", pace=_pace(s)),
+        paces = {s: t("classroom.pace_one" if s == 1 else "classroom.pace_option", pace=number(s, "g"))
+                 for s in PLAY_SPEEDS}  # labels made now: AppTest calls format_func outside the script run
+        st.segmented_control(t("classroom.pace"), PLAY_SPEEDS, key=speed_key, required=True, format_func=paces.get,
                              label_visibility="collapsed")
     if playing:
         interval = 1.0 / float(st.session_state[speed_key])
         st.fragment(_tick, run_every=interval, key=prefix + "_ticker")(tick_key, interval, finished, step)
-
-
-def _pace(speed: float) -> str:
-    return number(speed, "g")
 
 
 def _tick(tick_key: str, interval: float, finished: Callable[[], bool], step: Callable[[], None]) -> None:
