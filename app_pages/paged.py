@@ -79,9 +79,24 @@ def variant_name(variant: kv_runs.Variant) -> str:
     return t("paged.variant_" + variant.name, chunk=variant.chunk)
 
 
+def offered() -> bool:
+    """Whether the block size, the queue and the budget are values the widgets offer. A click's callback runs before
+    the page puts back a forged one (a websocket message can send any string: "abc", "16.0")."""
+    try:
+        budget = float(state.paged_budget_mb)
+    except (TypeError, ValueError):
+        return False
+    size = state.paged_block_size
+    return (type(size) is int and size in BLOCK_SIZES and size <= info.context_length
+            and state.paged_queue in queues.QUEUES and 0 < budget <= session_mib())
+
+
 def start() -> None:
     """A new run of the queue's first variant; its first step runs in the page's script, as every step does. A
-    refused Start (a budget too small: its sentence) leaves no run."""
+    refused Start says why: a forged setting leaves the run as it was, a budget too small leaves none."""
+    if not offered():
+        state.callback_error = t("error.paged_not_offered")
+        return
     live = chosen_variants()[0]
     run = guarded_in_callback(lambda: kv_runs.QueueRun(model, requests(), live.settings))
     state.paged_run, state.paged_compared = run, None

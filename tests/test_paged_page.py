@@ -205,6 +205,31 @@ def test_a_block_size_or_budget_changed_mid_run_is_said_under_the_buttons():
     assert at.session_state["paged_run"].server.layout.block_size == 16
 
 
+def forge(at, key: str, value: str) -> None:
+    """The selectbox `key`'s value in the next run as a forged websocket message sends it: a string it does not
+    offer (the browser sends an offered option's label; Streamlit takes any other string as it is)."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetState
+
+    node = at.selectbox(key=key)
+    state = WidgetState(id=node.id, string_value=value)
+    node.__class__ = type("Forged", (type(node),), {"_widget_state": property(lambda self: state)})
+
+
+@pytest.mark.parametrize(("key", "value"), [("paged_block_size", "abc"), ("paged_block_size", "16.0"),
+                                            ("paged_block_size", "1e3"), ("paged_queue", "nope")])
+def test_a_forged_setting_sent_with_start_is_one_sentence_and_starts_nothing(key, value):
+    """faults review 2026-12-04 #13: a value the selects do not offer, sent with the Start click (a forged websocket
+    message), reached the Start callback before the page put it back: int("abc") raised outside the guard."""
+    at = open_page("en")
+    before = at.session_state["paged_run"]
+    forge(at, key, value)
+    click(at, "paged_start")
+    assert [e.value for e in at.error] == [text("error.paged_not_offered", "en")]
+    assert at.session_state["paged_run"] is before  # the run the page opened on stays
+    click(at, "paged_start")  # the page put its own value back: a Start now runs
+    assert not at.error and at.session_state["paged_run"] is not before
+
+
 def test_a_pool_too_large_to_draw_block_by_block_is_one_bar():
     """faults review 2026-12-04 #8: block size 1 under the largest budget drew 131,072 squares (17.7 MB of HTML a
     rerun, 284 s in Chromium)."""
