@@ -24,7 +24,7 @@ from model.engine.flash import (
 )
 from model.engine.generate import encode_prompt, parse_prompt_ids
 from ui import svg
-from ui.classroom import key_figure, settings, why
+from ui.classroom import key_figure, presenter, settings, why
 from ui.controls import layer_head_selectors, prompt_form
 from ui.errors import guarded
 from ui.i18n import decimal, number, t
@@ -33,6 +33,7 @@ from ui.run import generation
 from ui.widgets import BACK_KEY, NEXT_KEY, box_html, legend_html, paragraph_html, table_html
 
 PRECISIONS = {"float16": 2, "float32": 4}
+PRESENTER_ZOOM = 1.35  # presenter mode: the grid alone on its row, grown so its 13-14 px labels draw at 17 px and more
 
 
 def go_to(step: int) -> None:
@@ -124,11 +125,12 @@ def tile_walk() -> None:
 
 def tile_html(index: int, last: int) -> str:
     """The tile being read: the grid with its legend on the left; its sentences, the rows' m and ℓ and the running
-    output on the right."""
+    output on the right (in presenter mode below it, and both pictures grown)."""
     step = steps[read[index]]
+    zoom = PRESENTER_ZOOM if presenter() else 1.0
     rows, cols = span(step.q_rows), span(step.k_cols)
     grid = (svg.tile_grid_svg(steps, read[index], labels, (t("flash.axis_keys"), t("flash.axis_queries")),
-                              t("flash.walk"), decimal)
+                              t("flash.walk"), decimal, zoom)
             + legend_html({t("flash.state_" + s): svg.TILE_COLOURS[s] for s in svg.TILE_STATES}, outlined=True)
             + paragraph_html(t("flash.grid_caption"), "dl-caption"))
     done = (box_html(t("flash.block_done", qb=step.q_block, rows=rows), "pass")
@@ -147,9 +149,9 @@ def tile_html(index: int, last: int) -> str:
             + f'<div class="dl-scroll">{stats}</div>'  # a block of 64 or 128 rows scrolls in place
             + paragraph_html(t("flash.stats_caption"), "dl-caption")
             + paragraph_html("**" + t("flash.partial") + "**")
-            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"), decimal)
+            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"), decimal, zoom)
             + paragraph_html(t("flash.partial_caption", gap=number(result.gap(step), ".3g")), "dl-caption"))
-    return f'<div class="dl-grid"><div>{grid}</div><div>{tile}</div></div>'
+    return f'<div class="{"" if presenter() else "dl-grid"}"><div>{grid}</div><div>{tile}</div></div>'
 
 
 with key_figure():

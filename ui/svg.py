@@ -259,10 +259,11 @@ def fixed(value: float, places: int) -> str:
 
 
 def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tuple[str, str],
-                  description: str, decimal: Callable[[float, int], str] = fixed) -> str:
+                  description: str, decimal: Callable[[float, int], str] = fixed, zoom: float = 1.0) -> str:
     """The score grid of the walk (tile_states): each cell coloured by its state, bold lines between the blocks,
     the tile being read framed, skipped tiles marked ✕, and each computed score printed while the cells are big,
-    by `decimal` (value, places: the page's decimal mark). axis_names: (keys, queries)."""
+    by `decimal` (value, places: the page's decimal mark). axis_names: (keys, queries); `zoom`: how far it may grow
+    past its size (presenter mode)."""
     state, scores = tile_states(steps, current)
     n = len(labels)
     side = min(TILE_GRID_SIDE[1], max(TILE_GRID_SIDE[0], TILE_CELL_PX * n))
@@ -297,14 +298,14 @@ def tile_grid_svg(steps: list, current: int, labels: list[str], axis_names: tupl
                  f"{escape(keys)}</text>"
                  f'<text transform="translate(16,{top + side / 2:.1f}) rotate(-90)" text-anchor="middle" '
                  f'fill="{MUTED_INK}">{escape(queries)}</text>')
-    return _svg(width, height, description, parts)
+    return _svg(width, height, description, parts, zoom=zoom)
 
 
 def output_svg(values: np.ndarray, row_labels: list[str], description: str,
-               decimal: Callable[[float, int], str] = fixed) -> str:
+               decimal: Callable[[float, int], str] = fixed, zoom: float = 1.0) -> str:
     """values (rows, d_head), e.g. a running output, on a scale symmetric around 0 (blue < 0 < red) with its bar;
     each value printed while there are few, by `decimal` (value, places). Rows labelled on the left (every k-th
-    where they would crowd), dimensions below."""
+    where they would crowd), dimensions below; `zoom` as in tile_grid_svg."""
     rows, d = values.shape
     limit = float(np.max(np.abs(values))) or 1.0
     plot_w, plot_h = 330, max(72, min(320, 30 * rows))  # a single row still leaves room for the bar's three ticks
@@ -326,7 +327,7 @@ def output_svg(values: np.ndarray, row_labels: list[str], description: str,
                   for r in range(rows) for j in range(d)]
     parts += _colour_bar(bar_x, top, plot_h, DIVERGING,
                          [(1, f"{limit:.2g}"), (0.5, "0"), (0, f"−{limit:.2g}")], "dl-diverging-scale")
-    return _svg(width, height, description, parts)
+    return _svg(width, height, description, parts, zoom=zoom)
 
 
 def nice_ticks(top: float, most: int = 5) -> list[float]:
