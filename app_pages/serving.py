@@ -11,6 +11,8 @@ from model.serving import analysis, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
 from ui import serving_views as views
 from ui import svg
+from ui.classroom import key_figure, settings, why
+from ui.controls import decimal_slider
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
@@ -23,7 +25,7 @@ PAGE_DEFAULTS = {"serving_server": None, "serving_for": None, "serving_dtype": "
                  "serving_requests": 8, "serving_prompt_lengths": (4, 24), "serving_new_tokens": (4, 16),
                  "serving_wanted": None, "serving_running": False, "serving_sweep": None,
                  "serving_profile": None, "serving_temperature": 0.0, "serving_top_k": 0, "serving_top_p": 1.0,
-                 "serving_seed": 0}
+                 "serving_seed": 0, "serving_opened_for": None}
 SWEEP_BATCHES = (1, 2, 4, 8)
 SWEEP_CONTEXTS = (64, 256)
 PROFILE_STEPS = 3
@@ -69,37 +71,46 @@ def reset() -> None:
 most_prompt, most_new = workload.most_lengths(info.context_length)
 state.serving_prompt_lengths = tuple(min(v, most_prompt) for v in state.serving_prompt_lengths)
 state.serving_new_tokens = tuple(min(v, most_new) for v in state.serving_new_tokens)
-with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-    st.selectbox(t("serving.dtype"), DTYPES, key="serving_dtype", width=140,
-                 help=t("serving.dtype_help"))
-    st.slider(t("serving.slots"), 1, 32, key="serving_slots", width=200, help=t("serving.slots_help"))
-    st.number_input(t("serving.requests"), min_value=1, max_value=64, key="serving_requests", width=140)
-    st.slider(t("serving.prompt_lengths"), 1, most_prompt, key="serving_prompt_lengths", width=220)
-    st.slider(t("serving.new_tokens"), 1, most_new, key="serving_new_tokens", width=200)
-with st.container(border=True, horizontal=True, vertical_alignment="bottom"):
-    st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="serving_temperature", width=200,
-              help=t("sampling.temperature_help"))
-    st.number_input(t("serving.top_k"), min_value=0, max_value=1000, key="serving_top_k", width=140)
-    st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="serving_top_p", width=200, help=t("sampling.top_p_help"))
-    st.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="serving_seed", width=140,
-                    help=t("serving.seed_help"))
+with settings("serving"):
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.selectbox(t("serving.dtype"), DTYPES, key="serving_dtype", width=140, help=t("serving.dtype_help"))
+        st.slider(t("serving.slots"), 1, 32, key="serving_slots", width=200, help=t("serving.slots_help"))
+        st.number_input(t("serving.requests"), min_value=1, max_value=64, key="serving_requests", width=140)
+        st.slider(t("serving.prompt_lengths"), 1, most_prompt, key="serving_prompt_lengths", width=220)
+        st.slider(t("serving.new_tokens"), 1, most_new, key="serving_new_tokens", width=200)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        decimal_slider(t("sampling.temperature"), 0.0, 2.0, 0.05, key="serving_temperature", width=200,
+                       help=t("sampling.temperature_help"))
+        st.number_input(t("serving.top_k"), min_value=0, max_value=1000, key="serving_top_k", width=140)
+        decimal_slider(t("sampling.top_p"), 0.01, 1.0, 0.01, key="serving_top_p", width=200,
+                       help=t("sampling.top_p_help"))
+        st.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="serving_seed", width=140,
+                        help=t("serving.seed_help"))
 
 server = state.serving_server
 if server is not None and server.info.dtype != state.serving_dtype:
     st.caption(t("serving.dtype_next_run", run=server.info.dtype, chosen=state.serving_dtype))
 with st.spinner(t("serving.timing_passes", dtype=state.serving_dtype)):
     costs = guarded(lambda: pass_costs(chosen_model()))
+slow = True
 if costs is not None:
     estimate = workload.estimate_steps(costs, int(state.serving_slots), int(state.serving_requests),
                                           tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens))
-    if max(estimate.first_ms, estimate.decode_ms) > SLOW_STEP_MS:
+    slow = max(estimate.first_ms, estimate.decode_ms) > SLOW_STEP_MS
+    if slow:
         st.warning(t("serving.slow_steps", dtype=state.serving_dtype, first=decimal(estimate.first_ms / 1000),
                      prompts=estimate.prompts, positions=number(estimate.positions), rows=estimate.rows,
                      decode=decimal(estimate.decode_ms / 1000), probe=workload.PROBE_ROWS))
+# the first visit with this model opens on a run of the settings shown, its first step made, where that is quick
+if server is None and state.serving_opened_for != (info.name, info.device):
+    state.serving_opened_for = (info.name, info.device)
+    if not slow:
+        start()
+        server = state.serving_server
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 _, stopped = asked_steps("serving", server, lambda to_end: run_steps(server, to_end))
-run_buttons("serving", server, "action.start", start, reset, run_key="serving_run")
+run_buttons("serving", server, "action.start", start, reset, run_key="serving_run", play=True)
 callback_error_here()
 if server is None:
     st.info(t("serving.press_start"))
@@ -111,14 +122,17 @@ if not server.steps:  # the first step was stopped or refused: nothing to draw y
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
 
-# -- the lanes: which request holds which slot -------------------------------------------------------------------
+# -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
-st.subheader(t("serving.lanes"))
-st.html(svg.lane_chart_svg([s.slots for s in steps], [s.joined for s in steps], [s.left for s in steps],
-                           t("serving.axis_step"), t("serving.axis_slot"), t("serving.lanes_alt")))
 slots = len(server.holders)
-st.caption(t("serving.lanes_caption", waiting=len(server.waiting)) if svg.lane_ids_written(slots)
-           else t("serving.lanes_caption_no_ids", waiting=len(server.waiting), most=svg.LANE_IDS_MOST_SLOTS))
+with key_figure():
+    st.subheader(t("serving.lanes"))
+    st.html(svg.lane_chart_svg([s.slots for s in steps], [s.joined for s in steps], [s.left for s in steps],
+                               t("serving.lanes_axis_step"), t("serving.axis_slot"), t("serving.lanes_alt")))
+    views.lane_legend(sorted({r for s in steps for r in s.slots if r is not None}), len(server.waiting))
+with why("serving-lanes"):
+    st.caption(t("serving.lanes_caption", waiting=len(server.waiting)) if svg.lane_ids_written(slots)
+               else t("serving.lanes_caption_no_ids", waiting=len(server.waiting), most=svg.LANE_IDS_MOST_SLOTS))
 
 tokens = sum(s.tokens for s in steps)
 last = steps[-1]
@@ -130,11 +144,12 @@ with st.container(horizontal=True):
                                                                         prefill=decimal(last.prefill_ms),
                                                                         decode=decimal(last.decode_ms)))
 st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
-                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: f"{v:g}"))
+                           t("serving.axis_step"), t("serving.step_ms"), t("serving.step_ms"),
+                           number=lambda v: number(v, "g"), title=t("serving.step_chart"), zoom=1.5))
 
 
 def ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1f}"
+    return "—" if value is None else decimal(value)
 
 
 timings = analysis.request_timings(server)
@@ -144,7 +159,9 @@ st.html(table_html(
     [[r.id, r.prompt_len, r.tokens, ms(r.ttft_ms), ms(r.itl_ms["p50"]), ms(r.itl_ms["p95"]), ms(r.itl_ms["p99"]),
       t("stop." + r.stop_reason) if r.stop_reason else t("serving.waiting" if r.tokens == 0 else "serving.running_req")]
      for r in timings]))
-st.caption(t("serving.timing_note"))
+with why("serving-timing"):
+    st.markdown(t("serving.ttft_itl"))
+    st.caption(t("serving.timing_note"))
 
 # -- where the time goes: the roofline ---------------------------------------------------------------------------
 st.subheader(t("serving.roofline"))
@@ -173,8 +190,8 @@ if run_info.window is not None:
 st.html(table_html(
     [t("serving.col_point"), "ms", t("serving.col_intensity"), "GB/s", t("serving.col_of_bandwidth"), "GFLOP/s",
      t("serving.col_of_peak")],
-    [[p.label, f"{p.ms:.2f}", f"{p.intensity:.2f}", f"{p.gb_s:.2f}", f"{p.gb_s / roofs.read_gb_s:.0%}",
-      f"{p.gflops:.2f}", f"{p.gflops / roofs.matmul_gflops:.0%}"] for p in points]))
+    [[p.label, decimal(p.ms, 2), decimal(p.intensity, 2), decimal(p.gb_s, 2), f"{p.gb_s / roofs.read_gb_s:.0%}",
+      decimal(p.gflops, 2), f"{p.gflops / roofs.matmul_gflops:.0%}"] for p in points]))
 decodes = [p for p in points if p.rows is not None]  # one per batch size, fewest rows first
 decode_memory_bound = bool(decodes) and decodes[0].intensity < ridge
 if decodes:

@@ -63,13 +63,13 @@ def test_decode_micro_course_example_to_the_end():
 def test_language_switch_keeps_state():
     at = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     click(at, "next")
-    at.slider(key="temperature").set_value(0.7).run()  # reruns only the step view: AppTest then shows only it
+    at.select_slider(key="temperature").set_value(0.7).run()  # reruns only the step view: AppTest then shows only it
     at.run()
     before = (cache_len(at), at.session_state["generation"].new_ids)
     at.radio(key="lang").set_value("en").run()
     assert not at.exception
     assert (cache_len(at), at.session_state["generation"].new_ids) == before
-    assert at.slider(key="temperature").value == 0.7
+    assert at.select_slider(key="temperature").value == 0.7
     assert at.selectbox(key="model_name.en").value == "small" and at.session_state["model_name"] == "small"
     assert "Next" in at.button(key="next").label
 
@@ -398,7 +398,7 @@ def test_a_guess_never_changes_the_run():
     plain = click(open_page("app_pages/decode.py", model="small"), "run_prefill")
     guessed = predicting()
     for at in (plain, guessed):  # sampled, not greedy: a guess must not move the seeded draws either
-        at.slider(key="temperature").set_value(0.9).run()
+        at.select_slider(key="temperature").set_value(0.9).run()
         at.run()
     for k in range(3):
         click(plain, "next")

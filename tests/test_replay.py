@@ -401,7 +401,7 @@ def test_a_run_whose_settings_changed_mid_run_replays_each_step_with_its_own():
     click(at, "run_prefill")
     click(at, "next")
     click(at, "next")
-    at.slider(key="temperature").set_value(0.0).run()
+    at.select_slider(key="temperature").set_value(0.0).run()
     gen = at.session_state["generation"]
     recording = read_recording(run_as_trace_json(small, gen, at.session_state["prompt_of_run"], []).encode())
     assert [s["settings"]["temperature"] for s in recording["steps"]] == [1.5, 1.5, 0.0]

@@ -250,7 +250,7 @@ def test_the_lanes_caption_speaks_of_the_ids_only_where_they_are_written(slots, 
                          serving_new_tokens=(1, 2)), "serving_start")
     chart = next(h.proto.body for h in at.get("html") if "dl-chart" in h.proto.body)
     svg = base64.b64decode(re.search(r"base64,([^\"]+)", chart)[1]).decode()
-    assert ('font-size="12">0</text>' in svg) == written  # request 0's id where it joins
+    assert (re.search(r'class="lane-id"[^>]*>0</text>', svg) is not None) == written  # request 0's number
     with_ids = text("serving.lanes_caption", "en").format(waiting=0)
     without = text("serving.lanes_caption_no_ids", "en").format(waiting=0, most=16)
     assert (with_ids in captions(at), without in captions(at)) == (written, not written)
@@ -333,7 +333,7 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
             raise StopException()
 
     monkeypatch.setattr(ui.serving_run.StepBar, "show", show_then_stop)
-    at = open_page("en")
+    at = open_page("en", serving_opened_for=("small", "cpu"))  # no first run of its own: Start makes the first
     at.button(key="serving_start").click().run()
     server = at.session_state["serving_server"]
     assert not server.steps and [j.request.id for j in server.joining] == [0]
@@ -383,6 +383,7 @@ def test_browser_serves_4_requests(app_server, browser_page, lang):
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(f"{app_server}/serving?lang={lang}")
+    page.locator(".st-key-serving_settings summary").click(timeout=90_000)  # the folded settings
     queue = page.get_by_label(text("serving.requests", lang))
     queue.fill("4")
     queue.press("Enter")

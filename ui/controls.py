@@ -3,13 +3,15 @@ sentence on where a cache's bytes go by layer kind."""
 
 from __future__ import annotations
 
+import math
+
 import streamlit as st
 
 from model.engine import generate
 from model.engine.counting import CacheShape
 from model.engine.runtime import LoadedModel
 from ui.errors import callback_error_here
-from ui.i18n import labels, number, t
+from ui.i18n import decimal, labels, number, t
 from ui.reruns import redraw_only
 from ui.run import on_sampling_change, prefill, prompt_modes
 from ui.widgets import choice
@@ -60,15 +62,25 @@ def sampling_controls(redraw: str | None = None) -> None:
     """Temperature, top-k, top-p and seed, drawn into the caller's container, a row. `redraw` names the fragment
     that shows the current step, when only it should rerun on a change."""
     change = dict(on_change=on_sampling_change, args=(redraw,))
-    st.slider(t("sampling.temperature"), 0.0, 2.0, step=0.05, key="temperature", width=200,
-              help=t("sampling.temperature_help"), **change)
+    decimal_slider(t("sampling.temperature"), 0.0, 2.0, 0.05, key="temperature", width=200,
+                   help=t("sampling.temperature_help"), **change)
     # the whole page reruns: the top-k box beside the toggle, outside the fragment, turns on or off with it
     st.toggle(t("sampling.top_k_on"), key="top_k_on", on_change=on_sampling_change)
     st.number_input(t("sampling.top_k"), min_value=1, max_value=1000, key="top_k", width=110,
                     disabled=not st.session_state.top_k_on, **change)
-    st.slider(t("sampling.top_p"), 0.01, 1.0, step=0.01, key="top_p", width=200, help=t("sampling.top_p_help"),
-              **change)
+    decimal_slider(t("sampling.top_p"), 0.01, 1.0, 0.01, key="top_p", width=200, help=t("sampling.top_p_help"),
+                   **change)
     st.number_input(t("sampling.seed"), min_value=0, max_value=2**31 - 1, key="seed", width=130, **change)
+
+
+def decimal_slider(label: str, lowest: float, highest: float, step: float, key: str, **options) -> None:
+    """A slider from lowest to highest by step whose values are written as the session's language writes numbers
+    (st.slider's format is printf's, with a decimal point in Vietnamese too): a select slider over the steps."""
+    places = max(0, -math.floor(math.log10(step) + 1e-9))
+    steps = [round(lowest + i * step, places) for i in range(round((highest - lowest) / step) + 1)]
+    st.session_state[key] = min(steps, key=lambda v: abs(v - float(st.session_state[key])))
+    written = {v: decimal(v, places) for v in steps}  # not a lambda: AppTest formats outside the script run
+    st.select_slider(label, steps, key=key, format_func=written.get, **options)
 
 
 def cache_by_layer_kind(shape: CacheShape, n: int, measured: int) -> str | None:

@@ -2,6 +2,7 @@
 context, the profiler's ops of one step. Each draws its button, runs under a Stop bar, and keeps what it measured."""
 
 import tempfile
+from html import escape
 from pathlib import Path
 
 import streamlit as st
@@ -23,6 +24,27 @@ def unknown_tokens(model: LoadedModel) -> int:
     if unk is None:
         return 0
     return model.tokenizer.encode(held_out(model.info.language).text).ids[1:].count(unk)
+
+
+def lane_legend(requests: list[int], waiting: int) -> None:
+    """The lane chart's key: each request's colour with its number, the bar where a request leaves, a free slot, and
+    how many requests wait for one."""
+    chips = "".join(f'<span class="dl-lane-key" style="background:{svg.lane_colour(r)};color:'
+                    f'{"#fff" if r % len(svg.LANE_COLOURS) in svg.DARK_LANES else svg.INK}">{r}</span>'
+                    for r in requests)
+    st.html(f'<div class="dl-lane-legend"><span>{escape(t("serving.legend_requests"))}</span>{chips}'
+            f'<span><span class="dl-lane-key dl-lane-left"></span>{escape(t("serving.legend_left"))}</span>'
+            f'<span><span class="dl-lane-key dl-lane-free"></span>{escape(t("serving.legend_free"))}</span>'
+            f'<span>{escape(t("serving.legend_waiting", waiting=waiting))}</span></div>' + LEGEND_CSS)
+
+
+LEGEND_CSS = """<style>
+.dl-lane-legend{display:flex;flex-wrap:wrap;gap:.35rem .6rem;align-items:center;font-size:1rem}
+.dl-lane-key{display:inline-block;min-width:1.6em;padding:0 .3em;border-radius:.2em;text-align:center;
+font-weight:600;margin-right:.3em}
+.dl-lane-left{min-width:0;width:.25em;height:1.3em;padding:0;background:#212529;vertical-align:middle}
+.dl-lane-free{height:1.2em;background:#f8f9fa;border:1px solid #dee2e6;vertical-align:middle}
+</style>"""
 
 
 def dtype_table(model: LoadedModel) -> None:
@@ -82,11 +104,11 @@ def sweep(run_model: LoadedModel, batches: tuple[int, ...], wanted_contexts: tup
     label = t("serving.context_label")
     charts = [svg.line_chart_svg(list(batches), {label.format(n=c): [w.p50 for w in works]
                                                  for c, works in measured.items()},
-                                 "B", t("serving.itl_ms"), t("serving.itl_ms"), number=lambda v: f"{v:g}"),
+                                 "B", t("serving.itl_ms"), t("serving.itl_ms"), number=lambda v: number(v, "g")),
               svg.line_chart_svg(list(batches), {label.format(n=c): [w.tokens_per_s for w in works]
                                                  for c, works in measured.items()},
                                  "B", t("serving.tokens_per_s"), t("serving.tokens_per_s"),
-                                 number=lambda v: f"{v:g}")]
+                                 number=lambda v: number(v, "g"))]
     st.html(f'<div class="dl-grid"><div>{charts[0]}</div><div>{charts[1]}</div></div>')
     st.caption(t("serving.sweep_note", dtype=sweep_dtype, repeats=5))
 
@@ -117,7 +139,7 @@ def profile(run_model: LoadedModel, steps: int, most_context: int, rows: int) ->
     on_device = ops[0].clock == "device"
     st.html(table_html([t("serving.col_op"), t("serving.col_ms_device" if on_device else "serving.col_ms"),
                         t("serving.col_share"), t("serving.col_calls")],
-                       [[op.name, f"{op.ms_per_step:.3f}", f"{op.share:.0%}", f"{op.calls_per_step:.0f}"]
+                       [[op.name, decimal(op.ms_per_step, 3), f"{op.share:.0%}", number(round(op.calls_per_step))]
                         for op in ops]))
     st.caption(t("serving.profile_note_device" if on_device else "serving.profile_note", steps=steps,
                  rows=profiled_rows))
