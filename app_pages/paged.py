@@ -260,4 +260,5 @@ else:
     st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue)))
 with st.expander(t("paged.how")):
     st.markdown(t("paged.how_text"))
-    st.markdown(t("paged.how_exact", align=ALIGN) if is_packed(model.module) else t("paged.how_not_exact"))
+    exact = "paged.how_exact_gemma" if model.info.architecture == "gemma3_text" else "paged.how_exact"
+    st.markdown(t(exact, align=ALIGN) if is_packed(model.module) else t("paged.how_not_exact"))

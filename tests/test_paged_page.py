@@ -11,6 +11,7 @@ from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model as needs_smollm2
 
 from model.serving import queues
+from model.serving.paged import ALIGN
 from model.texts import text
 
 TIMEOUT = 180
@@ -157,6 +158,15 @@ def test_gemma3_long_join_gives_back_sliding_blocks_past_the_window():
     assert html(at).count("<td>—</td>") == 5 * 3 and not at.error
     click(at, "paged_run_button")
     assert html(at).count(f"<td>{text('paged.same', 'en')}</td>") == 3
+    # Gemma 3's GELU is torch's: the page claims its rows within a tolerance, not bit for bit (a Llama's claim)
+    shown = [m.value for m in at.markdown]
+    assert text("paged.how_exact_gemma", "en").format(align=ALIGN) in shown
+    assert text("paged.how_exact", "en").format(align=ALIGN) not in shown
+
+
+def test_a_llama_s_rows_are_claimed_bit_for_bit():
+    shown = [m.value for m in click(open_page(), "paged_start").markdown]
+    assert text("paged.how_exact", "en").format(align=ALIGN) in shown
 
 
 @pytest.mark.browser
