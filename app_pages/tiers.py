@@ -12,7 +12,7 @@ from model.serving import kv_runs, queues
 from model.serving.disaggregated import live_workers, max_workers, worker_bytes
 from model.serving.forecast import first_move_out
 from model.serving.paged_server import mib_up
-from model.serving.tiers import tier_kind
+from model.serving.tiers import tier_file_bytes, tier_kind
 from ui.classroom import key_figure, settings, why
 from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
@@ -101,7 +101,10 @@ with settings("tiers"):
 crossover = None
 if mode == "tier":
     with st.spinner(t("tiers.measuring")):
-        crossover = guarded(lambda: measured_crossover(model, info.name, info.device, info.dtype, block_size, kind))
+        # a folder's refusal names the run's tier (the budget's), not the crossover's smaller scratch one
+        crossover = guarded(lambda: measured_crossover(model, info.name, info.device, info.dtype, block_size, kind,
+                                                       tier_file_bytes(model, block_size,
+                                                                       int(float(state.tiers_budget_mb) * MIB))))
 
 # the first visit on this model: a run of the second tier already started (one step; small's takes milliseconds)
 if state.tiers_run is None and mode == "tier" and state.tiers_opened_for != (info.name, info.device):

@@ -113,6 +113,31 @@ def test_a_pool_and_tier_too_large_to_draw_block_by_block_are_one_bar_each():
     assert free_slot not in page and len(page) < 200_000, len(page)
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_temp_folder_that_cannot_take_the_tier_names_the_run_s_tier_size(lang, tmp_path, monkeypatch):
+    """faults review 2026-12-04 #15: the page measures the crossover before any Start, through a scratch tier
+    smaller than the run's (0.25 MiB on small at block size 16, the run's 0.62 MiB), and its folder's refusal named
+    the scratch tier's size."""
+    import tempfile
+
+    from model.engine.loading import load_model
+    from model.serving.tiers import tier_file_bytes
+    from model.texts import number_in
+    from ui.tier_view import measured_crossover
+
+    measured_crossover.clear()  # measured by an earlier test of this process: measured again here
+    missing = tmp_path / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", str(missing))
+    at = open_page(lang)
+    budget = at.session_state["tiers_budget_mb"]
+    run_tier = tier_file_bytes(load_model("small", "cpu"), 16, int(budget * 2**20))
+    said = text("error.tier_unwritable", lang).format(mib=number_in(round(run_tier / 2**20, 2), lang, ",.2f"),
+                                                      folder=missing, reason=text("tier.missing", lang))
+    assert [e.value.replace("\\", "") for e in at.error] == [said]  # markdown's escapes taken out
+    assert at.session_state["tiers_run"] is None
+    assert run_tier > 0.5 * 2**20  # the scratch tier's 0.25 MiB said before
+
+
 def test_the_events_table_says_why_a_victim_was_computed_again(monkeypatch):
     """A tier with no free slot (after the crossover is measured): every victim is computed again, and the step
     says the tier was full."""

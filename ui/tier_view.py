@@ -25,11 +25,13 @@ _measuring = threading.Lock()  # one measurement at a time: two at once would ti
 
 @st.cache_resource(show_spinner=False, max_entries=16)
 def measured_crossover(_model: LoadedModel, name: str, device: str, dtype: str, block_size: int,
-                       kind: str) -> Crossover:
+                       kind: str, _said_bytes: int | None = None) -> Crossover:
     """tiers.measure_crossover of the model (by name, device and dtype) at this block size, measured once on this
-    server and kept for every session (st.cache_resource): a property of the machine and the model's shapes."""
+    server and kept for every session (st.cache_resource): a property of the machine and the model's shapes. A
+    folder that cannot take its scratch tier is refused naming `_said_bytes`, the run's tier (not in the cache's
+    key: a refusal is not kept)."""
     with _measuring:
-        return measure_crossover(_model, PagedLayout.of(_model.info, block_size), kind, None)
+        return measure_crossover(_model, PagedLayout.of(_model.info, block_size), kind, None, _said_bytes)
 
 
 def ms(value: float | None) -> str:

@@ -228,12 +228,25 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
     return lambda: host_tier(slots, layout, dtype)
 
 
+def tier_slots(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
+    """The slots of the tier a PagedServer makes under this block size and budget: as many as the pool has blocks,
+    or `tier_bytes`' worth."""
+    layout = PagedLayout.of(model.info, block_size)
+    return (budget_bytes if tier_bytes is None else tier_bytes) // layout.block_bytes
+
+
+def tier_file_bytes(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
+    """The bytes of that tier's file (what its folder's refusal names)."""
+    slots = tier_slots(model, block_size, budget_bytes, tier_bytes)
+    dtype = model.module.lm_head.weight.dtype
+    return slots * math.prod(block_shape(PagedLayout.of(model.info, block_size))) * dtype.itemsize
+
+
 def check_tier_folder(model: NativeModel, settings) -> None:
     """The tier a PagedServer under `settings` (PagedSettings with an offload) makes, made and deleted at once: its
     folder's refusal names its own size, before anything else (the crossover's smaller scratch tier) is made."""
     layout = PagedLayout.of(model.info, settings.block_size)
-    n_blocks = settings.budget_bytes // layout.block_bytes
-    slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // layout.block_bytes
+    slots = tier_slots(model, settings.block_size, settings.budget_bytes, settings.tier_bytes)
     check_tier(settings.offload, model.device)
     if slots == 0:
         return  # PagedServer refuses it (tier_budget)
@@ -435,9 +448,21 @@ def crossover_positions(context_length: int, block_size: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None) -> Crossover:
+def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None,
+                      said_bytes: int | None = None) -> Crossover:
     """Each point's move out, move back (through a tier of its own, `kind` in `folder`, deleted after) and recompute
-    (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up."""
+    (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up.
+    A folder that cannot take that scratch tier is refused naming `said_bytes` where given: the run's own tier, which
+    a page measures the crossover for before its Start (the scratch tier is smaller)."""
+    try:
+        return _measure_crossover(model, layout, kind, folder)
+    except InputError as refused:
+        if said_bytes is None or refused.code != "tier_unwritable":
+            raise
+        raise InputError("tier_unwritable", **{**refused.details, "mib_number": round(said_bytes / 2**20, 2)}) from None
+
+
+def _measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None) -> Crossover:
     check_tier(kind, model.device)
     points = crossover_positions(model.info.context_length, layout.block_size)
     blocks = layout.request_blocks(points[-1])
