@@ -3,24 +3,25 @@ crops the rest from both caches; the round's arithmetic, running counts and the 
 
 import json
 from functools import partial
-from html import escape
 
 import streamlit as st
 
 from model.recording import speculative as speculative_file
 from model.speculative import decoding, drafts, rules
+from ui import svg
+from ui.classroom import key_figure, play_row, settings
 from ui.controls import sampling_controls
 from ui.errors import callback_error_here, guarded, guarded_in_callback
-from ui.i18n import labels, t
+from ui.i18n import decimal, labels, lang, number, t
 from ui.models import page_start
 from ui.run import LiveStrip, encoded_prompt, prompt_modes, sampling_settings
-from ui.speculative_round import draw_counts, draw_round, draw_sequence, run_strip
-from ui.state import keep_across_pages
+from ui.speculative_round import draw_counts, draw_round, draw_round_picture, draw_sequence, run_strip
+from ui.state import SPECULATIVE_PROMPTS, default_prompt, keep_across_pages, trained_from
 from ui.widgets import NEXT_KEY, choice, md_escape
 
 PAGE_DEFAULTS = {"spec_run": None, "spec_for": None, "spec_draft": "small-draft", "spec_exit_layers": None,
                  "spec_exit_for": None, "spec_gamma": 4, "spec_speed": None, "spec_run_to_end_requested": False,
-                 "spec_running": False, "spec_unknown": []}
+                 "spec_running": False, "spec_unknown": [], "spec_opened_for": None}
 keep_across_pages(PAGE_DEFAULTS)
 
 model = page_start("speculative")
@@ -77,64 +78,92 @@ def reset() -> None:
     st.session_state.spec_run, st.session_state.spec_speed = None, None
 
 
+def open_on_a_run() -> None:
+    """The first visit with this model opens on round 1 of the settings shown, where the box still holds the
+    model's example prompt replaced by the page's own (one the draft partly agrees with)."""
+    state = st.session_state
+    state.spec_opened_for = (info.name, info.device)
+    example = SPECULATIVE_PROMPTS.get(trained_from(state.model_name))
+    if example is not None and state.prompt_mode == "text" and state.prompt_text == default_prompt(
+            trained_from(state.model_name)):
+        state.prompt_text = example[lang()]
+    start_run()
+
+
 # -- settings: draft, γ, prompt, sampling -----------------------------------------------------------------------
 draft_names = [d.split(":")[0] for d in drafts.draft_choices(model)]
 if st.session_state.spec_exit_for != info.name:  # each model starts from its own suggested K
     st.session_state.spec_exit_for = info.name
     st.session_state.spec_exit_layers = drafts.suggested_exit_layers(model)
-c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
-with c1:
-    draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft",
-                   format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
-if draft == "early-exit":
-    st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
-    c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1, key="spec_exit_layers",
-                    help=t("speculative.exit_layers_help", n=info.n_layers))
-c3.slider(t("speculative.gamma"), 1, 8, key="spec_gamma", help=t("speculative.gamma_help"))
-st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), info.context_length - 1)
-c4.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=info.context_length - 1, key="max_new_tokens")
-modes = prompt_modes(model)
-p1, p2 = st.columns([4, 1], vertical_alignment="bottom")
-with p2:
-    mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
-                  format_func=labels("prompt.mode_", modes).get, required=True)
-if mode == "ids":
-    p1.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
-else:
-    p1.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text")
-with st.expander(t("speculative.sampling"), expanded=not sampling_settings().greedy):
+if st.session_state.spec_run is None and st.session_state.spec_opened_for != (info.name, info.device):
+    open_on_a_run()
+with settings("speculative"):
+    c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
+    with c1:
+        draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft",
+                       format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
+    if draft == "early-exit":
+        st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
+        c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1,
+                        key="spec_exit_layers", help=t("speculative.exit_layers_help", n=info.n_layers))
+    c3.slider(t("speculative.gamma"), 1, 8, key="spec_gamma", help=t("speculative.gamma_help"))
+    st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), info.context_length - 1)
+    c4.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=info.context_length - 1,
+                    key="max_new_tokens")
+    modes = prompt_modes(model)
+    p1, p2 = st.columns([4, 1], vertical_alignment="bottom")
+    with p2:
+        mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
+                      format_func=labels("prompt.mode_", modes).get, required=True)
+    if mode == "ids":
+        p1.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
+    else:
+        p1.text_input(t("prompt.chat_label" if mode == "chat" else "prompt.label"), key="prompt_text")
+    st.markdown(f"**{md_escape(t('speculative.sampling'))}**")
     with st.container(horizontal=True, vertical_alignment="bottom"):
         sampling_controls()
     st.caption(t("speculative.sampling_note"))
 
 run = st.session_state.spec_run
-b1, b2, b3, b4, _ = st.columns([1.2, 1.2, 1.2, 1, 1])
-b1.button(t("speculative.start"), key="spec_start", type="primary" if run is None else "secondary",
-          icon=":material/play_arrow:", width="stretch", on_click=start_run)
+finished = run is not None and run.stop_reason is not None
+with st.container(horizontal=True, vertical_alignment="center"):
+    st.button(t("speculative.start"), key="spec_start", type="primary" if run is None else "secondary",
+              icon=":material/play_arrow:", on_click=start_run)
+    if run is not None:
+        st.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
+                  disabled=finished, on_click=next_round, shortcut=NEXT_KEY)
+        st.button(t("action.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
+                  on_click=request_run_to_end)
+        st.button(t("action.reset"), key="spec_reset", icon=":material/restart_alt:", on_click=reset)
+if run is not None:  # a row of its own: beside the four buttons the pace would not fit a 1280-px screen
+    play_row("speculative", lambda: run.stop_reason is not None, next_round)
 callback_error_here()  # under the row of buttons, whichever of them failed
 if run is None:
     st.info(t("speculative.press_start"))
     st.stop()
-finished = run.stop_reason is not None
-b2.button(t("speculative.next_round"), key="spec_next", type="primary", icon=":material/skip_next:",
-          disabled=finished, width="stretch", on_click=next_round, shortcut=NEXT_KEY)
-b3.button(t("action.run_to_end"), key="spec_run_to_end", icon=":material/fast_forward:", disabled=finished,
-          width="stretch", on_click=request_run_to_end)
-b4.button(t("action.reset"), key="spec_reset", icon=":material/restart_alt:", width="stretch", on_click=reset)
 if st.session_state.spec_running:  # the last Run to end was stopped by a click between two rounds
     st.session_state.spec_running = False
     if not finished:
-            st.info(t("speculative.run_stopped", rounds=len(run.rounds), tokens=len(run.new_ids)))
+        st.info(t("speculative.run_stopped", rounds=len(run.rounds), tokens=len(run.new_ids)))
 if st.session_state.spec_run_to_end_requested:
     st.session_state.spec_run_to_end_requested = False
     st.button(t("action.stop"), key="spec_stop", type="primary", icon=":material/stop:")
     rounds_to_the_end(run)
     st.rerun()
 
-# -- the sequence, this round, the running counts (ui/speculative_round.py: the Replay page draws a recording so) ---
+# -- this round as a picture, the sequence, the round's tables, the running counts (ui/speculative_round.py: the
+# Replay page draws a recording so) ---------------------------------------------------------------------------
+with key_figure():
+    draw_round_picture(run, tok.token)
 draw_sequence(run, tok.token)
-draw_round(run, tok.token, run.settings.greedy)
+draw_round(run, tok.token, run.settings.greedy, folded=True)
 draw_counts(run, tok.token)
+st.html(svg.line_chart_svg([r.index + 1 for r in run.rounds],
+                           {t("speculative.chart_proposed"): [len(r.checks) for r in run.rounds],
+                            t("speculative.chart_kept"): [r.accepted for r in run.rounds]},
+                           t("speculative.col_round"), t("speculative.chart_tokens"), t("speculative.chart_title"),
+                           dashed=(t("speculative.chart_proposed"),), number=lambda v: number(v, "g"),
+                           title=t("speculative.chart_title"), zoom=1.5))
 
 # -- speed against plain decoding -----------------------------------------------------------------------------
 st.subheader(t("speculative.speed"))
@@ -147,19 +176,20 @@ if speed is None:
     st.caption(t("speculative.measure_help"))
 else:
     s1, s2, s3 = st.columns(3)
-    s1.metric(t("speculative.plain_ms"), f"{speed.plain_ms_per_token:.2f} ms")
-    s2.metric(t("speculative.spec_ms"), f"{speed.speculative_ms_per_token:.2f} ms")
-    s3.metric(t("speculative.speedup"), f"{speed.speedup:.2f}×")
+    s1.metric(t("speculative.plain_ms"), f"{decimal(speed.plain_ms_per_token, 2)} ms")
+    s2.metric(t("speculative.spec_ms"), f"{decimal(speed.speculative_ms_per_token, 2)} ms")
+    s3.metric(t("speculative.speedup"), f"{decimal(speed.speedup, 2)}×")
     st.caption(t("speculative.conditions", model=info.name, draft=run.draft.name, gamma=run.gamma,
                  plain=speed.plain_tokens, spec=speed.speculative_tokens, passes=speed.target_passes,
                  repeats=speed.repeats, device=speed.device, dtype=speed.dtype, threads=speed.threads))
     st.markdown(t("speculative.speed_verdict_" + ("faster" if speed.speedup > 1 else "slower")))
     if speed.alpha is not None and speed.cost_ratio is not None:
-        st.caption(t("speculative.predicted", alpha=f"{speed.alpha:.2f}", gamma=run.gamma,
-                     c=f"{speed.cost_ratio:.2f}",
-                     value=f"{rules.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio):.2f}"))
+        st.caption(t("speculative.predicted", alpha=decimal(speed.alpha, 2), gamma=run.gamma,
+                     c=decimal(speed.cost_ratio, 2),
+                     value=decimal(rules.predicted_speedup(speed.alpha, run.gamma, speed.cost_ratio), 2)))
 
 st.download_button(t("speculative.download"), key="spec_download", icon=":material/download:", on_click="ignore",
+                   help=t("speculative.download_help"),
                    file_name="decode-lab-speculative.json", mime="application/json",
                    data=partial(run_json, run, speed, st.session_state.spec_unknown))
 st.subheader(t("speculative.answer"))
@@ -168,4 +198,4 @@ if finished:
     st.info(t("speculative.stopped", reason=t("stop." + run.stop_reason)))
 with st.expander(t("speculative.how")):
     st.markdown(t("speculative.how_text"))
-    st.html('<p style="font-size:13px;color:#495057">' + escape(t("speculative.sources")) + "</p>")
+    st.caption(t("speculative.sources"))

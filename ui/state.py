@@ -12,6 +12,9 @@ DEFAULT_PROMPTS = {"small": {"vi": "con mèo", "en": "the dog"}, "micro": {"vi":
                    # a base model, which continues a text; it writes Vietnamese, so its example is Vietnamese in both
                    "gemma3": {"vi": "Thủ đô của Việt Nam là", "en": "Thủ đô của Việt Nam là"},
                    "other": {"vi": "Thủ đô của Việt Nam là", "en": "The capital of France is"}}
+# the Speculative page's own example, where the model's would show nothing (small's draft disagrees with "con mèo"
+# and "the dog" at once): one whose round 1 keeps some proposals and rejects one; a model change replaces it too
+SPECULATIVE_PROMPTS = {"small": {"vi": "mẹ nấu", "en": "my mother cooks"}}
 PROMPT_MODES = {"micro": "ids", "smollm2": "chat"}  # the mode a model starts in; "text" otherwise
 DEFAULTS = {
     "model_name": "small", "device": "auto", "model_path": "", "allow_download": False,
@@ -42,7 +45,7 @@ def trained_from(model_name: str) -> str:
 def on_model_change() -> None:
     """A new model starts from its own example prompt and mode, unless the user typed a prompt of their own."""
     s = st.session_state
-    examples = {p for prompts in DEFAULT_PROMPTS.values() for p in prompts.values()}
+    examples = {p for prompts in [*DEFAULT_PROMPTS.values(), *SPECULATIVE_PROMPTS.values()] for p in prompts.values()}
     if not s.prompt_text.strip() or s.prompt_text in examples:
         s.prompt_text = default_prompt(trained_from(s.model_name))
     s.prompt_mode = PROMPT_MODES.get(trained_from(s.model_name), "text")
