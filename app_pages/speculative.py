@@ -78,16 +78,14 @@ def reset() -> None:
     st.session_state.spec_run, st.session_state.spec_speed = None, None
 
 
-def open_on_a_run() -> None:
-    """The first visit with this model opens on round 1 of the settings shown, where the box still holds the
-    model's example prompt replaced by the page's own (one the draft partly agrees with)."""
+def use_page_example() -> None:
+    """Where the box still holds the model's example prompt, the page's own (one the draft partly agrees with);
+    before the box is drawn."""
     state = st.session_state
-    state.spec_opened_for = (info.name, info.device)
     example = SPECULATIVE_PROMPTS.get(trained_from(state.model_name))
     if example is not None and state.prompt_mode == "text" and state.prompt_text == default_prompt(
             trained_from(state.model_name)):
         state.prompt_text = example[lang()]
-    start_run()
 
 
 # -- settings: draft, γ, prompt, sampling -----------------------------------------------------------------------
@@ -95,8 +93,11 @@ draft_names = [d.split(":")[0] for d in drafts.draft_choices(model)]
 if st.session_state.spec_exit_for != info.name:  # each model starts from its own suggested K
     st.session_state.spec_exit_for = info.name
     st.session_state.spec_exit_layers = drafts.suggested_exit_layers(model)
-if st.session_state.spec_run is None and st.session_state.spec_opened_for != (info.name, info.device):
-    open_on_a_run()
+# the first visit with this model opens on round 1 of the settings shown (the draft and mode as the controls have
+# them: after they are drawn)
+first_visit = st.session_state.spec_run is None and st.session_state.spec_opened_for != (info.name, info.device)
+if first_visit:
+    use_page_example()
 with settings("speculative"):
     c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
     with c1:
@@ -123,6 +124,9 @@ with settings("speculative"):
     with st.container(horizontal=True, vertical_alignment="bottom"):
         sampling_controls()
     st.caption(t("speculative.sampling_note"))
+if first_visit:
+    st.session_state.spec_opened_for = (info.name, info.device)
+    start_run()
 
 run = st.session_state.spec_run
 finished = run is not None and run.stop_reason is not None

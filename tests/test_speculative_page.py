@@ -308,3 +308,17 @@ def test_browser_run_to_end_redraws_and_stops_at_a_click(app_server, browser_pag
     page.get_by_role("button", name="Next round").click()
     page.get_by_text(re.compile(r"Round \d+:")).first.wait_for()
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_the_first_visit_opens_on_a_round_of_a_draft_the_model_can_use():
+    """micro cannot use small-draft (another vocabulary), the session's default draft: the page's first round is
+    made after the draft's control has put the model's first draft in its place, so it opens on round 1, no error."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in {"lang": "en", "model_name": "micro", "device": "cpu", "prompt_mode": "ids",
+                       "prompt_ids_text": "1, 3"}.items():
+        at.session_state[key] = value
+    at.run()
+    at.switch_page(PAGE)
+    at.run()
+    run = at.session_state["spec_run"]
+    assert not at.error and len(run.rounds) == 1 and run.draft.name == "lookup"
