@@ -20,8 +20,9 @@ from model.recording.replay import (
     shipped_recording,
 )
 from model.weights.catalog import FETCHED, list_models, settings
+from ui.classroom import key_figure, why
 from ui.errors import attempt, callback_error_here, guarded_in_callback
-from ui.i18n import labels, t
+from ui.i18n import labels, scientific, t
 from ui.models import shared_model
 from ui.speculative_round import draw_counts, draw_round, draw_sequence
 from ui.state import keep_across_pages
@@ -43,7 +44,6 @@ UPLOAD_BOX_MB = 8
 keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None,
                    "replay_uploaded_name": None, "replay_rerun": None})
 st.title(t("replay.title"))
-st.caption(t("replay.intro"))
 
 
 def on_source_change() -> None:
@@ -100,7 +100,8 @@ if kind == DECODE:
 else:
     st.html(box_html(t("replay.banner_rounds", draft=md_escape(run["draft"]), gamma=run["gamma"], **recorded),
                      "note"))
-with st.container(horizontal=True, vertical_alignment="center"):
+figure = key_figure()
+with figure, st.container(horizontal=True, vertical_alignment="center"):
     st.button(t("action.next"), key="replay_next", type="primary", icon=":material/skip_next:",
               disabled=index == last, on_click=on_step, args=(1,), shortcut=NEXT_KEY)
     st.button(t("action.back"), key="replay_back", icon=":material/undo:", disabled=index == 0, on_click=on_step,
@@ -109,23 +110,27 @@ with st.container(horizontal=True, vertical_alignment="center"):
                         else t("replay.round_of", round=index + 1, rounds=last + 1)) + "**")
 
 
-if kind == DECODE:
-    st.html(step_view_html(recorded_step(run, index)))
-else:  # drawn by the Speculative page's own code, from a run with no model behind it
-    replayed, token = replayed_run(run, index + 1), RecordedTokens(run).token
-    draw_sequence(replayed, token)
-    draw_round(replayed, token, replayed.rounds[-1].settings.greedy)
-    draw_counts(replayed, token)
-    st.subheader(t("speculative.answer"))
-    st.markdown(t("speculative.answer_text", text=md_escape(run["rounds"][index]["answer"]) or "∅",
-                  n=len(replayed.new_ids)))
-    st.html(recorded_stop_html(run, index == last))
+with figure:
+    if kind == DECODE:
+        st.html(step_view_html(recorded_step(run, index)))
+    else:  # drawn by the Speculative page's own code, from a run with no model behind it
+        replayed, token = replayed_run(run, index + 1), RecordedTokens(run).token
+        draw_sequence(replayed, token)
+        draw_round(replayed, token, replayed.rounds[-1].settings.greedy)
+        draw_counts(replayed, token)
+        st.subheader(t("speculative.answer"))
+        st.markdown(t("speculative.answer_text", text=md_escape(run["rounds"][index]["answer"]) or "∅",
+                      n=len(replayed.new_ids)))
+        st.html(recorded_stop_html(run, index == last))
+with why("replay"):
+    st.caption(t("replay.intro"))
 
 st.subheader(t("replay.rerun"))
 name = m["name"]
+tol = scientific(PROB_TOLERANCE)  # as the session writes numbers: 10⁻⁴
 if name in list_models(settings().models_dir):
-    st.caption(t("replay.rerun_help", model=name, tol=PROB_TOLERANCE) if kind == DECODE
-               else t("replay.rerun_help_rounds", model=name, draft=md_escape(run["draft"]), tol=PROB_TOLERANCE))
+    st.caption(t("replay.rerun_help", model=name, tol=tol) if kind == DECODE
+               else t("replay.rerun_help_rounds", model=name, draft=md_escape(run["draft"]), tol=tol))
     st.button(t("replay.rerun"), key="replay_rerun_button", icon=":material/play_arrow:", on_click=on_rerun,
               args=(run,))
     done = st.session_state.replay_rerun
@@ -134,14 +139,14 @@ if name in list_models(settings().models_dir):
     elif done is not None:
         found = {"device": done.device, "dtype": done.dtype}
         if done.matches and kind == DECODE:
-            st.success(t("replay.rerun_match", model=name, n=done.steps, tol=PROB_TOLERANCE,
-                         gap=f"{done.max_prob_diff:.1e}", **found))
+            st.success(t("replay.rerun_match", model=name, n=done.steps, tol=tol,
+                         gap=scientific(done.max_prob_diff), **found))
         elif done.matches:
             st.success(t("replay.rerun_match_rounds", model=name, draft=md_escape(run["draft"]), n=done.steps,
-                         tol=PROB_TOLERANCE, gap=f"{done.max_prob_diff:.1e}", **found))
+                         tol=tol, gap=scientific(done.max_prob_diff), **found))
         else:
             d = done.difference
-            found |= {"what": t("replay.what_" + d.what, tol=PROB_TOLERANCE), "recorded": md_escape(d.recorded),
+            found |= {"what": t("replay.what_" + d.what, tol=tol), "recorded": md_escape(d.recorded),
                       "now": md_escape(d.now)}
             st.error(t("replay.rerun_differs", step=d.step, **found) if kind == DECODE
                      else t("replay.rerun_differs_round", round=d.step + 1, **found))

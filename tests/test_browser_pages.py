@@ -27,7 +27,16 @@ def wait_for_cache(page, lang: str, positions: int) -> None:
     page.get_by_text(re.compile(pattern)).first.wait_for(timeout=60_000)
 
 
+def open_settings(page) -> None:
+    """The page opens on a run, its prompt form folded into its settings: open them (they stay open)."""
+    page.locator(".st-key-key-figure, .st-key-run_prefill button").first.wait_for(timeout=60_000)
+    if not page.locator(".st-key-run_prefill button").first.is_visible():
+        page.locator(".st-key-decode_settings summary, .st-key-prefill_settings summary").first.click()
+
+
 def click(page, name: str):
+    if name in (LABELS["vi"]["prefill"], LABELS["en"]["prefill"]):
+        open_settings(page)
     page.get_by_role("button", name=name, exact=False).first.click()
     wait_idle(page)
 
@@ -77,6 +86,7 @@ def test_script_in_the_prompt_is_shown_as_text(app_server, browser_page):
     page = browser_page
     page.goto(f"{app_server}/prefill?lang=en")
     wait_idle(page)
+    open_settings(page)
     box = page.get_by_label("Prompt", exact=True)
     box.fill("<script>alert(1)</script> <b>the</b> dog")
     box.press("Enter")

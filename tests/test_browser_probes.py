@@ -10,8 +10,9 @@ pytestmark = pytest.mark.browser
 
 
 def decode_prefilled(page, app_server: str, lang: str) -> None:
-    """The Decode page in `lang` with its default prompt prefilled."""
+    """The Decode page in `lang` with its default prompt prefilled (it opens on that run), its settings open."""
     page.goto(f"{app_server}/decode?lang={lang}")
+    page.locator(".st-key-decode_settings summary").first.click()
     page.get_by_role("button", name=text("prompt.run_prefill", lang)).first.click()
     wait_idle(page)
 

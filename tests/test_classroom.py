@@ -270,8 +270,11 @@ def test_the_browser_asks_before_a_reload_drops_the_run(app_server, browser_page
     page = browser_page
     page.goto(f"{app_server}/decode?lang=en")
     wait_idle(page, timeout_ms=30_000)
-    assert page.evaluate("window.onbeforeunload") is None
-    page.locator(".st-key-run_prefill button").click()
-    page.wait_for_function("window.onbeforeunload !== null", timeout=60_000)
+    page.wait_for_function("window.onbeforeunload !== null", timeout=60_000)  # the page opens on a run
     page.locator(".st-key-reset button").click()
     page.wait_for_function("window.onbeforeunload === null", timeout=60_000)
+    wait_idle(page)
+    if not page.locator(".st-key-run_prefill button").is_visible():
+        page.locator(".st-key-decode_settings summary").click()
+    page.locator(".st-key-run_prefill button").click()
+    page.wait_for_function("window.onbeforeunload !== null", timeout=60_000)

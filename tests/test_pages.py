@@ -12,7 +12,7 @@ from apptest import click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
 from model.engine import generate
-from model.texts import text
+from model.texts import number_in, text
 from ui.process import CHECK_NICENESS, CHECKS
 
 
@@ -106,9 +106,10 @@ def test_a_refused_prompt_is_said_under_the_run_button_once():
     """Run prefill starts the run in its callback (one script run); a refusal is said in the form, not above the
     page's title, and is gone at the next rerun."""
     at = open_page("app_pages/decode.py", model="small")
+    opened_on = at.session_state["generation"]  # the page opens on a run of its form's prompt
     at.text_input(key="prompt_text").set_value("   ").run()
     click(at, "run_prefill")
-    assert at.session_state["generation"] is None
+    assert at.session_state["generation"] is opened_on
     order = element_order(at)
     assert order.index("Error") == order.index("run_prefill") + 1 and "trống" in at.error[0].value
     at.run()
@@ -179,7 +180,7 @@ def test_the_token_comes_first_and_its_own_check_follows(monkeypatch):
     release.set()
     future.result(timeout=30)
     at.run()
-    verdict = escape(text("decode.check_result_pass", "en").format(n=n, tol="0.0001"))
+    verdict = escape(text("decode.check_result_pass", "en").format(n=n, tol="10⁻⁴"))
     html = step_view_html(at)
     assert verdict in html and checking not in html
 
@@ -498,7 +499,7 @@ def attention_kept_sentences(gen: generate.Generation, lang: str, layer: int, he
     def steps(runs):
         return ", ".join(str(r.first) if r.first == r.last else f"{r.first}–{r.last}" for r in runs)
 
-    runs, mb = generate.attention_runs(gen), f"{gen.budget_bytes / 2**20:g}"
+    runs, mb = generate.attention_runs(gen), number_in(gen.budget_bytes / 2**20, lang, "g")
     said = [text("decode.attention_dropped", lang).format(mb=mb, steps=steps([r for r in runs if r.kept == "none"]))]
     said += [text("decode.attention_thinned_shown" if r.view == (layer, head) else "decode.attention_thinned_blank",
                   lang).format(mb=mb, steps=steps([r]), layer=r.view[0], head=r.view[1])
@@ -599,3 +600,28 @@ def test_a_long_context_folds_the_strip_and_the_attention_row():
     assert len(gaps) >= 1 and abs(sum(gaps) - float(row.sum() - row[sorted(keep)].sum())) <= 0.005 * len(gaps)
     assert escape(text("decode.strip_folded", "en").format(n=n, head=4, tail=40, folded=n - 44)) in html
     assert not at.error
+
+
+def test_decode_opens_on_a_run_and_back_says_the_cache_was_cropped():
+    """Issue 49: the page opens on its form's prompt already prefilled; after Back one line says the cache was
+    cropped, not replayed, until the next step."""
+    at = open_page("app_pages/decode.py", model="small")
+    gen = at.session_state["generation"]
+    assert gen is not None and len(gen.steps) == 1 and at.button(key="next")
+    click(at, "next")
+    click(at, "back")
+    cropped = escape(text("decode.back_cropped", "vi").format(n=cache_len(at)))
+    assert cropped in step_view_html(at)
+    click(at, "next")
+    assert cropped.split("{")[0][:20] not in step_view_html(at)
+
+
+def test_the_sampling_preset_shows_tokens_removed_by_top_k_and_top_p():
+    """Issue 49: one click sets temperature 0.8, top-k 5 and top-p 0.9, and the step's bars show removed tokens."""
+    at = open_page("app_pages/decode.py", model="small")
+    assert set(at.session_state["generation"].samples[-1].top_status) <= {"chosen", "other"}  # greedy: no filter
+    click(at, "sampling_preset")
+    s = at.session_state
+    assert (s["temperature"], s["top_k_on"], s["top_k"], s["top_p"]) == (0.8, True, 5, 0.9)
+    removed = {"cut_k", "cut_p"} & set(s["generation"].samples[-1].top_status)
+    assert removed, s["generation"].samples[-1].top_status

@@ -29,7 +29,7 @@ from model.recording.replay import (
 )
 from model.recording.speculative import SCHEMA as SPECULATE_SCHEMA
 from model.recording.trace import SCHEMA
-from model.texts import LANGUAGES, text
+from model.texts import LANGUAGES, number_in, text
 from model.tools.cli import main
 from ui.widgets import md_escape
 
@@ -410,7 +410,7 @@ def test_a_run_whose_settings_changed_mid_run_replays_each_step_with_its_own():
     replay = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload", **uploaded(recording))
     html = page_html(replay)
     assert _sentence(html, "replay.chosen", "en", token="ngủ", id=first["chosen_id"],
-                     p=f"{first['chosen_prob']:.3f}", temperature=1.5, top_k="off", top_p=1.0, seed=0, n=5)
+                     p=f"{first['chosen_prob']:.3f}", temperature="1.5", top_k="off", top_p="1", seed=0, n=5)
     assert "greedy" not in html
     click(replay, "replay_next")
     click(replay, "replay_next")
@@ -439,8 +439,8 @@ def test_an_older_recording_says_it_keeps_only_the_run_s_last_settings(lang):
     at = open_app("app_pages/replay.py", lang=lang, device="cpu", replay_source="upload", **uploaded(old))
     step = old["steps"][0]
     assert _sentence(page_html(at), "replay.chosen_last_settings", lang, token="cá", id=4,
-                     p=f"{step['chosen_prob']:.3f}", temperature=0.0, top_k=text("replay.top_k_off", lang),
-                     top_p=1.0, seed=0, n=5, schema=md_escape(TRACE_V1))
+                     p=number_in(step["chosen_prob"], lang, ".3f"), temperature="0",
+                     top_k=text("replay.top_k_off", lang), top_p="1", seed=0, n=5, schema=md_escape(TRACE_V1))
     greedy_clause = text("replay.chosen_greedy", lang).split("): ")[1].split(".")[0]  # "greedy, since …"
     assert greedy_clause not in page_html(at)
     assert rerun(_model("micro"), old).matches
@@ -504,7 +504,7 @@ def test_a_smollm2_replay_opens_with_no_model_loaded(monkeypatch, lang):
 def test_re_run_for_real_on_the_page_says_every_token_matches():
     at = click(open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="micro"), "replay_rerun_button")
     assert at.success[0].value == text("replay.rerun_match", "en").format(
-        model="micro", device="cpu", dtype="float32", n=2, tol=PROB_TOLERANCE, gap="0.0e+00")
+        model="micro", device="cpu", dtype="float32", n=2, tol="10⁻⁴", gap="0")  # the session's format
 
 
 def test_a_recording_of_a_model_not_here_says_how_to_get_it(monkeypatch):
@@ -693,7 +693,7 @@ def test_re_running_a_speculative_recording_on_the_page_says_every_round_matches
     at = click(open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="small-speculative"),
                "replay_rerun_button")
     assert at.success[0].value == text("replay.rerun_match_rounds", "en").format(
-        model="small", draft="small\\-draft", device="cpu", dtype="float32", n=3, tol=PROB_TOLERANCE, gap="0.0e+00")
+        model="small", draft="small\\-draft", device="cpu", dtype="float32", n=3, tol="10⁻⁴", gap="0")
 
 
 def test_a_tampered_speculative_recording_re_runs_to_the_round_that_differs(monkeypatch):

@@ -6,6 +6,8 @@ update_* calls cost more than the rest of a Next click together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 Figure = dict
@@ -24,17 +26,48 @@ def figure(data: list[dict], height: int, xaxis: dict | None = None, yaxis: dict
         "xaxis": {"tickfont": TICKS, **(xaxis or {})}, "yaxis": {"tickfont": TICKS, **(yaxis or {})}, **layout}}
 
 
-def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str],
-                      height: int = 420) -> Figure:
-    """weights (queries, keys); masked (future) cells are exact zeros and shown blank. The labels are the axes'
-    categories, so a hover names its query and key without a label per cell (a 300-position triangle would send
-    90,000 of them on every click), and plotly thins the tick labels when they crowd."""
-    z = np.where(weights > 0, np.round(weights, 3), np.nan)
-    heat = dict(type="heatmap", z=z, x=key_labels, y=query_labels, zmin=0, zmax=1, colorscale=HEAT,
-                colorbar=dict(thickness=14), xgap=1 if len(key_labels) <= 64 else 0,
-                ygap=1 if len(query_labels) <= 64 else 0, hovertemplate="%{y} → %{x}<br>%{z:.3f}<extra></extra>")
-    return figure([heat], height, xaxis=dict(type="category", side="top", tickangle=-45),
-                  yaxis=dict(type="category", autorange="reversed"))
+ATTENTION_SCALES = ("row", "log", "linear")  # what an attention cell's colour says; per row by default
+LOG_FLOOR = 1e-3  # the log scale's lightest colour: a weight of 0.001 or less
+NUMBERS_UP_TO = 12  # positions up to which each weight is written in its cell
+
+
+def attention_colours(weights: np.ndarray, scale: str) -> np.ndarray:
+    """Each weight's place on the colour scale, 0 to 1: the weight itself ("linear"), the weight over its row's
+    largest ("row": a first position that takes most of every row, the attention sink, no longer leaves the rest
+    pale), or log10 of the weight from LOG_FLOOR to 1 ("log"). Masked cells (exact zeros) stay 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    if scale == "row":
+        return w / np.maximum(w.max(axis=-1, keepdims=True), 1e-12)
+    if scale == "log":
+        floor = np.log10(LOG_FLOOR)
+        return np.where(w > 0, (np.log10(np.maximum(w, LOG_FLOOR)) - floor) / -floor, 0.0)
+    return w
+
+
+def attention_heatmap(weights: np.ndarray, query_labels: list[str], key_labels: list[str], height: int = 420,
+                      scale: str = "linear", scale_title: str = "",
+                      number: Callable[[float], str] | None = None) -> Figure:
+    """weights (queries, keys); masked (future) cells are exact zeros and shown blank. The colour follows `scale`
+    (attention_colours), its bar titled `scale_title`; a hover says the weight itself, and up to NUMBERS_UP_TO
+    positions each cell shows it too, written by `number`. The labels are the axes' categories, so a hover names
+    its query and key without a label per cell (a 300-position triangle would send 90,000 of them on every click),
+    and plotly thins the tick labels when they crowd."""
+    z = np.where(weights > 0, np.round(attention_colours(weights, scale), 3), np.nan)
+    big = dict(size=16, color=TICKS["color"])  # the triangle's text at 16 px and more: read from the back row
+    bar = dict(thickness=16, title=dict(text=scale_title, side="right", font=big), tickfont=big)
+    if scale == "log":  # ticks at the weights themselves: 0.001, 0.01, 0.1, 1
+        powers = np.arange(int(np.log10(LOG_FLOOR)), 1)
+        bar |= dict(tickvals=list((powers - powers[0]) / -powers[0]),
+                    ticktext=[(number or str)(float(10.0 ** p)) for p in powers])
+    heat = dict(type="heatmap", z=z, customdata=np.round(weights, 3), x=key_labels, y=query_labels, zmin=0, zmax=1,
+                colorscale=HEAT, colorbar=bar, xgap=1 if len(key_labels) <= 64 else 0,
+                ygap=1 if len(query_labels) <= 64 else 0,
+                hovertemplate="%{y} → %{x}<br>%{customdata:.3f}<extra></extra>")
+    if number is not None and len(query_labels) <= NUMBERS_UP_TO:
+        heat |= dict(text=[[number(float(w)) if w > 0 else "" for w in row] for row in weights],
+                     texttemplate="%{text}", textfont=dict(size=16))
+    return figure([heat], height, xaxis=dict(type="category", side="top", tickangle=-45, tickfont=big),
+                  yaxis=dict(type="category", autorange="reversed", tickfont=big))
 
 
 def heads_grid(weights: np.ndarray, head_title: str, height: int = 300) -> Figure:

@@ -10,23 +10,23 @@ import streamlit as st
 from model.engine import generate
 from model.engine.counting import CacheShape
 from model.engine.runtime import LoadedModel
-from ui.errors import callback_error_here
+from ui.charts import ATTENTION_SCALES
 from ui.i18n import decimal, labels, number, t
 from ui.reruns import redraw_only
-from ui.run import on_sampling_change, prefill, prompt_modes
+from ui.run import generation, on_sampling_change, prefill, prompt_modes
 from ui.widgets import choice
 
 
 def prompt_form(model: LoadedModel) -> None:
-    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill."""
+    """The prompt (text, chat, or ids for the micro example) and the button that runs prefill. Flex rows, not
+    st.columns: the mode's control keeps the width its labels need ("văn bản | ID | Chat" whole), and columns on a
+    page make every later click of its fragments cost the browser more."""
     modes = prompt_modes(model)
     if model.info.language == "en":
         st.caption(t("prompt.english_only"))
-    left, right = st.columns([4, 1], vertical_alignment="bottom")
-    with right:
-        mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode",
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        mode = choice(st.segmented_control, t("prompt.mode"), modes, key="prompt_mode", width="content",
                       format_func=labels("prompt.mode_", modes).get, required=True)
-    with left:
         if mode == "ids":
             st.text_input(t("prompt.ids_label"), key="prompt_ids_text", help=t("prompt.ids_help"))
         else:
@@ -34,16 +34,44 @@ def prompt_form(model: LoadedModel) -> None:
                           help=t("prompt.help", most=generate.MAX_PROMPT_CHARS))
     if mode == "chat":
         st.text_input(t("prompt.system_label"), key="system_text", help=t("prompt.system_help"))
-    c1, c2, _ = st.columns([1, 1, 3], vertical_alignment="bottom")
-    # the shortest prompt (<bos> and one word) leaves context − 1 new tokens; a value above the widget's
-    # maximum would be replaced by its minimum, so keep it inside for small contexts
+    most = fit_max_new_tokens(model)
+    with st.container(horizontal=True, vertical_alignment="bottom"):
+        st.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most, key="max_new_tokens", width=180)
+        st.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"), width=180)
+        st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:",
+                  on_click=run_prefill, args=(model, mode))
+    if st.session_state.get("prefill_error") is not None:  # said once, under the button
+        st.error(st.session_state.prefill_error)
+        st.session_state.prefill_error = None
+
+
+def run_prefill(model: LoadedModel, mode: str) -> None:
+    """Run prefill's callback (ui/run.prefill): a refused prompt is kept for the form, which says it under its
+    button; a Next or a sampling change that failed is said under the page's own buttons (callback_error_here)."""
+    prefill(model, mode)
+    st.session_state.prefill_error, st.session_state.callback_error = st.session_state.callback_error, None
+
+
+def fit_max_new_tokens(model: LoadedModel) -> int:
+    """The most new tokens the model's context allows, the form's value kept within it: the shortest prompt (<bos>
+    and one word) leaves context − 1; a value above the widget's maximum would be replaced by its minimum."""
     most = model.info.context_length - 1
     st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), most)
-    c1.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=most, key="max_new_tokens")
-    c2.text_input(t("prompt.stop"), key="stop_text", help=t("prompt.stop_help"))
-    st.button(t("prompt.run_prefill"), key="run_prefill", type="primary", icon=":material/play_arrow:",
-              on_click=prefill, args=(model, mode))
-    callback_error_here()
+    return most
+
+
+def first_run(model: LoadedModel) -> generate.Generation | None:
+    """The run the page draws: a page of the run opens on one. The first time a model is shown in this session
+    (the session's first page of the run, or after the sidebar switched model), the form's prompt is prefilled
+    at once; after Reset there is none until the form's button is pressed. A refused prompt is a sentence under
+    that button."""
+    made = (model.info.name, model.info.device)
+    if generation(model) is None and st.session_state.get("first_run_for") != made:
+        st.session_state.first_run_for = made
+        fit_max_new_tokens(model)
+        modes = prompt_modes(model)
+        run_prefill(model, st.session_state.prompt_mode if st.session_state.prompt_mode in modes else modes[0])
+    return generation(model)
 
 
 def layer_head_selectors(info, redraw: str | None = None) -> tuple[int, int]:
@@ -81,6 +109,18 @@ def decimal_slider(label: str, lowest: float, highest: float, step: float, key: 
     st.session_state[key] = min(steps, key=lambda v: abs(v - float(st.session_state[key])))
     written = {v: decimal(v, places) for v in steps}  # not a lambda: AppTest formats outside the script run
     st.select_slider(label, steps, key=key, format_func=written.get, **options)
+
+
+def attention_scale(redraw: str | None = None) -> str:
+    """What an attention picture's colour says (ui/charts.ATTENTION_SCALES), chosen on the page beside it; one
+    choice for Prefill and Decode. `redraw` names the fragment that draws the attention, when only it should rerun."""
+    return choice(st.segmented_control, t("attention.scale"), list(ATTENTION_SCALES), key="attention_scale",
+                  format_func=labels("attention.scale_", ATTENTION_SCALES).get, required=True,
+                  help=t("attention.scale_help"), on_change=lambda: redraw_only(redraw))
+
+
+def attention_scale_title(scale: str) -> str:
+    return t("attention.colour_" + scale)
 
 
 def cache_by_layer_kind(shape: CacheShape, n: int, measured: int) -> str | None:

@@ -40,3 +40,19 @@ def number(value: float, spec: str | None = None) -> str:
 def decimal(value: float, places: int = 1) -> str:
     """number() with `places` decimals: 1,234.5 in English, 1.234,5 in Vietnamese."""
     return number(value, f",.{places}f")
+
+
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def scientific(value: float) -> str:
+    """A tiny or huge number as a class reads it, in the session's format: 0; 7,75 × 10⁻⁷ in Vietnamese and
+    7.75 × 10⁻⁷ in English; 10⁻⁴; a number between 0,001 and 1.000 as number() writes it (3 digits)."""
+    if value == 0:
+        return "0"
+    mantissa, exponent = f"{value:.2e}".split("e")
+    power = int(exponent)
+    if -3 <= power < 3:
+        return number(float(f"{value:.3g}"))
+    ten = "10" + str(power).translate(SUPERSCRIPT)
+    return ten if float(mantissa) == 1 else f"{number(float(mantissa))} × {ten}"

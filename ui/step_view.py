@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from html import escape
 
+import numpy as np
+
 from model.engine import generate
 from model.engine.counting import CacheShape
 from model.engine.generate import CHECK_TOLERANCE
@@ -16,8 +18,9 @@ from model.engine.sampling import most_probable
 from model.engine.tokenizer import joined_characters
 from model.recording.replay import TRACE_V1, RecordedTokens
 from ui import svg
+from ui.charts import LOG_FLOOR, attention_colours
 from ui.controls import cache_by_layer_kind
-from ui.i18n import number, t
+from ui.i18n import decimal, number, scientific, t
 from ui.run import strip_tokens
 from ui.widgets import (
     attention_row_html,
@@ -91,7 +94,7 @@ def step_view_html(view: StepView) -> str:
 def summary_html(step: int, phase: str, fed: str, position: int, cache_len: int, ms: float, device: str,
                  dtype: str) -> str:
     return paragraph_html(t("decode.step_summary", step=step, phase=t("phase." + phase), fed=md_escape(fed),
-                            pos=position, cache=cache_len, ms=f"{ms:.2f}", device=device, dtype=dtype))
+                            pos=position, cache=cache_len, ms=decimal(ms, 2), device=device, dtype=dtype))
 
 
 def formula_text(shape: CacheShape, cache_len: int, measured: int, formula: int) -> str:
@@ -104,9 +107,10 @@ def formula_text(shape: CacheShape, cache_len: int, measured: int, formula: int)
 def check_html(max_abs_diff: float, cache_len: int, note: str = "") -> str:
     """The largest |Δlogit| between the cached step and its recompute, `note` under it, then the verdict."""
     passed = max_abs_diff <= CHECK_TOLERANCE
-    verdict = t("decode.check_result_pass" if passed else "decode.check_result_fail", tol=CHECK_TOLERANCE,
-                n=cache_len)
-    return (f'<div class="dl-metric">{escape(t("decode.check_metric"))}<b>{max_abs_diff:.2e}</b></div>' + note
+    verdict = t("decode.check_result_pass" if passed else "decode.check_result_fail",
+                tol=scientific(CHECK_TOLERANCE), n=cache_len)
+    return (f'<div class="dl-metric">{escape(t("decode.check_metric"))}<b>{scientific(max_abs_diff)}</b></div>'
+            + note
             + box_html(verdict, "pass" if passed else "fail"))
 
 
@@ -122,7 +126,7 @@ def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
     runs = generate.attention_runs(gen)
     if all(r.kept == "every" for r in runs):
         return ""
-    mb = f"{gen.budget_bytes / 2**20:g}"
+    mb = number(gen.budget_bytes / 2**20, "g")
     notes = []
     dropped = [r for r in runs if r.kept == "none"]
     if dropped:
@@ -139,55 +143,68 @@ def attention_kept_html(gen: generate.Generation, layer: int, head: int) -> str:
 def memory_budget_html(gen: generate.Generation) -> str:
     """Why the run stopped at the budget: the bytes that are left when nothing older can be dropped."""
     prefill = gen.steps[0].nbytes
-    return paragraph_html(t("decode.memory_budget_stop", mb=f"{gen.budget_bytes / 2**20:g}",
-                            prefill=f"{prefill / 2**20:.1f}", steps=f"{(gen.nbytes - prefill) / 2**20:.1f}",
-                            cache=f"{gen.cache.nbytes_reserved() / 2**20:.1f}", back=t("action.back"),
+    return paragraph_html(t("decode.memory_budget_stop", mb=number(gen.budget_bytes / 2**20, "g"),
+                            prefill=decimal(prefill / 2**20), steps=decimal((gen.nbytes - prefill) / 2**20),
+                            cache=decimal(gen.cache.nbytes_reserved() / 2**20), back=t("action.back"),
                             reset=t("action.reset")), "dl-caption")
 
 
-def live_attention_html(model: LoadedModel, gen: generate.Generation, layer: int, head: int) -> str:
-    """The new token's attention row over the cache (a long one folded), the window's edge, the growing triangle."""
+def scale_ticks(scale: str) -> list[tuple[float, str]]:
+    """The triangle's colour bar ticks on the chosen scale (ui/charts.attention_colours), in the session's format."""
+    if scale == "log":
+        powers = range(round(np.log10(LOG_FLOOR)), 1)
+        return [((p - powers[0]) / -powers[0], number(10.0 ** p)) for p in powers]
+    return [(1, "1"), (0.5, number(0.5)), (0, "0")]
+
+
+def live_attention_html(model: LoadedModel, gen: generate.Generation, layer: int, head: int,
+                        scale: str = "linear") -> str:
+    """The new token's attention row over the cache (a long one folded), the window's edge, the growing triangle
+    coloured on `scale`."""
     info, tok, trace = model.info, model.tokenizer, gen.steps[-1]
     cached = [tok.token(i) for i in gen.ids[: trace.cache_len]]
     row = trace.weights(layer, head)[-1]  # (cache_len,): the newest query
     keep = window_of(len(row), ROW_HEAD, ROW_TAIL, most_probable(row, ROW_TOP).tolist())
     folded = "" if keep is None else paragraph_html(t(
         "decode.attention_folded", head=ROW_HEAD, top=ROW_TOP, tail=ROW_TAIL, folded=len(row) - len(keep),
-        w=f"{float(row.sum() - row[sorted(keep)].sum()):.2f}"), "dl-caption")
+        w=decimal(float(row.sum() - row[sorted(keep)].sum()), 2)), "dl-caption")
     window = info.layer_windows[layer] if info.layer_windows else None
+    history = generate.attention_history(gen, layer, head)
     edge = (paragraph_html(t("decode.window_edge", layer=layer, window=window, edge=trace.cache_len - window),
                            "dl-caption") if window is not None and trace.cache_len > window else "")
     return (paragraph_html(t("decode.attention_row", token=md_escape(tok.token(trace.input_ids[-1])),
                              n=trace.cache_len), "dl-caption")
             + folded + attention_row_html(cached, row, keep) + edge
             + paragraph_html(t("decode.attention_history"), "dl-caption") + attention_kept_html(gen, layer, head)
-            + svg.heatmap_html(generate.attention_history(gen, layer, head),
-                               [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention"),
-                               generate.attention_rows_kept(gen, layer, head), t("decode.row_not_kept")))
+            + svg.heatmap_html(history, [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention"),
+                               generate.attention_rows_kept(gen, layer, head), t("decode.row_not_kept"),
+                               attention_colours(history, scale), scale_ticks(scale))
+            + paragraph_html(f"{t('attention.scale')}: {t('attention.colour_' + scale)}", "dl-caption"))
 
 
 def live_check_html(check: generate.RecomputeCheck | None, checking: bool, trace) -> str:
     """The verdict of this step's check, "checking…" while it runs, or that the check is off."""
     if check is not None:
         return (check_html(check.max_abs_diff, trace.cache_len, paragraph_html(t("decode.check_help"), "dl-caption"))
-                + paragraph_html(t("decode.check_timing", n=trace.cache_len, ms=f"{check.ms:.1f}",
-                                   step_ms=f"{trace.ms:.1f}"), "dl-caption"))
+                + paragraph_html(t("decode.check_timing", n=trace.cache_len, ms=decimal(check.ms),
+                                   step_ms=decimal(trace.ms)), "dl-caption"))
     if checking:
         return box_html(t("decode.checking", n=trace.cache_len), "note")
     return paragraph_html(t("decode.check_off"), "dl-caption")
 
 
 def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: int,
-              check: generate.RecomputeCheck | None, checking: bool, before_grid: str = "") -> StepView:
+              check: generate.RecomputeCheck | None, checking: bool, before_grid: str = "",
+              scale: str = "linear") -> StepView:
     """The current step of this session's run."""
     info, tok = model.info, model.tokenizer
     trace, drawn = gen.steps[-1], gen.samples[-1]
     tokens, ids, kinds = strip_tokens(model, gen)
     chosen = md_escape(tok.token(drawn.chosen_id))
     if drawn.greedy:
-        choice = t("sampling.summary_greedy", token=chosen, id=drawn.chosen_id, p=f"{drawn.chosen_prob:.3f}")
+        choice = t("sampling.summary_greedy", token=chosen, id=drawn.chosen_id, p=decimal(drawn.chosen_prob, 3))
     else:
-        choice = t("sampling.summary", token=chosen, id=drawn.chosen_id, p=f"{drawn.chosen_final_prob:.3f}",
+        choice = t("sampling.summary", token=chosen, id=drawn.chosen_id, p=decimal(drawn.chosen_final_prob, 3),
                    mode=t("sampling.sampled", seed=gen.settings.seed), k=drawn.n_kept_top_k,
                    p_kept=drawn.n_kept_top_p, vocab=info.vocab_size)
     stop = (box_html(t("decode.stopped", reason=t("stop." + gen.stop_reason)), "note") if gen.stop_reason
@@ -199,7 +216,7 @@ def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: in
         tokens, ids, kinds, tok,
         summary_html(len(gen.steps) - 1, trace.phase, ", ".join(tok.token(i) for i in trace.input_ids),
                      trace.positions[0], trace.cache_len, trace.ms, info.device, info.dtype),
-        live_attention_html(model, gen, layer, head),
+        live_attention_html(model, gen, layer, head, scale),
         ([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
          list(drawn.top_status[:TOP_BARS])),
         {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}, choice,
@@ -234,9 +251,10 @@ def recorded_choice(run: dict, step: dict) -> str:
     else:
         s = step["settings"]
         key = "replay.chosen_greedy" if s["temperature"] == 0 else "replay.chosen"
-    return t(key, token=md_escape(step["chosen_token"]), id=step["chosen_id"], p=f"{step['chosen_prob']:.3f}",
-             temperature=s["temperature"], top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"),
-             top_p=s["top_p"], seed=s["seed"], n=len(step["top"]), schema=run["schema"])
+    return t(key, token=md_escape(step["chosen_token"]), id=step["chosen_id"], p=decimal(step["chosen_prob"], 3),
+             temperature=number(s["temperature"]),
+             top_k=s["top_k"] if s["top_k"] is not None else t("replay.top_k_off"), top_p=number(s["top_p"]),
+             seed=s["seed"], n=len(step["top"]), schema=run["schema"])
 
 
 def recorded_step(run: dict, index: int) -> StepView:

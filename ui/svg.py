@@ -154,16 +154,19 @@ def _heatmap_frame(labels: list[str]) -> tuple[SquareFrame, int, int]:
     return frame, width, frame.top + side + 6
 
 
-def heatmap_svg(weights: np.ndarray, labels: list[str], description: str) -> str:
+def heatmap_svg(weights: np.ndarray, labels: list[str], description: str, colours: np.ndarray | None = None,
+                ticks: list[tuple[float, str]] | None = None) -> str:
     """A lower-triangular attention map, weights (queries, keys) over the same positions `labels`, on a fixed
-    0–1 colour scale with its bar. `description` is the picture's accessible name."""
+    0–1 colour scale with its bar. `description` is the picture's accessible name. colours: each cell's place on the
+    scale when it is not the weight itself (ui/charts.attention_colours), with the bar's (place, text) ticks."""
     frame, width, height = _heatmap_frame(labels)
     left, top, side = frame.left, frame.top, frame.side
     bar_x = left + side + 14
-    parts = [_image(left, top, side, side, triangle_pixels(weights), TRIANGLE_PALETTE),
+    parts = [_image(left, top, side, side, triangle_pixels(weights if colours is None else colours),
+                    TRIANGLE_PALETTE),
              f'<rect x="{left}" y="{top}" width="{side}" height="{side}" fill="none" stroke="{GRID_INK}"/>',
              *frame.cell_lines(), *frame.label_parts(),
-             *_colour_bar(bar_x, top, side, SCALE, [(1, "1"), (0.5, "0.5"), (0, "0")], "dl-heat-scale")]
+             *_colour_bar(bar_x, top, side, SCALE, ticks or [(1, "1"), (0.5, "0.5"), (0, "0")], "dl-heat-scale")]
     return _svg(width, height, description, parts)
 
 
@@ -207,14 +210,15 @@ def _hover_rows(weights: np.ndarray, labels: list[str], rows_kept: np.ndarray, n
 
 
 def heatmap_html(weights: np.ndarray, labels: list[str], description: str, rows_kept: np.ndarray,
-                 not_kept: str) -> str:
+                 not_kept: str, colours: np.ndarray | None = None, ticks: list[tuple[float, str]] | None = None) -> str:
     """heatmap_svg with hover values: a grid of empty elements with titles laid over the picture's triangle, in
     fractions of the picture, so it follows the picture when the column shrinks it. rows_kept (S,) bool: the rows
     whose weights are there; the others' hover says `not_kept`."""
     frame, width, height = _heatmap_frame(labels)
     place = (f"left:{100 * frame.left / width:.3f}%;top:{100 * frame.top / height:.3f}%;"
              f"width:{100 * frame.side / width:.3f}%;height:{100 * frame.side / height:.3f}%;--n:{len(labels)}")
-    return (f'<div class="dl-heat" style="max-width:{width}px">{heatmap_svg(weights, labels, description)}'
+    picture = heatmap_svg(weights, labels, description, colours, ticks)
+    return (f'<div class="dl-heat" style="max-width:{width}px">{picture}'
             f'<div class="dl-hover" style="{place}">{_hover_rows(weights, labels, rows_kept, not_kept)}</div></div>')
 
 

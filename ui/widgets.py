@@ -14,7 +14,7 @@ from html import escape
 
 import streamlit as st
 
-from ui.i18n import lang, t
+from ui.i18n import decimal, lang, t
 
 CSS = """
 <style>
@@ -152,14 +152,15 @@ def attention_row_html(tokens: list[str], weights, keep: Collection[int] | None 
         if not shown_run:
             total = float(weights[first:end].sum())
             chips.append(f'<div class="att-gap" title="#{first}–#{end - 1}">'
-                         f'{escape(t("decode.keys_folded", n=end - first, w=f"{total:.2f}"))}</div>')
+                         f'{escape(t("decode.keys_folded", n=end - first, w=decimal(total, 2)))}</div>')
             continue
         for position in range(first, end):
             w = float(weights[position])
             level = w / top  # the largest weight is the darkest, so small rows still read
             ink = "#fff" if level > 0.55 else "#212529"
             chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
-                         f'title="#{position}: {w:.4f}">{escape(shown(tokens[position]))}<small>{w:.2f}</small></div>')
+                         f'title="#{position}: {decimal(w, 4)}">{escape(shown(tokens[position]))}'
+                         f'<small>{decimal(w, 2)}</small></div>')
     return '<div class="att-row">' + "".join(chips) + "</div>"
 
 
@@ -169,7 +170,7 @@ def probability_bars_html(labels: list[str], probs, status: list[str], status_na
     rows = "".join(
         f'<div class="lbl">{escape(shown(label))}</div><div class="track"><div class="bar" '
         f'style="width:{100 * float(p):.1f}%;background:{STATUS_COLOURS[s]}"></div></div>'
-        f'<div class="val">{float(p):.3f}</div>'
+        f'<div class="val">{decimal(float(p), 3)}</div>'
         for label, p, s in zip(labels, probs, status))
     return legend + f'<div class="bars">{rows}</div>'
 
