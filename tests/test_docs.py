@@ -118,3 +118,21 @@ def test_documented_command(doc, command, runnable, tmp_path):
         assert subprocess.run(["bash", "-n", ROOT / parts[1]]).returncode == 0
     else:
         assert parts[0] == "openssl", f"{doc}: a command the docs test does not know how to check: {command}"
+
+
+def test_no_text_says_the_tier_is_memory_mapped_or_that_the_workers_meet_through_a_tcpstore():
+    """faults review 2026-12-04 #1 and #11, the texts left behind: the disk tier is written and read with pwrite/pread
+    (a mapping made a file cut short a SIGBUS), and the two workers meet through a FileStore in a private folder
+    (torch's TCPStore listened on every interface). No doc, string, CLI help or docstring says otherwise."""
+    said = {}
+    texts = [*DOCS, *(ROOT / "assets" / "strings").glob("*.json"),
+             *(p for folder in ("model", "ui", "app_pages") for p in (ROOT / folder).rglob("*.py"))]
+    for path in texts:
+        body = path.read_text(encoding="utf-8")
+        stale = ["memory-mapped", "ánh xạ bộ nhớ", "through the mapping"]
+        if path.suffix != ".py":  # disaggregated.py says why the pair does not use torch's TCPStore
+            stale.append("TCPStore")
+        found = [phrase for phrase in stale if phrase in body]
+        if found:
+            said[str(path.relative_to(ROOT))] = found
+    assert said == {}

@@ -5,10 +5,11 @@ its CPU `swap_space`; LMCache's and vLLM V1's OffloadingConnector's offload of K
 - A Tier holds block slots beside the pool, each slot one block's K and V (2 × its group's layers × KV heads ×
   block size × head dim elements, the pool's dtype), with a hash of each slot's bytes taken at the move out and
   checked at the move back (blake2b): a block that comes back damaged is not used, and its request is computed
-  again. `disk_tier`: a memory-mapped file on disk, its whole size reserved when it is made (posix_fallocate, so that
-  a disk that fills later cannot fail a write into the mapping); on this CPU machine its pages are the kernel's page
-  cache, written to the disk when the kernel chooses, so a move is a copy through the mapping. `host_tier`: host
-  memory (pinned), for a pool on a GPU.
+  again. `disk_tier`: a file on disk, written and read through its descriptor (pwrite, pread: a file cut short mid-run
+  gives a damaged block, not a SIGBUS), its whole size reserved when it is made (posix_fallocate, so that a disk that
+  fills later cannot fail a write into it); on this CPU machine a write lands in the kernel's page cache, written to
+  the disk when the kernel chooses, so a move is a copy into it. `host_tier`: host memory (pinned), for a pool on a
+  GPU.
 - Offload moves a victim's blocks out when it holds at least `swap_from` positions (the crossover measured on this
   machine; None: never), its request waiting at the front of the queue as a recomputed one would; when it is
   admitted again its blocks come back into free blocks of the pool and it goes on where it stopped. A victim is

@@ -417,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--offload", default=None, choices=TIER_KINDS,
                     help="with --kv paged: a preempted request's blocks moved out to a second tier and back instead of "
                          "computed again, from the positions where that is faster on this machine (measured before "
-                         "the run): disk, a memory-mapped file; host, host memory below a GPU's pool")
+                         "the run): disk, a file (pwrite/pread); host, host memory below a GPU's pool")
     sb.add_argument("--disaggregate", action="store_true",
                     help="with --kv paged: prompts prefilled by a second process (the prefill worker) and sent over "
                          "torch.distributed, decoded here; the same queue is also served in one process to compare")

@@ -155,7 +155,7 @@ def print_transfer(transfer: dict, ttft: float | None, itl: dict) -> None:
 
 
 def print_offload(offload: dict, block_bytes: int) -> None:
-    where = "a memory-mapped file on disk" if offload["kind"] == "disk" else "host memory below the GPU's pool"
+    where = "a file on disk (pwrite/pread)" if offload["kind"] == "disk" else "host memory below the GPU's pool"
     print(f"second tier: {where}, {offload['tier_bytes'] / 2**20:.2f} MiB; measured before the run, per block of "
           f"{block_bytes:,} B: out {offload['ms_per_block_out']:.3f} ms, back in {offload['ms_per_block_in']:.3f} ms, "
           f"recomputed {offload['recompute_ms_per_block']:.3f} ms")
