@@ -59,7 +59,7 @@ def test_the_command_reports_both_rows(capsys):
 
 def test_bad_steps_is_one_sentence(capsys):
     assert main(["kv-heads", "--model", "small", "--steps", "0"]) == 2
-    assert "--steps takes 1 to 256" in capsys.readouterr().err
+    assert "--steps must be between 1 and 256" in capsys.readouterr().err
 
 
 @pytest.mark.slow
