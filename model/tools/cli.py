@@ -471,7 +471,8 @@ def parser() -> argparse.ArgumentParser:
                                          "KV heads repeated), cache bytes and decode step time")
     kh.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
     kh.add_argument("--prompt", default="con mèo", help="the prompt both models read (default: %(default)s)")
-    kh.add_argument("--steps", type=int, default=16, help="greedy decode steps after it, between 1 and 256 (default: 16)")
+    kh.add_argument("--steps", type=int, default=16,
+                    help="greedy decode steps after it, between 1 and 256 (default: 16)")
     kh.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
     kh.add_argument("--json", action="store_true", help="one JSON object: a row per model, the logit difference")
     kh.set_defaults(run=cmd_kv_heads)
