@@ -296,7 +296,11 @@ def test_browser_run_to_end_redraws_and_stops_at_a_click(app_server, browser_pag
     limit.press("Enter")
     wait_idle(page)
     page.get_by_role("button", name="Start (round 1)").click()
-    page.get_by_role("button", name="Run to end").click(timeout=180_000)
+    # the page opened on a run of its own, so Run to end is there at once: a click before Start's run is drawn
+    # could reach the server in the same rerun as Start's and take its place
+    page.get_by_text(re.compile(r"Round 1: early-exit:\d+ proposes")).wait_for(timeout=180_000)
+    wait_idle(page)
+    page.get_by_role("button", name="Run to end").click()
     page.locator(".st-key-spec_stop button").wait_for(timeout=60_000)
     first = page.locator(".tok").count()
     page.wait_for_function(f"document.querySelectorAll('.tok').length > {first}", timeout=60_000)  # it redraws
