@@ -222,7 +222,9 @@ def retried(action, done, what: str, tries: int = 3) -> int:
 
 
 def choose_sidebar_model(page, label: str) -> None:
-    """Picks the sidebar's model by (a part of) its label, e.g. "SmolLM2-135M-Instruct"."""
+    """Picks the sidebar's model by (a part of) its label, e.g. "SmolLM2-135M-Instruct", once the page's first run
+    is done (a page that opens on a run made for it redraws the sidebar meanwhile, closing its drop-down)."""
+    wait_idle(page)
     page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
     page.get_by_role("option", name=re.compile(re.escape(label))).click()
 

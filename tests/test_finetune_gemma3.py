@@ -188,6 +188,7 @@ def test_decode_on_gemma3_in_vietnamese_in_a_real_browser(app_server, browser_pa
     # the choice's rerun brings the model's own example prompt (it may start after wait_idle has returned)
     expect(page.get_by_label(text("prompt.label", "vi"), exact=True)).to_have_value("Thủ đô của Việt Nam là",
                                                                                    timeout=180_000)
+    page.locator(".st-key-decode_settings summary").first.click()  # the page opens on a run, its form folded
     for name in ("Chạy prefill", "Bước tiếp", "Bước tiếp"):
         page.get_by_role("button", name=name, exact=False).first.click()
         wait_idle(page, 180_000)
