@@ -225,4 +225,5 @@ views.sweep(run_model, SWEEP_BATCHES, SWEEP_CONTEXTS)
 views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last.rows))
 with st.expander(t("serving.how")):
     st.markdown(t("serving.how_text"))
-    st.markdown(t("serving.how_exact" if is_packed(module) else "serving.how_not_exact"))
+    exact = "serving.how_exact_gemma" if module.architecture == "gemma3_text" else "serving.how_exact"
+    st.markdown(t(exact if is_packed(module) else "serving.how_not_exact"))

@@ -133,6 +133,9 @@ def test_gemma3_serves_with_its_sliding_layers_formula():
     markdown = " ".join(m.value for m in at.markdown)
     assert "3 full-attention layers keep every position, and 15 sliding-window layers only the 512 latest" in markdown
     assert "(3 × n + 15 × min(n, 512)) × 2,048 B" in markdown  # 2 × 1 KV head × 256 × 4 B
+    # its GELU is torch's: rows claimed within a tolerance, not bit for bit as a Llama's
+    shown = [m.value for m in at.markdown]
+    assert text("serving.how_exact_gemma", "en") in shown and text("serving.how_exact", "en") not in shown
 
 
 def test_profile_shows_the_ops_of_a_step_and_a_trace():
