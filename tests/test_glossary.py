@@ -35,3 +35,21 @@ def test_the_step_buttons_take_their_names_from_the_glossary():
     for key in button_keys():
         wanted = glossary.get(texts[key]["en"])
         assert wanted in (None, key), f"{key} names {texts[key]['en']!r}: use {wanted}"
+
+
+# names of code in prose: a CamelCase class (KVCache, BlockManager), a Python file, a path into the source tree; the
+# proper names below are products, papers and methods, which the texts cite
+CODE_NAME = re.compile(r"\b[A-Z][a-z]+[A-Z]\w*\b|\b\w+\.py\b|\bmodel/\w+|\bKVCache\b")
+PROPER_NAMES = {"SmolLM2", "DeepSeek", "FlashAttention", "PagedAttention", "LMCache", "DistServe", "TinyStories",
+                "SentencePiece", "LayerNorm", "RMSNorm", "GitHub", "PyTorch", "OpenAI", "TinyLlama", "LoRA", "RoPE",
+                "PyPI", "SwiGLU", "LayerSkip", "SiLU", "AdamW", "MiB", "GiB", "KiB"}
+
+
+def test_no_prose_names_a_class_a_file_or_a_source_path():
+    """The CLI name of a command may stand in a code span; no class, file or source path in either language."""
+    found = []
+    for key, entry in strings().items():
+        for lang in ("vi", "en"):
+            prose = re.sub(r"`[^`]*`", "", entry[lang])
+            found += [(key, lang, name) for name in CODE_NAME.findall(prose) if name not in PROPER_NAMES]
+    assert found == []
