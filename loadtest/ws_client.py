@@ -273,7 +273,9 @@ async def open_decode_session(ws_url: str, prompt: str, headers: dict[str, str] 
 
 async def choose_sampling(session: Session, temperature: float, seed: int) -> None:
     """After Run prefill: the sampling controls of the run (the page re-draws the first token with them)."""
-    session.set_value("temperature", temperature)
+    # the page's temperature is a select slider (ui/controls.decimal_slider): it takes the option as written, in
+    # the session's language (English: 0.50)
+    session.set_value("temperature", f"{temperature:.2f}")
     session.set_value("seed", seed)
     await session.run()
 
@@ -321,6 +323,8 @@ class Session:
                  "selectbox": "string_value", "radio": "string_value"}[kind]
         if kind == "number_input" and isinstance(value, int):
             field = "int_value"
+        if kind == "slider" and isinstance(value, str):  # a select slider: its option's label
+            field = "string_array_value"
         self.values[widget_id] = (field, value)
 
     def _rerun_message(self, trigger: str | None) -> BackMsg:
@@ -332,8 +336,8 @@ class Session:
         for widget_id, (field, value) in self.values.items():
             state = rerun.widget_states.widgets.add()
             state.id = widget_id
-            if field == "double_array_value":
-                state.double_array_value.data.extend(value if isinstance(value, list) else [value])
+            if field in ("double_array_value", "string_array_value"):
+                getattr(state, field).data.extend(value if isinstance(value, list) else [value])
             else:
                 setattr(state, field, value)
         if trigger is not None:

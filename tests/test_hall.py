@@ -123,8 +123,8 @@ def test_twenty_sessions_behind_nginx_and_a_replica_killed_mid_run(hall, small):
     live = f"127.0.0.1:{after['port']}"
     for replica, strip, form in after["fresh_pages"]:
         # reconnected to a live replica (the other one, or the killed one started again): a new session, the
-        # Decode page without a run, its prompt form ready for Run prefill
-        assert replica is not None and strip is None and form
+        # Decode page on a run of its default prompt (a page opens on one), its prompt form ready for Run prefill
+        assert replica is not None and strip is not None and form
     # a new session has the page's defaults again: greedy
     greedy = [solo_trace_ids(prompts[i], 1, 0.0, 0) for i in killed]
     assert after["reprefilled"] == [prompt_ids + new_ids for prompt_ids, new_ids in greedy]

@@ -95,7 +95,8 @@ def test_sessions_clicking_together_each_see_exactly_their_solo_run(app_server):
 def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
     """Issue 12: the browser's work per click grows with the number of elements redrawn. Next, Back, a sampling
     change and a head change send the step view's four buttons and its one piece of HTML; nothing of the sidebar,
-    the title or the controls. Run prefill is one script run: the prompt form is not drawn again before the run."""
+    the title or the controls. Run prefill is one script run: the page, its folded prompt form among it, is drawn
+    once, with the new run's step view."""
     step_view = ["button"] * 4 + ["html"]
 
     async def clicks() -> list[list[str]]:
@@ -105,7 +106,7 @@ def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
         for action in ("next", "next", "back"):
             await s.run(action)
             sent.append(s.drawn)
-        s.set_value("temperature", 0.5)
+        s.set_value("temperature", "0.50")  # a select slider: the option as the page writes it
         await s.run()
         sent.append(s.drawn)
         s.set_value("head.en", "head 1 (reads KV head 0)")  # a select box sends the label it shows
@@ -115,7 +116,9 @@ def test_a_click_on_the_decode_page_redraws_only_the_step_view(app_server):
         return sent
 
     prefill, *step_clicks = run_async(clicks())
-    assert "text_input" not in prefill and prefill.count("button") == 4 and prefill.count("html") >= 1
+    # the form's two text boxes (prompt, stop) and the step view's four buttons beside the form's, Play's and the
+    # sampling lesson's, each once
+    assert prefill.count("text_input") == 2 and prefill.count("button") == 4 + 3 and prefill.count("html") >= 1
     assert step_clicks == [step_view] * 5
 
 
@@ -167,7 +170,10 @@ def cache_pattern(lang: str, positions: int) -> re.Pattern:
 
 
 def slider_value(page, key: str) -> float:
-    return float(page.locator(f".st-key-{key} input[type='range']").first.input_value())
+    """A select slider's value as it writes it (the range input holds the option's index), read in either
+    language's format."""
+    written = page.locator(f".st-key-{key} [data-testid='stSliderThumbValue']").first.inner_text()
+    return float(written.replace(".", "").replace(",", ".") if "," in written else written)
 
 
 @pytest.mark.browser
@@ -176,6 +182,7 @@ def test_three_language_switches_keep_the_model_the_run_and_the_sampling_values(
     → en: every time the model, the cache length and both sliders are still the same, and no error is shown."""
     page = browser_page
     page.goto(f"{app_server}/decode?lang=vi")
+    page.locator(".st-key-decode_settings summary").click()  # the page opens on a run, its form folded
     page.locator(".st-key-run_prefill button").click()
     page.get_by_text(cache_pattern("vi", 3)).first.wait_for()  # "<bos> con mèo"
     for positions in (4, 5):
@@ -207,6 +214,7 @@ def test_every_request_stays_on_the_server(app_server, browser_page):
     page.goto(f"{app_server}/?lang=en")
     wait_idle(page)
     page.goto(f"{app_server}/decode?lang=en")
+    page.locator(".st-key-decode_settings summary").click()  # the page opens on a run, its form folded
     page.locator(".st-key-run_prefill button").click()
     page.get_by_text(cache_pattern("en", 3)).first.wait_for()
     page.get_by_role("link", name="Prefill").first.click()  # the same session's run, drawn by plotly
