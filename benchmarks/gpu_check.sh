@@ -26,8 +26,9 @@ if $PY -c "from model.weights.catalog import list_models, settings; assert 'smol
   $PY -m model bench --device "$DEVICE" --model smollm2 --quick
 fi
 $PY -m model bench --device "$DEVICE" --quick
-# the paged cache's second tier (host memory below a GPU's pool; the disk on a CPU) and two workers (NCCL between
-# GPUs, gloo on a CPU): each request's tokens are compared with the one-tier, one-process run of the same queue
+# the paged cache's second tier (host memory below a GPU's pool; the disk on a CPU) and two workers (NCCL where the
+# worker gets a GPU of its own, gloo through host memory on a one-GPU machine or a CPU): each request's tokens are
+# compared with the one-tier, one-process run of the same queue
 TIER=$([ "$DEVICE" = cuda ] && echo host || echo disk)
 $PY -m model serve-bench --device "$DEVICE" --model small --queue mixed --kv paged --offload "$TIER" --json | $PY -c "
 import json, sys
@@ -38,6 +39,9 @@ assert o['blocks_out'] == o['blocks_in']"
 $PY -m model serve-bench --device "$DEVICE" --model small --queue mixed --kv paged --disaggregate --json | $PY -c "
 import json, sys
 t = json.load(sys.stdin)['transfer']
-print('transfer', t['backend'], t['bytes'], 'bytes, formula', t['bytes_formula'], 'alone', t['alone'],
+print('transfer', t['backend'], 'worker on', t.get('worker_device'), t['bytes'], 'bytes, formula', t['bytes_formula'], 'alone', t['alone'],
       'same tokens', t['one_process']['same_tokens'])
 assert t['bytes'] == t['bytes_formula'] and t['alone'] is None and t['one_process']['same_tokens']"
+# the cache in fewer bytes: GQA beside its multi-head twin (the same logits), and the KV cache in int8 and fp8
+$PY -m model kv-heads --device "$DEVICE" --model small --steps 4
+$PY -m model quality --device "$DEVICE" --model small --kv-dtype float32,int8,fp8
