@@ -20,7 +20,28 @@ from model.engine.runtime import NativeModel
 from model.errors import InputError
 
 
-class SinkWindowCache(LayerBytes):
+class BoundedCache(LayerBytes):
+    """What the two bounded caches share: K and V lists a layer, every query over every key held, no crop (they are
+    for measuring along a text, not for the pages' Back)."""
+
+    keys: list[torch.Tensor | None]
+    values: list[torch.Tensor | None]
+
+    def first_seen(self, layer: int, position: int) -> int:
+        return 0
+
+    def crop(self, n: int) -> None:
+        if n != self.length:
+            raise ValueError("a bounded cache does not crop")
+
+    def can_crop(self, n: int) -> bool:
+        return n == self.length
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
+
+
+class SinkWindowCache(BoundedCache):
     """The first `sinks` positions and the `window` latest, per layer (B, n_kv, held, d_head); sinks 0 is the window
     alone. `length` is the number held, so the model's forward turns each new position by its slot in the cache."""
 
@@ -35,9 +56,6 @@ class SinkWindowCache(LayerBytes):
     @property
     def length(self) -> int:
         return self.held[0]
-
-    def first_seen(self, layer: int, position: int) -> int:
-        return 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k turned at slots held .. held + T − 1 (the forward's positions); returns every held key turned at its
@@ -63,18 +81,8 @@ class SinkWindowCache(LayerBytes):
         positions = torch.arange(first, end, device=self.module.device)
         return self.module.rope(positions, dtype)[None]
 
-    def crop(self, n: int) -> None:
-        if n != self.length:
-            raise ValueError("a bounded cache does not crop")
 
-    def can_crop(self, n: int) -> bool:
-        return n == self.length
-
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
-
-
-class HeavyHitterCache(LayerBytes):
+class HeavyHitterCache(BoundedCache):
     """H2O's policy (arXiv 2306.14048) at a budget of `heavy` + `recent` positions a layer: the `recent` latest are
     always kept, and of the older ones the `heavy` whose attention received so far is largest (summed over the
     queries that saw them and over the heads); one position leaves a layer after each step that brings it past
@@ -92,9 +100,6 @@ class HeavyHitterCache(LayerBytes):
     @property
     def length(self) -> int:
         return self.seen
-
-    def first_seen(self, layer: int, position: int) -> int:
-        return 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T = k.shape[2]
@@ -120,16 +125,6 @@ class HeavyHitterCache(LayerBytes):
                 self.keys[layer], self.values[layer] = self.keys[layer][:, :, keep], self.values[layer][:, :, keep]
                 self.scores[layer] = self.scores[layer][keep]
                 del self.positions[layer][drop]
-
-    def crop(self, n: int) -> None:
-        if n != self.length:
-            raise ValueError("a bounded cache does not crop")
-
-    def can_crop(self, n: int) -> bool:
-        return n == self.length
-
-    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        return None if self.keys[layer] is None else (self.keys[layer], self.values[layer])
 
 
 def check_window(model: NativeModel, sinks: int, window: int) -> None:
