@@ -173,6 +173,9 @@ for method, tab in zip(ORDER, tabs):
         trainer = session_trainer(method)
         if method == "sft" and trainer is None and not st.session_state.ft_opened:
             trainer = new_trainer(method)  # the first visit opens on a run made: its "before" answers
+        elif trainer is not None and trainer.steps_used == 0 and any(
+                getattr(trainer.settings, name) != getattr(settings_of(method), name) for name in IDENTITY_FIELDS):
+            trainer = new_trainer(method)  # no step made yet: a new model or seed needs no Reset
         st.session_state.ft_opened = True
         with settings("ft_" + method):
             views.method_settings(method, settings_of(method))

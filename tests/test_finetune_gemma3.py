@@ -213,7 +213,8 @@ def test_finetune_lora_one_step_on_gemma3_in_english_in_a_real_browser(app_serve
     wait_idle(page)
     page.get_by_role("tab", name="4E LoRA").click()
     panel = page.locator("[role='tabpanel']:visible")
-    # only the open tab is drawn: its controls come with the rerun the click starts
+    # only the open tab is drawn: its controls come with the rerun the click starts, folded in its Settings
+    panel.locator(".st-key-ft_lora_settings summary").click(timeout=120_000)
     panel.locator(".st-key-ft_lora_model").get_by_text("gemma3", exact=True).click(timeout=120_000)
     expect(panel.locator(".st-key-ft_lora_batch input")).to_have_value("4", timeout=120_000)  # gemma3's batch
     wait_idle(page)
