@@ -200,6 +200,7 @@ def test_a_click_while_a_whole_page_run_is_due_is_not_narrowed_to_the_step_view(
     monkeypatch.setattr(streamlit, "rerun", rerun)
     at = click(click(open_page("app_pages/decode.py", model="small", lang="en"), "run_prefill"), "next")
     assert at.session_state["whole_page_due"] is False
+    scopes.clear()  # the page's opening run, drawn again once it holds it (ui.controls.first_run)
     at.toggle(key="logit_lens").set_value(True).run()
     assert scopes == ["decode_step"]  # nothing due: the click redraws the step view only
     at.run()  # the whole page again (the tree now holds the step view only)

@@ -71,6 +71,8 @@ def first_run(model: LoadedModel) -> generate.Generation | None:
         fit_max_new_tokens(model)
         modes = prompt_modes(model)
         run_prefill(model, st.session_state.prompt_mode if st.session_state.prompt_mode in modes else modes[0])
+        if generation(model) is not None:  # drawn again holding it: app.py's reload warning is said before the page
+            st.rerun()
     return generation(model)
 
 
