@@ -16,6 +16,7 @@ from model.engine.lowbit import with_weights
 from model.errors import InputError
 from model.serving import costs, measure, workload
 from model.serving.costs import matmul_params, weight_bytes
+from model.serving.paged_server import PagedServer, PagedSettings
 from model.serving.scheduler import Request, Server
 
 
@@ -72,6 +73,18 @@ def test_int8_weights_are_a_quarter_and_close(small):
     accuracy = measure.accuracy(small, int8, "int8")
     assert accuracy.greedy_total == measure.ACCURACY_PROMPTS * measure.ACCURACY_NEW_TOKENS
     assert 0 < accuracy.max_abs_logit_diff < 1 and accuracy.agreement >= 0.9
+
+
+@needs_kernels
+@pytest.mark.parametrize(("weights", "kv"), [("float32", torch.float32), ("bfloat16", torch.bfloat16),
+                                             ("int8", torch.float32)])
+def test_the_pool_holds_the_models_kv_dtype_named_on_its_info(weights, kv, small):
+    """int8 weights keep float32 activations and cache; bfloat16 weights make all of them bfloat16. The pool's dtype
+    is that named fact (ModelInfo.kv_dtype), not read off the stand-in that packing leaves for a weight."""
+    model = with_weights(small, weights)
+    assert model.info.kv_dtype == str(kv).removeprefix("torch.") and model.kv_dtype == kv
+    server = PagedServer(model, [Request(0, [1, 5, 73], 2)], PagedSettings(budget_bytes=2**20))
+    assert server.cache.keys.dtype == server.cache.values.dtype == kv
 
 
 def test_unknown_dtype_and_a_bad_batch_are_one_sentence(small):

@@ -238,7 +238,7 @@ def model_info(name: str, module, tokenizer: HFTokenizer | None, device: torch.d
         d_head=getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads, vocab_size=cfg.vocab_size,
         context_length=_context_length(cfg), dtype=str(dtype).removeprefix("torch."), device=str(device),
         bytes_per_element=dtype.itemsize, eos_id=_eos_id(cfg, tokenizer), language=language,
-        architecture=cfg.model_type,
+        architecture=cfg.model_type, kv_dtype=str(dtype).removeprefix("torch."),
     )
 
 

@@ -42,7 +42,7 @@ class ModelInfo:
     d_head: int
     vocab_size: int
     context_length: int
-    dtype: str
+    dtype: str  # the weights' products: "int8" for int8 weights, whose other parameters and cache stay float32
     device: str
     bytes_per_element: int
     eos_id: int | None
@@ -50,6 +50,7 @@ class ModelInfo:
     architecture: str = "llama"  # the config's model_type: "llama", "gemma3_text", "gpt2"…
     # per layer, the sliding window its cache keeps (None: every position); () when not known (transformers)
     layer_windows: tuple[int | None, ...] = ()
+    kv_dtype: str = "float32"  # the keys' and values' (the activations'), a fact of its own: int8 weights keep float32
 
     @property
     def sliding_layers(self) -> list[int]:
@@ -172,7 +173,13 @@ class NativeModel(LoadedModel):
             device=str(device), bytes_per_element=dtype.itemsize,
             eos_id=tokenizer.eos_id if tokenizer is not None else cfg.eos_token_id, language=language,
             architecture=module.architecture, layer_windows=tuple(module.windows),
+            kv_dtype=str(dtype).removeprefix("torch."),
         )
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """What a pool of this model's keys and values holds (ModelInfo.kv_dtype as torch names it)."""
+        return getattr(torch, self.info.kv_dtype)
 
     def new_cache(self) -> KVCache:
         return self.module.new_cache()

@@ -128,7 +128,7 @@ def prefill_worker(conn, store_file: str, model_name: str, device: str, block_si
     rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
     group = pair_group(rendezvous, 1, backend_name)
     layout = PagedLayout.of(model.info, block_size)
-    cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.module.lm_head.weight.dtype,
+    cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.kv_dtype,
                        model.device)
     wire = model.device if backend_name == "nccl" else torch.device("cpu")
     with torch.inference_mode():
@@ -309,7 +309,7 @@ class PrefillWorker:
         held = held_positions(layout, n)
         per_position = 2 * layout.group_layers * layout.n_kv_heads * layout.d_head
         logits = torch.empty(self.model.info.vocab_size, dtype=torch.float32, device=self.wire)
-        kv = torch.empty(sum(held) * per_position, dtype=self.model.module.lm_head.weight.dtype, device=self.wire)
+        kv = torch.empty(sum(held) * per_position, dtype=self.model.kv_dtype, device=self.wire)
         t0 = time.perf_counter()
         try:
             self.group.recv([logits], 1, 0).wait()

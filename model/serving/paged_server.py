@@ -193,7 +193,7 @@ class PagedServer:
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = PagedLayout.of(model.info, settings.block_size)
         n_blocks = settings.budget_bytes // self.layout.block_bytes
-        self.cache = PagedCache(self.layout, n_blocks, model.module.lm_head.weight.dtype, model.device)
+        self.cache = PagedCache(self.layout, n_blocks, model.kv_dtype, model.device)
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Sequence] = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Sequence] = []

@@ -239,7 +239,7 @@ def tier_slots(model: NativeModel, block_size: int, budget_bytes: int, tier_byte
 def tier_file_bytes(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
     """The bytes of that tier's file (what its folder's refusal names)."""
     slots = tier_slots(model, block_size, budget_bytes, tier_bytes)
-    dtype = model.module.lm_head.weight.dtype
+    dtype = model.kv_dtype
     return slots * math.prod(block_shape(PagedLayout.of(model.info, block_size))) * dtype.itemsize
 
 
@@ -251,7 +251,7 @@ def check_tier_folder(model: NativeModel, settings) -> None:
     check_tier(settings.offload, model.device)
     if slots == 0:
         return  # PagedServer refuses it (tier_budget)
-    tier_maker(settings.offload, settings.tier_folder, slots, layout, model.module.lm_head.weight.dtype)().close()
+    tier_maker(settings.offload, settings.tier_folder, slots, layout, model.kv_dtype)().close()
 
 
 def tier_kind(device: torch.device) -> str:
@@ -467,7 +467,7 @@ def _measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folde
     check_tier(kind, model.device)
     points = crossover_positions(model.info.context_length, layout.block_size)
     blocks = layout.request_blocks(points[-1])
-    dtype, device = model.module.lm_head.weight.dtype, model.device
+    dtype, device = model.kv_dtype, model.device
     cache = PagedCache(layout, blocks, dtype, device)
     offload = Offload(tier_maker(kind, folder, blocks, layout, dtype), layout.block_bytes, 0)
     ids = torch.randint(4, model.info.vocab_size, (1, points[-1]), generator=torch.Generator().manual_seed(0))
