@@ -38,6 +38,9 @@ MODELS = (list_models(CATALOG.models_dir) + list(st.session_state.get("session_c
 DEVICES = ("auto", "cpu", "cuda") if shutil.which("nvidia-smi") else ("auto", "cpu")
 
 with st.sidebar:
+    # the value sent with every run, as ui/widgets.choice does: a browser that missed the run which set it (?lang=en)
+    # would otherwise show the radio's default, Vietnamese, and send it back with the next click
+    st.session_state.lang = lang()
     st.radio(t("sidebar.language"), list(LANG_NAMES), format_func=LANG_NAMES.get, key="lang", horizontal=True)
     presenter_toggle()
     model_labels = labels("model.", [m for m in MODELS if m in BUNDLED or m in FETCHED or m == "custom"])

@@ -29,7 +29,8 @@ def wait_for_cache(page, lang: str, positions: int) -> None:
 
 def open_settings(page) -> None:
     """The page opens on a run, its prompt form folded into its settings: open them (they stay open)."""
-    page.locator(".st-key-key-figure, .st-key-run_prefill button").first.wait_for(timeout=60_000)
+    # the folded form's button comes first in the page and is hidden: wait for whichever is shown
+    page.locator(".st-key-key-figure, .st-key-run_prefill button").filter(visible=True).first.wait_for(timeout=60_000)
     if not page.locator(".st-key-run_prefill button").first.is_visible():
         page.locator(".st-key-decode_settings summary, .st-key-prefill_settings summary").first.click()
 

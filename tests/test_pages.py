@@ -8,11 +8,13 @@ import time
 from html import escape
 
 import pytest
-from apptest import click, element_order, open_app
+import streamlit as st
+from apptest import APP, click, element_order, open_app
 from streamlit.testing.v1 import AppTest
 
 from model.engine import generate
 from model.texts import number_in, text
+from ui.pages import PAGES
 from ui.process import CHECK_NICENESS, CHECKS
 
 
@@ -72,6 +74,23 @@ def test_language_switch_keeps_state():
     assert at.select_slider(key="temperature").value == 0.7
     assert at.selectbox(key="model_name.en").value == "small" and at.session_state["model_name"] == "small"
     assert "Next" in at.button(key="next").label
+
+
+@pytest.mark.parametrize("page", [p.path for p in PAGES])
+def test_a_pages_first_visit_is_one_run_without_st_rerun(page, monkeypatch):
+    """A run cut short by st.rerun() before the browser drew it loses the widget values that run set: the sidebar's
+    language, seeded from ?lang=en, came back as Vietnamese on the next click (CI, 2026-12-06). So the first visit
+    of every page (a page of the run opens on one) is drawn in one run."""
+    def refused(*args, **kwargs):
+        raise AssertionError("st.rerun() on a page's first visit")
+
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["lang"] = "en"
+    at.run()
+    monkeypatch.setattr(st, "rerun", refused)
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, at.exception[0].message
 
 
 def test_run_to_end_reaches_a_stop_condition():

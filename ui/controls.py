@@ -14,7 +14,7 @@ from ui.charts import ATTENTION_SCALES
 from ui.i18n import decimal, labels, number, t
 from ui.reruns import redraw_only
 from ui.run import generation, on_sampling_change, prefill, prompt_modes
-from ui.widgets import choice
+from ui.widgets import choice, warn_before_leaving
 
 
 def prompt_form(model: LoadedModel) -> None:
@@ -71,8 +71,9 @@ def first_run(model: LoadedModel) -> generate.Generation | None:
         fit_max_new_tokens(model)
         modes = prompt_modes(model)
         run_prefill(model, st.session_state.prompt_mode if st.session_state.prompt_mode in modes else modes[0])
-        if generation(model) is not None:  # drawn again holding it: app.py's reload warning is said before the page
-            st.rerun()
+        # app.py, drawn before this page, said no run was held: say it again here. Not st.rerun(): a run cut
+        # short before the browser drew it drops the widget values it set (the sidebar's language among them)
+        warn_before_leaving(generation(model) is not None)
     return generation(model)
 
 

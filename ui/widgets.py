@@ -254,7 +254,10 @@ def choice(widget: Callable, label: str, options: Sequence, key: str, format_fun
 def warn_before_leaving(run_held: bool) -> None:
     """A reload or a closed tab starts a new session and loses the run: while there is one, the browser asks first."""
     handler = "() => true" if run_held else "null"
-    st.html(f"<script>window.onbeforeunload = {handler};</script>", unsafe_allow_javascript=True)
+    # numbered, so no element is the same as the last run's: the browser keeps one unchanged without running it
+    # again, and a handler set by a later call of that run (a page's first run, ui/controls.first_run) would stay
+    n = st.session_state["reload_warnings_said"] = st.session_state.get("reload_warnings_said", 0) + 1
+    st.html(f"<script>window.onbeforeunload = {handler}; // {n}</script>", unsafe_allow_javascript=True)
 
 
 def csv_of(rows: list) -> str:
