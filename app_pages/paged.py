@@ -16,6 +16,7 @@ from ui.classroom import key_figure, settings, why
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
+from ui.pages import page
 from ui.pool_view import budget_slider, draw_pool, draw_request_lanes, request_legend
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
 from ui.session_end import hold
@@ -258,6 +259,7 @@ else:
                         t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
                         t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
     st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue)))
+st.page_link(page("kv").path, label=t("kv.link"), icon=page("kv").icon)
 with st.expander(t("paged.how")):
     st.markdown(t("paged.how_text"))
     exact = "paged.how_exact_gemma" if model.info.architecture == "gemma3_text" else "paged.how_exact"

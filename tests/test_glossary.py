@@ -42,7 +42,7 @@ def test_the_step_buttons_take_their_names_from_the_glossary():
 CODE_NAME = re.compile(r"\b[A-Z][a-z]+[A-Z]\w*\b|\b\w+\.py\b|\bmodel/\w+|\bKVCache\b")
 PROPER_NAMES = {"SmolLM2", "DeepSeek", "FlashAttention", "PagedAttention", "LMCache", "DistServe", "TinyStories",
                 "SentencePiece", "LayerNorm", "RMSNorm", "GitHub", "PyTorch", "OpenAI", "TinyLlama", "LoRA", "RoPE",
-                "PyPI", "SwiGLU", "LayerSkip", "SiLU", "AdamW", "MiB", "GiB", "KiB"}
+                "PyPI", "SwiGLU", "LayerSkip", "SiLU", "AdamW", "MiB", "GiB", "KiB", "StreamingLLM"}
 
 
 def test_no_prose_names_a_class_a_file_or_a_source_path():

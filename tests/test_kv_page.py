@@ -1,0 +1,60 @@
+"""The "KV cache in fewer bytes" page (app_pages/kv.py) and its lessons' numbers (model/serving/kv_lessons.py)."""
+
+import math
+
+import numpy as np
+import pytest
+from apptest import open_app
+
+from model.serving.kv_lessons import Along, SinkMap, along, cache_bytes, cache_quality, sink_map
+
+
+def test_bytes_a_position_per_option_on_small(small):
+    """small: 4 layers, 2 KV heads of 4 query heads, d_head 32, float32. float32 2 × 4 × 2 × 32 × 4 = 2,048;
+    int8 4 × 2 × (64 + 4 × 32 / 32 + 4) = 576; fp8 4 × 2 × 64 = 512; multi-head 2 × 4 × 4 × 32 × 4 = 4,096;
+    MLA at DeepSeek-V2's ratios 4 × (128 + 16) × 4 = 2,304."""
+    got = {o.option: (o.bytes_per_position, o.formula_only) for o in cache_bytes(small)}
+    assert got == {"float": (2048, False), "int8": (576, False), "fp8": (512, False), "multi_head": (4096, False),
+                   "mla": (2304, True)}
+
+
+def test_the_quality_rows_are_the_three_cache_dtypes_against_the_model_s_own(small):
+    quality = cache_quality(small)
+    assert [r.dtype for r in quality.rows] == ["float32", "int8", "fp8"]
+    assert quality.rows[0].mean_kl == 0.0 and quality.rows[0].greedy_agree == quality.rows[0].greedy_total
+    assert quality.text == "assets/quality/vi.txt"
+
+
+def test_the_curve_is_the_running_perplexity_of_the_last_tokens():
+    run = Along("t", 1, 2, {"full": np.log(np.array([2.0, 8.0, 4.0, 1.0]))})
+    assert np.allclose(run.perplexity("full", smooth=2), [2.0, 4.0, math.sqrt(32.0), 2.0])
+    assert math.isclose(run.past_bound("full"), 1.0)  # past the bound of 1 + 2: the fourth token alone
+
+
+def test_the_four_runs_cover_the_text_up_to_the_context(small):
+    run = along(small, 4, 28)
+    assert set(run.nll) == {"full", "sinks", "window", "heavy_hitters"}
+    assert all(len(nll) == small.info.context_length - 1 for nll in run.nll.values())
+    # before the bound is reached, every policy holds the whole text: the same NLL as the full cache
+    assert np.allclose(run.nll["sinks"][:32], run.nll["full"][:32], atol=1e-4)
+
+
+def test_an_even_spread_s_share_of_position_0():
+    """Queries 4, 5 and 6 (7 tokens, the first 4 left out) see 5, 6 and 7 keys."""
+    assert math.isclose(SinkMap("t", 7, 4, np.zeros((1, 1))).even, (1 / 5 + 1 / 6 + 1 / 7) / 3)
+
+
+def test_the_sink_map_is_a_share_per_layer_and_head(small):
+    sink = sink_map(small)
+    assert sink.mass.shape == (small.info.n_layers, small.info.n_heads) and sink.tokens == small.info.context_length
+    assert bool(((sink.mass >= 0) & (sink.mass <= 1)).all())
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_page_draws_its_three_pictures_on_small(lang):
+    at = open_app("app_pages/kv.py", lang=lang, model_name="small", device="cpu", prompt_mode="text")
+    assert not at.error
+    charts = [c.proto.id for c in at.get("plotly_chart")]
+    assert len(charts) == 3, charts
+    html = " ".join(h.proto.body for h in at.get("html"))
+    assert "int8" in html and "fp8" in html and "H2O" in html
