@@ -160,10 +160,10 @@ class QuantizedCacheModel(NativeModel):
 
     def __init__(self, model: NativeModel, kv_dtype: str):
         self.__dict__.update(model.__dict__)
-        self.kv_dtype = kv_dtype
+        self.cache_dtype = kv_dtype  # not kv_dtype: NativeModel.kv_dtype is the torch dtype a pool of its K and V holds
 
     def new_cache(self) -> QuantizedKVCache:
-        return QuantizedKVCache(self.kv_dtype, self.info.n_layers, list(self.info.layer_windows))
+        return QuantizedKVCache(self.cache_dtype, self.info.n_layers, list(self.info.layer_windows))
 
 
 def check_kv_dtype(kv_dtype: str) -> None:
