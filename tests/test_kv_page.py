@@ -58,3 +58,20 @@ def test_the_page_draws_its_three_pictures_on_small(lang):
     assert len(charts) == 3, charts
     html = " ".join(h.proto.body for h in at.get("html"))
     assert "int8" in html and "fp8" in html and "H2O" in html
+
+
+def test_a_model_with_sliding_layers_gets_the_sentence_instead_of_the_curves(small, monkeypatch):
+    """Gemma 3's case, on small with two layers said to slide: no bounded-cache run, its sentence instead, and the
+    bytes and the sink map still drawn."""
+    import copy
+    import dataclasses
+
+    import ui.models
+    from model.texts import text
+
+    sliding = copy.copy(small)
+    sliding.info = dataclasses.replace(small.info, layer_windows=(None, 4, None, 4))
+    monkeypatch.setattr(ui.models, "shared_model", lambda *args, **kwargs: sliding)
+    at = open_app("app_pages/kv.py", lang="en", model_name="small", device="cpu", prompt_mode="text")
+    assert [c.proto.id for c in at.get("plotly_chart")] and len(at.get("plotly_chart")) == 2
+    assert text("kv.sliding", "en").format(model="small") in [i.value for i in at.info]
