@@ -12,6 +12,7 @@ from model.engine.kv_quant import (
     quantize_int8,
     with_kv_dtype,
 )
+from model.serving.quality import decode_step_times
 from model.tools.cli import main
 
 
@@ -78,6 +79,16 @@ def test_quality_by_kv_dtype(capsys):
     assert rows["float32"]["mean_kl"] == 0.0 and rows["float32"]["greedy_agreement"] == 1.0
     assert [rows[d]["bytes_per_position"] for d in rows] == [2048, 576, 512]
     assert 0 < rows["int8"]["mean_kl"] < rows["fp8"]["mean_kl"] < 0.05
+    assert all(row["step_ms"] > 0 for row in rows.values())
+    assert "p50 of 20 decode steps after 107 positions" in report["conditions"]  # small's 128 − 20 − 1
+
+
+def test_each_cache_dtype_is_timed_after_the_same_positions(small):
+    """As many timed steps per cache dtype, after the context the text and the model's context leave."""
+    steps = decode_step_times({"float32": small, "int8": with_kv_dtype(small, "int8")}, list(range(5, 305)), repeats=3)
+    assert steps.context == 128 - 3 - 1  # the warm-up and the 3 timed steps fill the context
+    assert {name: len(ms) for name, ms in steps.ms.items()} == {"float32": 3, "int8": 3}
+    assert all(t > 0 for ms in steps.ms.values() for t in ms)
 
 
 @pytest.mark.parametrize("argv, said", [

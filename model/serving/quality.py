@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from model.engine.generate import context_room
-from model.engine.runtime import NativeModel
+from model.engine.runtime import NativeModel, synchronize
 from model.engine.tokenizer import UnknownWordsError
 from model.errors import InputError
 from model.texts import ASSETS
@@ -34,6 +35,8 @@ MIN_TOKENS = 16      # a held-out text's tokens: fewer say little about a model'
 MAX_TOKENS = 8192    # and at most: every dtype reads the text once more (a minute or so of SmolLM2 on one thread)
 CHUNK = 32           # positions per pass: every dtype's log-probabilities of a chunk (CHUNK × vocabulary) at once
 NEW_TOKENS = 24      # greedy tokens float32 writes after each prompt
+STEP_CONTEXT = 256   # positions cached before the timed decode steps (fewer where the text or context is shorter)
+STEP_REPEATS = 20    # timed decode steps per model, after one dropped warm-up step
 
 
 @dataclass(frozen=True)
@@ -204,3 +207,32 @@ def measure_quality(models: dict[str, NativeModel], name: str, text_name: str, i
                                  kl[dtype] / scored))
     return Quality(name, text_name, scored, len(windows(len(ids), reference.info.context_length)),
                    reference.info.context_length, len(prompts), NEW_TOKENS, rows)
+
+
+@dataclass
+class StepTime:
+    context: int             # positions cached before the first timed step
+    ms: dict[str, list[float]]  # per model: each timed decode step, in ms
+
+
+@torch.inference_mode()
+def decode_step_times(models: dict[str, NativeModel], ids: list[int], repeats: int = STEP_REPEATS) -> StepTime:
+    """One decode step's time per model after the same positions of `ids` are cached: the models' steps taken in
+    turn (one of each, then the next round), so a load on the machine falls on every model alike, and each step
+    feeds the text's next token (the cache grows by one a step)."""
+    reference = next(iter(models.values()))
+    context = min(STEP_CONTEXT, len(ids) - repeats - 1, reference.info.context_length - repeats - 1)
+    caches = {name: model.new_cache() for name, model in models.items()}
+    for name, model in models.items():
+        for at in range(0, context, CHUNK):
+            model.every_logits(ids[at:min(context, at + CHUNK)], caches[name])
+    ms = {name: [] for name in models}
+    for step in range(repeats + 1):
+        for name, model in models.items():
+            synchronize(model.device)
+            t0 = time.perf_counter()
+            model.every_logits([ids[context + step]], caches[name])
+            synchronize(model.device)
+            if step:  # the first step of each is a warm-up
+                ms[name].append((time.perf_counter() - t0) * 1000)
+    return StepTime(context, ms)

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import torch
+
 from model.engine.kernels import bf16_products, cpu_features, int8_products
 from model.engine.kv_quant import GROUP, bytes_per_position, check_kv_dtype, with_kv_dtype
 from model.engine.loading import load_model
 from model.engine.lowbit import check_dtype, with_weights
 from model.errors import InputError
-from model.serving.quality import CHUNK, held_out, measure_quality, text_ids
+from model.serving.quality import CHUNK, STEP_REPEATS, decode_step_times, held_out, measure_quality, text_ids
+from model.serving.timing import percentile
 from model.tools.kv_window import measure_window, parse_window, print_window
 from model.tools.options import check_list, read_bounded
 from model.tools.serve_bench import cpu_line, parse_list
@@ -69,12 +72,17 @@ def run_cli(args) -> int:
     del report["rows"]
     if kv_dtypes is not None:
         info = base.info
+        steps = decode_step_times(models, ids)
         report["kv_dtypes"] = [{"kv_dtype": row.pop("dtype"), "bytes_per_position": bytes_per_position(
-            row_dtype, info.n_layers, info.n_kv_heads, info.d_head), **row}
+            row_dtype, info.n_layers, info.n_kv_heads, info.d_head), **row,
+            "step_ms": round(percentile(steps.ms[row_dtype], 50), 3)}
             for row, row_dtype in ((dict(r), r["dtype"]) for r in report.pop("dtypes"))]
         report["conditions"] += (f"; the weights float32, K and V stored in each kv_dtype (int8: keys a scale per "
                                  f"channel per {GROUP} positions, values a scale per position; fp8: e4m3, a scale "
-                                 f"per layer for K and for V) and read back for attention")
+                                 f"per layer for K and for V) and read back for attention; step_ms: p50 of "
+                                 f"{STEP_REPEATS} decode steps after {steps.context} positions of the text, the "
+                                 f"cache dtypes' steps taken in turn, {torch.get_num_threads()} thread(s) on "
+                                 f"{base.device.type}")
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -91,11 +99,12 @@ def print_report(report: dict) -> None:
     print(cpu_line(report["machine"]["cpu"], report["machine"]["bf16_products"]))
     kv = "kv_dtypes" in report
     print(f"{'KV dtype' if kv else 'dtype':<10}{'perplexity':>11}{'NLL':>9}{'greedy agreement':>22}{'mean KL':>10}"
-          + (f"{'B/position':>12}" if kv else ""))
+          + (f"{'B/position':>12}{'step ms':>9}" if kv else ""))
     for row in report["kv_dtypes" if kv else "dtypes"]:
         agree = f"{row['greedy_agree']}/{row['greedy_total']} ({row['greedy_agreement']:.1%})"
         print(f"{row['kv_dtype' if kv else 'dtype']:<10}{row['perplexity']:>11.3f}{row['nll']:>9.4f}{agree:>22}"
-              f"{row['mean_kl']:>10.5f}" + (f"{row['bytes_per_position']:>12,.0f}" if kv else ""))
+              f"{row['mean_kl']:>10.5f}"
+              + (f"{row['bytes_per_position']:>12,.0f}{row['step_ms']:>9.2f}" if kv else ""))
     print(report["conditions"])
 
 
