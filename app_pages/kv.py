@@ -14,11 +14,20 @@ import streamlit as st
 from model.engine.kv_evict import check_window
 from model.engine.kv_quant import GROUP
 from model.errors import InputError
-from model.serving.kv_lessons import PAPERS, SMOOTH, along, cache_bytes, cache_quality, machine, sink_map
+from model.serving.kv_lessons import (
+    PAPERS,
+    QUANTIZED,
+    SMOOTH,
+    along,
+    cache_bytes,
+    cache_quality,
+    machine,
+    sink_map,
+)
 from ui import charts
 from ui.classroom import key_figure, localised, settings, why
 from ui.errors import error_sentence, guarded
-from ui.i18n import decimal, number, t
+from ui.i18n import decimal, number, scientific, t
 from ui.models import current_model
 from ui.widgets import table_html
 
@@ -69,14 +78,19 @@ with key_figure():
     left, right = st.columns([3, 2])
     left.plotly_chart(localised(bars_figure()), key="kv_chart_bytes")
     with right:
-        quality = measured("quality", lambda: cache_quality(model), "kv.measure_quality")
-        if quality is not None:
+        measured_quality = measured("quality", lambda: cache_quality(model), "kv.measure_quality")
+        if measured_quality is not None:
+            quality, steps = measured_quality.quality, measured_quality.steps
             st.html(table_html(
-                [t("kv.col_kv_dtype"), t("kv.col_perplexity"), t("kv.col_kl"), t("kv.col_agreement")],
-                [[r.dtype, decimal(r.perplexity, 3), number(r.mean_kl, ".2e"),
-                  f"{r.greedy_agree}/{r.greedy_total}"] for r in quality.rows]))
+                [t("kv.col_kv_dtype"), t("kv.col_perplexity"), t("kv.col_kl"), t("kv.col_agreement"),
+                 t("kv.col_step_ms")],
+                [[r.dtype, decimal(r.perplexity, 3), scientific(r.mean_kl), f"{r.greedy_agree}/{r.greedy_total}",
+                  decimal(measured_quality.step_ms(r.dtype), 2)] for r in quality.rows]))
             st.caption(t("kv.quality_conditions", text=quality.text, tokens=number(quality.tokens),
                          prompts=quality.prompts, new=quality.new_tokens, **where))
+            st.caption(t("kv.step_conditions", context=number(steps.context), repeats=len(steps.ms["float32"])))
+            if all(measured_quality.step_ms(d) > measured_quality.step_ms("float32") for d in QUANTIZED):
+                st.caption(t("kv.step_slower"))
         elif not native:
             st.info(t("kv.native_only", model=info.name))
 groups = info.n_heads // info.n_kv_heads

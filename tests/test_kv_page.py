@@ -19,10 +19,13 @@ def test_bytes_a_position_per_option_on_small(small):
 
 
 def test_the_quality_rows_are_the_three_cache_dtypes_against_the_model_s_own(small):
-    quality = cache_quality(small)
+    measured = cache_quality(small)
+    quality = measured.quality
     assert [r.dtype for r in quality.rows] == ["float32", "int8", "fp8"]
     assert quality.rows[0].mean_kl == 0.0 and quality.rows[0].greedy_agree == quality.rows[0].greedy_total
     assert quality.text == "assets/quality/vi.txt"
+    # a decode step timed per cache dtype after the same positions: small's 128 less the warm-up and 20 steps
+    assert measured.steps.context == 107 and all(measured.step_ms(r.dtype) > 0 for r in quality.rows)
 
 
 def test_the_curve_is_the_running_perplexity_of_the_last_tokens():

@@ -21,7 +21,8 @@ from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_windo
 from model.engine.kv_heads import cache_formulas, mla_bytes_per_position
 from model.engine.kv_quant import bytes_per_position, with_kv_dtype
 from model.engine.runtime import NativeModel
-from model.serving.quality import Quality, held_out, measure_quality, text_ids
+from model.serving.quality import Quality, StepTime, decode_step_times, held_out, measure_quality, text_ids
+from model.serving.timing import percentile
 
 # the papers the page cites, by arXiv number (passed into its sentences, where a number would be read as one)
 PAPERS = {"kivi": "2402.02750", "streaming": "2309.17453", "h2o": "2306.14048", "gqa": "2305.13245",
@@ -51,13 +52,23 @@ def cache_bytes(model: NativeModel) -> list[CacheOption]:
             CacheOption("multi_head", multi.bytes_per_position, False), CacheOption("mla", mla, True)]
 
 
-def cache_quality(model: NativeModel) -> Quality:
+@dataclass(frozen=True)
+class CacheQuality:
+    quality: Quality  # perplexity, KL and greedy agreement per cache dtype (rows in QUANTIZED order after float32)
+    steps: StepTime   # one decode step's times per cache dtype, the dtypes' steps taken in turn
+
+    def step_ms(self, kv_dtype: str) -> float:
+        return percentile(self.steps.ms[kv_dtype], 50)
+
+
+def cache_quality(model: NativeModel) -> CacheQuality:
     """Perplexity, mean KL to the model's own cache and greedy agreement per cache dtype, on the held-out text of
-    the model's language (its file in Quality.text)."""
+    the model's language (its file in Quality.text), and the decode step's time with each cache."""
     text = held_out(model.info.language)
     ids = text_ids(model, text.text, text.name)
     models = {"float32": model} | {d: with_kv_dtype(model, d) for d in QUANTIZED}
-    return measure_quality(models, model.info.name, text.name, ids, text.prompts)
+    return CacheQuality(measure_quality(models, model.info.name, text.name, ids, text.prompts),
+                        decode_step_times(models, ids))
 
 
 @dataclass(frozen=True)
