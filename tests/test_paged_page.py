@@ -149,7 +149,7 @@ def test_gemma3_long_join_gives_back_sliding_blocks_past_the_window():
     at = click(open_page(model="gemma3", paged_queue="long-join"), "paged_start")
     run = at.session_state["paged_run"]
     long_id = queues.LONG_JOIN_SHORT
-    while not any(seq.request.id == long_id and seq.computed >= 560 for seq in run.server.running):
+    while not any(seq.id == long_id and seq.computed >= 560 for seq in run.server.running):
         click(at, "paged_next")
     at.selectbox(key="paged_table_request").set_value(long_id).run()
     pool = run.server.pool_view()
@@ -295,7 +295,7 @@ def test_with_chunks_whole_blocks_given_out_ahead_of_the_chunks_are_white_and_th
     at = click(open_page(lang, paged_queue="long-join"), "paged_start")
     run = at.session_state["paged_run"]
     long_id = queues.LONG_JOIN_SHORT
-    while long_id not in {seq.request.id for seq in run.server.running}:
+    while long_id not in {seq.id for seq in run.server.running}:
         click(at, "paged_next")
     pool = run.server.pool_view()
     mine = [b for b in pool.tables[long_id][0] if b >= 0]

@@ -339,7 +339,7 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
     at = open_page("en", serving_opened_for=("small", "cpu"))  # no first run of its own: Start makes the first
     at.button(key="serving_start").click().run()
     server = at.session_state["serving_server"]
-    assert not server.steps and [j.request.id for j in server.joining] == [0]
+    assert not server.steps and [r.id for r in server.joining] == [0]
     assert [(p.prefilled, p.layer) for p in shown] == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1), (1, 2)]
     at.run()  # the run the click on Stop asks for
     assert text("serving.stopped_in_step", "en").format(step=0, k=1) in [i.value for i in at.info]

@@ -46,8 +46,9 @@ import torch.distributed as dist
 from model.engine.loading import load_model
 from model.engine.runtime import LoadedModel, NativeModel
 from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
-from model.serving.paged_server import PagedServer, PagedSettings, PagedStep, Sequence
-from model.serving.scheduler import Request, StepProgress
+from model.serving.paged_server import PagedServer, PagedSettings, PagedStep
+from model.serving.request import Request
+from model.serving.scheduler import StepProgress
 
 log = logging.getLogger(__name__)
 
@@ -336,11 +337,9 @@ class DisaggregatedServer(PagedServer):
         super().__init__(model, requests, settings)
         self.model_name = model_name
         self.pairing = pairing(model.device)  # the backend and the worker's device, said by the page and the CLI
-        self.prefilled = {}
         self.transfers: list[Transfer] = []
         self.failure: tuple[str, int] | None = None  # ("start" | "died", the step), once the run went on alone
         self.worker: PrefillWorker | None = None
-        self.sent: set[int] = set()
         self._start()
 
     def _start(self) -> None:
@@ -357,9 +356,9 @@ class DisaggregatedServer(PagedServer):
             self.worker.stop()
         self.worker = None
         self.failure = (why, len(self.steps))
-
-    def _prefilled_elsewhere(self, seq: Sequence) -> bool:
-        return seq.request.id in self.prefilled or (self.worker is not None and seq.request.id in self.sent)
+        for seq in self.waiting:
+            if seq.kv_at == "remote" and seq.received_kv is None:
+                seq.kv_at = "here"
 
     def step(self, report: Callable[[StepProgress], None] | None = None) -> PagedStep:
         if self.plan is None and self.worker is None and self.failure is None:
@@ -378,20 +377,20 @@ class DisaggregatedServer(PagedServer):
         t0 = time.perf_counter()
         try:
             for seq in self.waiting:
-                rid = seq.request.id
-                if seq.request.arrival_step <= index and rid not in self.sent and seq.preemptions == 0:
-                    self.worker.submit(rid, seq.request.prompt_ids)
-                    self.sent.add(rid)
+                if seq.arrival_step <= index and seq.kv_at == "here" and seq.preemptions == 0:
+                    self.worker.submit(seq.id, seq.prompt_ids)
+                    seq.kv_at = "remote"
             head = self.waiting[0] if self.waiting else None
-            stalled = not self.running and head is not None and head.request.id in self.sent
+            stalled = not self.running and head is not None and head.kv_at == "remote"
             while True:
-                waiting_for = stalled and head.request.id not in self.prefilled
+                waiting_for = stalled and head.received_kv is None
                 got = self.worker.receive(wait=waiting_for)
                 if got is None:
                     break
                 rid, logits, kv, ms, prefill_ms = got
-                self.prefilled[rid] = (logits, kv)
-                n = len(self.requests[rid].prompt_ids)
+                request = self.requests[rid]
+                request.first_logits, request.received_kv = logits, kv
+                n = request.prompt_len
                 self.transfers.append(Transfer(rid, index, n, sum(t.numel() * t.element_size() for t in kv),
                                                self.info.cache_bytes_formula(n), ms, prefill_ms))
         except WorkerGone:
@@ -402,8 +401,7 @@ class DisaggregatedServer(PagedServer):
         """As PagedServer.reset, and the worker ended (a new one starts at the next step)."""
         if self.worker is not None:
             self.worker.stop()
-        self.worker, self.failure, self.sent, self.transfers = None, None, set(), []
-        self.prefilled = {}
+        self.worker, self.failure, self.transfers = None, None, []
         super().reset()
 
     def close(self) -> None:

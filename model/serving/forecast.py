@@ -13,8 +13,8 @@ import dataclasses
 from typing import NamedTuple
 
 from model.engine.runtime import NativeModel
-from model.serving.paged_server import PagedServer, PagedSettings, Sequence
-from model.serving.scheduler import Request
+from model.serving.paged_server import PagedServer, PagedSettings
+from model.serving.request import Request
 
 
 class FirstMove(NamedTuple):
@@ -32,25 +32,25 @@ class _Replay(PagedServer):
         super().__init__(model, requests, dataclasses.replace(settings, offload=None, swap_from=None))
         self.swap_from, self.index, self.first = swap_from, 0, None
 
-    def _preempt(self, seq: Sequence, tier: list[tuple[int, str]]) -> None:
+    def _preempt(self, seq: Request, tier: list[tuple[int, str]]) -> None:
         if self.first is None and seq.computed >= self.swap_from:
-            self.first = FirstMove(self.index, seq.request.id, seq.computed)
+            self.first = FirstMove(self.index, seq.id, seq.computed)
         super()._preempt(seq, tier)
 
     def replay(self) -> FirstMove | None:
         while not self.finished and self.first is None:
             plan = self._schedule(self.index)
-            by_id = {seq.request.id: seq for seq in self.running}
+            by_id = {seq.id: seq for seq in self.running}
             for span in plan.spans:
                 seq = by_id[span.request]
                 seq.computed = span.stop
                 if span.stop == len(seq.tokens):
-                    seq.request.emit(0, self.index, 0.0, None, self.info.context_length)
+                    seq.emit(0, self.index, 0.0, None, self.info.context_length)
             for span in plan.spans:
                 if self.settings.prefix_cache:
                     self._cache_blocks(by_id[span.request])
                 self._free_out_of_window(by_id[span.request])
-            for seq in [s for s in self.running if s.request.stop_reason is not None]:
+            for seq in [s for s in self.running if s.stop_reason is not None]:
                 self._free(seq)
                 self.running.remove(seq)
             self.index += 1

@@ -18,7 +18,8 @@ from model.serving.disaggregated import DisaggregatedServer
 from model.serving.paged import PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
-from model.serving.scheduler import MAX_SLOTS, Request, Server, StepProgress
+from model.serving.request import Request
+from model.serving.scheduler import MAX_SLOTS, Server, StepProgress
 from model.serving.tiers import Crossover, check_tier_folder, measure_crossover
 
 LAYOUTS = ("padded", "paged")

@@ -20,7 +20,8 @@ from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
 from model.serving.quality import Quality, held_out, measure_quality, text_ids
-from model.serving.scheduler import Request, check_batch
+from model.serving.request import Request
+from model.serving.scheduler import check_batch
 from model.serving.slots import SlotCache, decode_rows
 from model.serving.timing import (
     INT8_PEAK_ROWS,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
 from model.serving.blocks import block_hash
 from model.serving.paged import ALIGN, PagedCache, PagedLayout, PagedPass, Row, first_seen
-from model.serving.scheduler import Progress, Request, StepProgress
+from model.serving.request import Request
+from model.serving.scheduler import Progress, StepProgress
 from model.serving.tiers import Offload, check_tier, tier_maker
 
 MIN_CHUNK = 16     # positions of a prefill chunk at least
@@ -61,24 +62,6 @@ class PagedSettings:
     tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary one)
     tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
-
-
-@dataclass
-class Sequence:
-    """A request's place in the paged server: its block tables live in the cache's `tables` under its id."""
-    request: Request
-    computed: int = 0                                 # positions whose keys and values its blocks hold
-    hashes: list[int] = field(default_factory=list)   # chained hashes of its prompt's full blocks cached so far
-    preemptions: int = 0
-    swapped: bool = False                             # its blocks wait in the tier
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.request.prompt_ids + self.request.new_ids
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
 
 
 @dataclass(frozen=True)
@@ -195,16 +178,12 @@ class PagedServer:
         n_blocks = settings.budget_bytes // self.layout.block_bytes
         self.cache = PagedCache(self.layout, n_blocks, model.kv_dtype, model.device)
         self.requests = {r.id: r for r in requests}
-        self.waiting: deque[Sequence] = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
-        self.running: list[Sequence] = []
+        self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
+        self.running: list[Request] = []
         self.steps: list[PagedStep] = []
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
-        # prompts prefilled by another worker (disaggregated.py): rid -> (the last position's logits, per group the
-        # keys and values of the positions it holds, (2, group layers, n_kv, positions, d_head)); None: every prompt
-        # is prefilled here
-        self.prefilled: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] | None = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
             slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // self.layout.block_bytes
@@ -223,7 +202,7 @@ class PagedServer:
         if self.offload is not None:
             self.offload.reset()
         requests = [r.restart() for r in self.requests.values()]
-        self.waiting = deque(Sequence(r) for r in sorted(requests, key=lambda r: r.arrival_step))
+        self.waiting = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running, self.steps, self.plan, self.clock_ms = [], [], None, 0.0
 
     def close(self) -> None:
@@ -235,10 +214,10 @@ class PagedServer:
 
     # -- blocks ----------------------------------------------------------------------------------------------------
 
-    def _tables(self, seq: Sequence) -> list[list[int | None]]:
-        return self.cache.tables.setdefault(seq.request.id, [[] for _ in self.layout.groups])
+    def _tables(self, seq: Request) -> list[list[int | None]]:
+        return self.cache.tables.setdefault(seq.id, [[] for _ in self.layout.groups])
 
-    def _grow(self, seq: Sequence, positions: int) -> bool:
+    def _grow(self, seq: Request, positions: int) -> bool:
         """Blocks for `positions` positions in every group's table; False (nothing taken) when too few are free."""
         tables = self._tables(seq)
         needed = sum(max(0, self.layout.blocks(positions) - len(table)) for table in tables)
@@ -249,14 +228,14 @@ class PagedServer:
                 table.append(self.cache.pool.allocate(g))
         return True
 
-    def _free(self, seq: Sequence) -> None:
+    def _free(self, seq: Request) -> None:
         """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
         prefix's later blocks are handed out again before its first ones)."""
-        for table in self.cache.tables.pop(seq.request.id, []):
+        for table in self.cache.tables.pop(seq.id, []):
             self.cache.pool.free([b for b in reversed(table) if b is not None])
         seq.hashes = []
 
-    def _cache_hit(self, seq: Sequence) -> list[list[int]]:
+    def _cache_hit(self, seq: Request) -> list[list[int]]:
         """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
         every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
         logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
@@ -277,9 +256,9 @@ class PagedServer:
             keep = (keep * size - 1) // ALIGN * ALIGN // size  # two positions of the prompt at least (_chunk_end)
         return [table[:keep] for table in found]
 
-    def _cache_blocks(self, seq: Sequence) -> None:
+    def _cache_blocks(self, seq: Request) -> None:
         """Let the prefix cache find the request's prompt blocks that are full and computed."""
-        size, tokens = self.layout.block_size, seq.request.prompt_ids
+        size, tokens = self.layout.block_size, seq.prompt_ids
         tables = self._tables(seq)
         for j in range(len(seq.hashes), min(seq.computed, seq.prompt_len) // size):
             block_tokens = tokens[j * size:(j + 1) * size]
@@ -287,7 +266,7 @@ class PagedServer:
             for table in tables:
                 self.cache.pool.cache(table[j], seq.hashes[-1], block_tokens)
 
-    def _free_out_of_window(self, seq: Sequence) -> None:
+    def _free_out_of_window(self, seq: Request) -> None:
         """A sliding group's blocks that every later query passes (its prompt done: no chunk reads from 0 again)."""
         if seq.computed < seq.prompt_len:
             return
@@ -300,10 +279,10 @@ class PagedServer:
                     self.cache.pool.free([table[j]])
                     table[j] = None
 
-    def _preempt(self, seq: Sequence, tier: list[tuple[int, str]]) -> None:
+    def _preempt(self, seq: Request, tier: list[tuple[int, str]]) -> None:
         """Its blocks out to the tier (its positions kept: its hashes too, so that the blocks it gets back, which the
         prefix cache does not know, are not cached again), or given back to be computed again."""
-        rid = seq.request.id
+        rid = seq.id
         why = "off"
         if self.offload is not None:
             moved = self.offload.should_move(seq.computed)
@@ -312,7 +291,7 @@ class PagedServer:
         if why == "out":
             hashes = seq.hashes
             self._free(seq)
-            seq.hashes, seq.swapped = hashes, True
+            seq.hashes, seq.kv_at = hashes, "tier"
         else:
             self._free(seq)
             seq.computed = 0
@@ -320,22 +299,22 @@ class PagedServer:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
 
-    def _next_stop(self, seq: Sequence, budget: int | None) -> tuple[int | None, bool]:
+    def _next_stop(self, seq: Request, budget: int | None) -> tuple[int | None, bool]:
         """Where its next span ends, and whether it is a decode (its prompt done, one token to compute)."""
         decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
         return (seq.computed + 1 if decoding else self._chunk_end(seq, budget)), decoding
 
-    def _swap_in(self, seq: Sequence, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
+    def _swap_in(self, seq: Request, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
         """A moved-out request first in the queue: its blocks back into the pool and its next span (None: too few
         blocks free, it waits), or False when a block came back damaged (its positions to compute again)."""
-        rid = seq.request.id
+        rid = seq.id
         stop, decoding = self._next_stop(seq, budget)
         out = self.offload.out[rid]
         grown = sum(max(0, self.layout.blocks(stop) - len(table)) for table in out) if stop is not None else 0
         if stop is None or self.offload.blocks_held(rid) + grown > self.cache.pool.n_free:
             return None
         tables = self.offload.move_in(self.cache, rid)
-        seq.swapped = False
+        seq.kv_at = "here"
         if tables is None:
             tier.append((rid, "damaged"))
             seq.computed, seq.hashes = 0, []
@@ -347,7 +326,7 @@ class PagedServer:
 
     # -- scheduling --------------------------------------------------------------------------------------------------
 
-    def _chunk_end(self, seq: Sequence, budget: int | None) -> int | None:
+    def _chunk_end(self, seq: Request, budget: int | None) -> int | None:
         """Where the request's next span ends within `budget` positions (None: no limit), its prompt's part at least
         two positions (unless the prompt is one): a chunk of one query over a whole prompt's keys rounds differently
         from that row of the prompt's one prefill (measured on SmolLM2). None when the budget leaves no such end."""
@@ -373,7 +352,7 @@ class PagedServer:
             while not self._grow(seq, stop):
                 victim = self.running[-1]
                 self._preempt(victim, tier)
-                preempted.append(victim.request.id)
+                preempted.append(victim.id)
                 if victim is seq:
                     break
             else:
@@ -382,36 +361,35 @@ class PagedServer:
                     budget -= stop - seq.computed
                 i += 1
         for seq in self.waiting:
-            if seq.request.arrival_step > index:
+            if seq.arrival_step > index:
                 break
-            if seq.request.arrived_ms is None:
-                seq.request.arrived_ms = self.clock_ms
+            if seq.arrived_ms is None:
+                seq.arrived_ms = self.clock_ms
         # none admitted in a step that preempted (vLLM's rule): the blocks just freed would take it straight back
-        while (not preempted and self.waiting and self.waiting[0].request.arrival_step <= index
+        while (not preempted and self.waiting and self.waiting[0].arrival_step <= index
                and len(self.running) < MAX_RUNNING):
             seq = self.waiting[0]
-            if self.prefilled is not None and seq.preemptions == 0 and self._prefilled_elsewhere(seq):
-                if seq.request.id not in self.prefilled or (self.layout.request_blocks(len(seq.tokens))
-                                                             > self.cache.pool.n_free):
+            if seq.kv_at == "remote":
+                if seq.received_kv is None or self.layout.request_blocks(len(seq.tokens)) > self.cache.pool.n_free:
                     break  # its prompt not here yet, or its blocks not free
                 self._receive(seq)
                 self.waiting.popleft()
                 self.running.append(seq)
-                admitted.append(seq.request.id)
-                cached[seq.request.id] = 0
-                if seq.request.joined_step is None:
-                    seq.request.joined_step = index
-                spans.append(Span(seq.request.id, 0, seq.prompt_len, "received"))
+                admitted.append(seq.id)
+                cached[seq.id] = 0
+                if seq.joined_step is None:
+                    seq.joined_step = index
+                spans.append(Span(seq.id, 0, seq.prompt_len, "received"))
                 continue
-            if seq.swapped:
+            if seq.kv_at == "tier":
                 span = self._swap_in(seq, budget, tier)
                 if span is None:
                     break
                 if span is not False:
                     self.waiting.popleft()
                     self.running.append(seq)
-                    admitted.append(seq.request.id)
-                    cached[seq.request.id] = 0
+                    admitted.append(seq.id)
+                    cached[seq.id] = 0
                     spans.append(span)
                     if budget is not None and span.kind != "decode":
                         budget -= span.stop - span.start
@@ -433,24 +411,20 @@ class PagedServer:
             self._grow(seq, len(seq.tokens))
             self.waiting.popleft()
             self.running.append(seq)
-            admitted.append(seq.request.id)
-            cached[seq.request.id] = hit_positions
-            if seq.request.joined_step is None:
-                seq.request.joined_step = index
+            admitted.append(seq.id)
+            cached[seq.id] = hit_positions
+            if seq.joined_step is None:
+                seq.joined_step = index
             spans.append(self._span(seq, stop, False))
             if budget is not None:
                 budget -= stop - seq.computed
         return Plan(spans, admitted, preempted, cached, tier, self._moved_ms() - moved_ms)
 
-    def _prefilled_elsewhere(self, seq: Sequence) -> bool:
-        """Whether another worker prefills this request's prompt (disaggregated.py decides)."""
-        return False
-
-    def _receive(self, seq: Sequence) -> None:
+    def _receive(self, seq: Request) -> None:
         """A prompt prefilled elsewhere into blocks of its own: per group, blocks for every position it has, a
         sliding group's places before the first position received left empty, and the received keys and values
         written at their positions."""
-        _, kv = self.prefilled[seq.request.id]
+        kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
         size, n = self.layout.block_size, seq.prompt_len
         tables = self._tables(seq)
         for g, (table, group_kv) in enumerate(zip(tables, kv)):
@@ -466,9 +440,9 @@ class PagedServer:
     def _moved_ms(self) -> float:
         return 0.0 if self.offload is None else self.offload.moves.ms_out + self.offload.moves.ms_in
 
-    def _span(self, seq: Sequence, stop: int, decoding: bool) -> Span:
-        kind = "decode" if decoding else "recompute" if seq.preemptions and seq.request.new_ids else "prefill"
-        return Span(seq.request.id, seq.computed, stop, kind)
+    def _span(self, seq: Request, stop: int, decoding: bool) -> Span:
+        kind = "decode" if decoding else "recompute" if seq.preemptions and seq.new_ids else "prefill"
+        return Span(seq.id, seq.computed, stop, kind)
 
     def _rows(self, span: Span, prompt_len: int) -> list[Row]:
         """A span as rows: its prompt's part one masked row, each position after it a row of its own."""
@@ -492,7 +466,7 @@ class PagedServer:
                 self.offload.step_begins()
             self.plan = self._schedule(index)
         plan = self.plan
-        by_id = {seq.request.id: seq for seq in self.running}
+        by_id = {seq.id: seq for seq in self.running}
         rows = [row for span in plan.spans if span.kind != "received"
                 for row in self._rows(span, by_id[span.request].prompt_len)]
         progress = Progress(report, index, 0, 0, len(rows), self.info.n_layers)
@@ -519,14 +493,15 @@ class PagedServer:
             seq = by_id[span.request]
             seq.computed = span.stop
             if span.kind == "received":
-                drawn[span.request] = seq.request.choose(self.prefilled.pop(span.request)[0].float())
+                drawn[span.request] = seq.choose(seq.first_logits.float())
+                seq.first_logits = None
             elif span.stop == len(seq.tokens):
-                drawn[span.request] = seq.request.choose(logits[last_row[span.request]].float())
+                drawn[span.request] = seq.choose(logits[last_row[span.request]].float())
         draw_ms = (time.perf_counter() - t0) * 1000
         received_ms, self.received_ms = self.received_ms, 0.0
         self.clock_ms += plan.tier_ms + received_ms + forward_ms + draw_ms
         for request_id, token in drawn.items():
-            by_id[request_id].request.emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
+            by_id[request_id].emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
         if self.settings.prefix_cache:
             for span in plan.spans:
                 self._cache_blocks(by_id[span.request])
@@ -537,9 +512,9 @@ class PagedServer:
         shared = self.cache.pool.shared()
         left = []
         for seq in list(self.running):
-            if seq.request.stop_reason is not None:
-                seq.request.left_step = index
-                left.append(seq.request.id)
+            if seq.stop_reason is not None:
+                seq.left_step = index
+                left.append(seq.id)
                 self._free(seq)
                 self.running.remove(seq)
         step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
@@ -552,13 +527,13 @@ class PagedServer:
         n, size = self.cache.n_blocks, self.layout.block_size
         holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
         sliding = np.zeros(n, dtype=bool)
-        for seq in sorted(self.running, key=lambda s: s.request.id):
-            for group, table in zip(self.layout.groups, self.cache.tables.get(seq.request.id, [])):
+        for seq in sorted(self.running, key=lambda s: s.id):
+            for group, table in zip(self.layout.groups, self.cache.tables.get(seq.id, [])):
                 for j, block in enumerate(table):
                     if block is None:
                         continue
                     if holder[block] < 0:
-                        holder[block] = seq.request.id
+                        holder[block] = seq.id
                     sliding[block] = group.window is not None
                     filled[block] = max(filled[block], min(size, max(0, seq.computed - j * size)))
         blocks = self.cache.pool.blocks
@@ -575,7 +550,7 @@ class PagedServer:
         size = self.layout.block_size
         filled: dict[int, int] = {}
         for seq in self.running:
-            for table in self.cache.tables.get(seq.request.id, []):
+            for table in self.cache.tables.get(seq.id, []):
                 for j, block_id in enumerate(table):
                     if block_id is not None:
                         filled[block_id] = max(filled.get(block_id, 0), min(size, seq.computed - j * size))

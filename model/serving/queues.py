@@ -17,7 +17,7 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.engine.tokenizer import encode_chat
 from model.serving.paged_server import MIN_CHUNK
-from model.serving.scheduler import Request
+from model.serving.request import Request
 from model.serving.timing import filler_ids
 
 QUEUES = ("mixed", "shared-prefix", "long-join")

@@ -21,72 +21,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from model.engine.counting import step_bytes
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import SamplingSettings, check_settings_or_refuse, sample
-from model.engine.stopping import stop_reason
+from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.request import Request
 from model.serving.slots import SlotCache, decode_rows
 
 # -- the scheduler ------------------------------------------------------------------------------------------------
-
-@dataclass
-class Request:
-    id: int
-    prompt_ids: list[int]
-    max_new_tokens: int
-    slot: int | None = None
-    new_ids: list[int] = field(default_factory=list)
-    token_steps: list[int] = field(default_factory=list)  # the step each new token came out of
-    token_ms: list[float] = field(default_factory=list)   # the engine clock (ms since the run began) at each token
-    joined_step: int | None = None
-    left_step: int | None = None
-    stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens"
-    # greedy by default; otherwise temperature → top-k → top-p with the request's own seed, as its solo run draws
-    settings: SamplingSettings = field(default_factory=SamplingSettings)
-    arrival_step: int = 0                                 # the step it reaches the server at: none before waits for it
-    arrived_ms: float | None = None                       # the engine clock when that step began
-    ignore_eos: bool = False                              # run to its token budget (a benchmark's fixed lengths)
-
-    def restart(self) -> Request:
-        """Back to not served: no tokens, no slot, not arrived."""
-        self.slot = self.joined_step = self.left_step = self.stop_reason = self.arrived_ms = None
-        self.new_ids, self.token_steps, self.token_ms = [], [], []
-        return self
-
-    def emit(self, token: int, step: int, clock_ms: float, eos_id: int | None, context_length: int) -> None:
-        """A new token, the step it came out of and the clock; whether that ends the request (the one stop rule)."""
-        self.new_ids.append(token)
-        self.token_steps.append(step)
-        self.token_ms.append(clock_ms)
-        # every token but the one just chosen has been fed
-        self.stop_reason = stop_reason(token, None if self.ignore_eos else eos_id,
-                                       len(self.prompt_ids) + len(self.new_ids) - 1, context_length, len(self.new_ids),
-                                       self.max_new_tokens)
-
-    def choose(self, logits: torch.Tensor) -> int:
-        """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
-        draw index of its solo run (generate.py draws its k-th token, counting from 0, at step k)."""
-        if self.settings.greedy:
-            return int(torch.argmax(logits))
-        return sample(logits.float().cpu().numpy(), self.settings, len(self.new_ids)).chosen_id
-
-    @property
-    def ttft_ms(self) -> float | None:
-        """Time to first token: from its arrival (the run's start for a request there from the beginning) to its
-        first."""
-        return self.token_ms[0] - (self.arrived_ms or 0.0) if self.token_ms else None
-
-    @property
-    def itl_ms(self) -> list[float]:
-        """Inter-token latencies: the clock between one token and the next."""
-        return [b - a for a, b in zip(self.token_ms, self.token_ms[1:])]
-
 
 @dataclass
 class ServeStep:
@@ -151,14 +98,6 @@ class StepProgress:
         return min(1.0, (self.prefilled + self.layer / self.layers) / passes)
 
 
-@dataclass
-class Joiner:
-    """A request prefilled into its slot in the step under way, its first token not drawn yet."""
-    request: Request
-    logits: torch.Tensor   # (vocab,) of its prompt's last position
-    ms: float              # its prefill's own time
-
-
 class Progress:
     """A step's `report`, told where the step is (`prefilled` so far, then block i of the pass under way done);
     `clock()` runs as time.perf_counter() but stands still while the report runs (it draws a page), so that no
@@ -193,7 +132,7 @@ class Server:
         self.waiting = list(requests)
         self.requests = {r.id: r for r in requests}
         self.holders: list[Request | None] = [None] * slots
-        self.joining: list[Joiner] = []   # the step under way's prefills done so far (a stopped step keeps them)
+        self.joining: list[Request] = []  # the step under way's prefills done so far (a stopped step keeps them)
         self.steps: list[ServeStep] = []
         self.clock_ms = 0.0
 
@@ -224,7 +163,7 @@ class Server:
         (the Serving page's Stop): the prefills done keep their slots in `joining`, and the next call goes on from
         them (a decode pass stopped midway runs again whole); nothing else has changed. Its time is not counted."""
         index, device = len(self.steps), self.model.device
-        joining = {j.request.id for j in self.joining}
+        joining = {r.id for r in self.joining}
         decoding = [h is not None and h.id not in joining and h.stop_reason is None for h in self.holders]
         rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
         free = sum(h is None for h in self.holders)
@@ -241,7 +180,8 @@ class Server:
                                                after_layer=progress.after_layer)
                 self.cache.load(slot, solo)
                 synchronize(device)
-                self.joining.append(Joiner(request, logits, (progress.clock() - t0) * 1000))
+                request.first_logits, request.prefill_ms = logits, (progress.clock() - t0) * 1000
+                self.joining.append(request)
                 self.waiting.pop(0)
                 request.slot, request.joined_step = slot, index
                 self.holders[slot] = request
@@ -259,13 +199,14 @@ class Server:
             lengths, decode_ms = [], 0.0
         # from here on the step runs to its end: nothing below reports
         joined, self.joining = self.joining, []
-        prefill_ms = sum(j.ms for j in joined)
+        prefill_ms = sum(r.prefill_ms for r in joined)
         t0 = time.perf_counter()
-        first_tokens = [j.request.choose(j.logits) for j in joined]
+        first_tokens = [r.choose(r.first_logits) for r in joined]
         draw_ms = (time.perf_counter() - t0) * 1000
         self.clock_ms += prefill_ms + draw_ms
-        for j, token in zip(joined, first_tokens):
-            self._emit(j.request, token, index)
+        for request, token in zip(joined, first_tokens):
+            request.first_logits = None
+            self._emit(request, token, index)
         if rows:
             t0 = time.perf_counter()
             chosen = {s: self.holders[s].choose(logits[s]) for s in range(rows) if decoding[s]}
@@ -285,11 +226,11 @@ class Server:
                 left.append(holder.id)
                 self.holders[slot] = None
                 self.cache.free(slot)
-        prefill_lengths = [len(j.request.prompt_ids) for j in joined]
+        prefill_lengths = [len(r.prompt_ids) for r in joined]
         step = ServeStep(
             index=index, rows=rows, slots=held,
-            joined=[j.request.id for j in joined], left=left, prefill_ms=prefill_ms,
-            prefill_lengths=prefill_lengths, prefill_each_ms=[j.ms for j in joined], decode_ms=decode_ms,
+            joined=[r.id for r in joined], left=left, prefill_ms=prefill_ms,
+            prefill_lengths=prefill_lengths, prefill_each_ms=[r.prefill_ms for r in joined], decode_ms=decode_ms,
             draw_ms=draw_ms,
             decode_lengths=lengths,
             decode_bytes=step_bytes(weight_bytes(self.model.module, rows),

@@ -13,7 +13,8 @@ from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.measure import GREEDY, decode_work, prefill_work
-from model.serving.scheduler import Request, Server
+from model.serving.request import Request
+from model.serving.scheduler import Server
 from model.serving.timing import filler_ids
 
 
