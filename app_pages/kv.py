@@ -72,6 +72,20 @@ def bars_figure() -> dict:
                          uniformtext=dict(minsize=16, mode="show"))  # plotly would shrink a label to fit its bar
 
 
+def kept_figure(run) -> dict:
+    """Which text positions each bounded cache held at the end of its run: one row for the sinks + window and one
+    for the window alone (every layer holds the same), one per layer for H2O (each layer's attention chooses)."""
+    fed = len(run.nll["full"])
+    rows = [(t("kv.policy_sinks"), run.kept["sinks"][0]), (t("kv.policy_window"), run.kept["window"][0])]
+    rows += [(t("kv.kept_h2o_layer", layer=layer), held) for layer, held in enumerate(run.kept["heavy_hitters"])]
+    z = [[1 if p in set(held) else 0 for p in range(fed)] for _, held in rows]
+    heat = dict(type="heatmap", z=z, x=list(range(fed)), y=[name for name, _ in rows], zmin=0, zmax=1,
+                colorscale=[[0, "#f1f3f5"], [1, charts.KEPT]], showscale=False, xgap=0, ygap=2,
+                hovertemplate="%{y} · %{x}<extra></extra>")
+    return charts.figure([heat], 18 * len(rows) + 110, xaxis=dict(title=dict(text=t("kv.axis_kept"))),
+                         yaxis=dict(autorange="reversed"), margin=dict(l=10))
+
+
 # -- 1. bytes a position, and quality per cache dtype ----------------------------------------------------------------
 st.subheader(t("kv.lesson_bytes"))
 with key_figure():
@@ -134,6 +148,7 @@ else:
         table.html(table_html([t("kv.col_policy"), t("kv.col_kept"), t("kv.col_past_bound")],
                               [[t("kv.policy_" + p), kept[p], decimal(run.past_bound(p), 1)] for p in run.nll]))
         table.caption(t("kv.along_conditions", text=run.text, tokens=number(len(run.nll["full"]) + 1), **where))
+        st.plotly_chart(localised(kept_figure(run)), key="kv_chart_kept")
 with why("kv_along"):
     st.markdown(t("kv.why_along", **PAPERS))
 

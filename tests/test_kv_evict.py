@@ -29,6 +29,7 @@ def test_the_cache_keeps_the_sinks_and_the_latest_with_their_slots(small):
     nll_along(small, IDS + [3], full)
     assert bounded.length == 10 and bounded.evicted == 30
     kept = [0, 1, *range(32, 40)]
+    assert all(bounded.kept(layer) == kept for layer in range(small.info.n_layers))  # what the page draws
     assert torch.equal(bounded.layer(0)[1], full.layer(0)[1][:, :, kept])
     assert all(bounded.layer(layer)[0].shape[2] == 10 for layer in range(small.info.n_layers))
 
@@ -36,7 +37,10 @@ def test_the_cache_keeps_the_sinks_and_the_latest_with_their_slots(small):
 def test_the_window_alone_is_the_same_cache_without_sinks(small):
     alone = SinkWindowCache(small, 0, 10)
     nll_along(small, IDS + [3], alone)
-    assert alone.length == 10 and alone.evicted == 30
+    assert alone.length == 10 and alone.evicted == 30 and alone.kept(0) == list(range(30, 40))
+    early = SinkWindowCache(small, 2, 8)
+    nll_along(small, IDS[:6], early)
+    assert early.kept(0) == list(range(5))  # before the bound every position is held
 
 
 def test_heavy_hitters_keep_the_latest_and_the_most_attended(small):
@@ -46,8 +50,8 @@ def test_heavy_hitters_keep_the_latest_and_the_most_attended(small):
     cache = HeavyHitterCache(small, 3, 5)
     nll_along(small, IDS, cache)
     assert cache.length == len(IDS) - 1
-    for held in cache.positions:
-        assert len(held) == 8 and held[-5:] == list(range(len(IDS) - 6, len(IDS) - 1))
+    for layer, held in enumerate(cache.positions):
+        assert len(held) == 8 and held[-5:] == list(range(len(IDS) - 6, len(IDS) - 1)) and cache.kept(layer) == held
     assert nll_along(small, IDS, HeavyHitterCache(small, 40, 40)) == nll_along(small, IDS, small.new_cache())
 
 

@@ -29,7 +29,7 @@ def test_the_quality_rows_are_the_three_cache_dtypes_against_the_model_s_own(sma
 
 
 def test_the_curve_is_the_running_perplexity_of_the_last_tokens():
-    run = Along("t", 1, 2, {"full": np.log(np.array([2.0, 8.0, 4.0, 1.0]))})
+    run = Along("t", 1, 2, {"full": np.log(np.array([2.0, 8.0, 4.0, 1.0]))}, {})
     assert np.allclose(run.perplexity("full", smooth=2), [2.0, 4.0, math.sqrt(32.0), 2.0])
     assert math.isclose(run.past_bound("full"), 1.0)  # past the bound of 1 + 2: the fourth token alone
 
@@ -40,6 +40,11 @@ def test_the_four_runs_cover_the_text_up_to_the_context(small):
     assert all(len(nll) == small.info.context_length - 1 for nll in run.nll.values())
     # before the bound is reached, every policy holds the whole text: the same NLL as the full cache
     assert np.allclose(run.nll["sinks"][:32], run.nll["full"][:32], atol=1e-4)
+    # at the end each bounded cache holds its budget: the sinks and the 28 latest, the 32 latest, H2O's 4 + 28
+    end = small.info.context_length - 1
+    assert run.kept["sinks"][0] == [0, 1, 2, 3, *range(end - 28, end)]
+    assert run.kept["window"][0] == list(range(end - 32, end))
+    assert all(len(held) == 32 and held[-28:] == list(range(end - 28, end)) for held in run.kept["heavy_hitters"])
 
 
 def test_an_even_spread_s_share_of_position_0():
@@ -58,7 +63,7 @@ def test_the_page_draws_its_three_pictures_on_small(lang):
     at = open_app("app_pages/kv.py", lang=lang, model_name="small", device="cpu", prompt_mode="text")
     assert not at.error
     charts = [c.proto.id for c in at.get("plotly_chart")]
-    assert len(charts) == 3, charts
+    assert len(charts) == 4, charts  # bytes, the curves, the positions each bounded cache kept, the sinks
     html = " ".join(h.proto.body for h in at.get("html"))
     assert "int8" in html and "fp8" in html and "H2O" in html
 

@@ -77,6 +77,13 @@ class SinkWindowCache(BoundedCache):
         self.keys[layer], self.values[layer], self.held[layer] = keys, values, keys.shape[2]
         return turned, read
 
+    def kept(self, layer: int) -> list[int]:
+        """The text positions the layer holds: all of them until the first eviction, then the sinks and the latest."""
+        seen = self.held[layer] + self.evicted
+        if not self.evicted:
+            return list(range(seen))
+        return list(range(self.sinks)) + list(range(seen - (self.held[layer] - self.sinks), seen))
+
     def _turn(self, first: int, end: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         positions = torch.arange(first, end, device=self.module.device)
         return self.module.rope(positions, dtype)[None]
@@ -112,6 +119,10 @@ class HeavyHitterCache(BoundedCache):
         if layer == 0:
             self.seen += T
         return self.keys[layer], self.values[layer]
+
+    def kept(self, layer: int) -> list[int]:
+        """The text positions the layer holds: the latest and the heavy hitters its own attention chose."""
+        return list(self.positions[layer])
 
     def observe(self, attentions: list[torch.Tensor]) -> None:
         """After a pass: each layer's weights (B, heads, T, held) added to its positions' scores, then the

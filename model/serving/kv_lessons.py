@@ -77,6 +77,7 @@ class Along:
     sinks: int
     window: int
     nll: dict[str, np.ndarray]  # policy -> NLL of tokens 1 .. n − 1 ("full", "sinks", "window", "heavy_hitters")
+    kept: dict[str, list[list[int]]]  # bounded policy -> per layer, the text positions its cache held at the end
 
     def perplexity(self, policy: str, smooth: int = SMOOTH) -> np.ndarray:
         """exp of the mean NLL of the `smooth` tokens up to each position (fewer at the start)."""
@@ -100,8 +101,10 @@ def along(model: NativeModel, sinks: int, window: int) -> Along:
     caches = {"full": model.new_cache(), "sinks": SinkWindowCache(model, sinks, window),
               "window": SinkWindowCache(model, 0, sinks + window),
               "heavy_hitters": HeavyHitterCache(model, sinks, window)}
-    return Along(text.name, sinks, window,
-                 {name: np.array(nll_along(model, ids, cache)) for name, cache in caches.items()})
+    nll = {name: np.array(nll_along(model, ids, cache)) for name, cache in caches.items()}
+    kept = {name: [cache.kept(layer) for layer in range(model.info.n_layers)]
+            for name, cache in caches.items() if name != "full"}
+    return Along(text.name, sinks, window, nll, kept)
 
 
 @dataclass(frozen=True)
