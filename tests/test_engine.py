@@ -17,7 +17,7 @@ from model.engine.counting import (
     positions_without_cache,
 )
 from model.engine.gemma3 import GemmaRMSNorm
-from model.engine.generate import back, encode_prompt, resample, run_to_end, start, step
+from model.engine.generate import back, encode_prompt, resample, run_to_end, session_budget_bytes, start, step
 from model.engine.llama import Llama, LlamaConfig, RMSNorm, attend
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
@@ -705,3 +705,12 @@ def test_two_processes_building_the_kernels_at_once_both_load_them(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], said
     assert {out.strip() for out, _ in said} <= {"avx512_bf16", "float32"}
     assert [path.suffix for path in (tmp_path / "kernels").iterdir()] == [".so"]
+
+
+@pytest.mark.parametrize(("value", "mib"), [("", 256), ("64", 64), ("0.5", 0.5), ("abc", 256), ("-3", 256),
+                                            ("0", 256), ("nan", 256), ("inf", 256)])
+def test_a_session_budget_that_is_no_positive_number_is_ignored_and_the_default_holds(value, mib, monkeypatch):
+    """A typo in DECODE_LAB_SESSION_MB (or DECODE_LAB_TIER_MB, read by the same function) raised at every page that
+    read it: now it is a log line and the default."""
+    monkeypatch.setenv("DECODE_LAB_SESSION_MB", value)
+    assert session_budget_bytes() == int(mib * 2**20)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import re
 import threading
 import time
@@ -33,6 +32,7 @@ from model.engine.steps import StepTrace, decode, max_abs_logit_diff, prefill, r
 from model.engine.stopping import stop_reason
 from model.engine.tokenizer import Encoded, UnknownWordsError
 from model.errors import InputError
+from model.weights.catalog import env_megabytes
 
 MAX_PROMPT_CHARS = 2000
 DEFAULT_NEW_TOKENS = 20  # the command line's default answer length
@@ -46,7 +46,7 @@ PROMPT_IDS = re.compile(r"\s*[0-9]+(\s*,\s*[0-9]+)*\s*")  # plain ASCII integers
 
 def session_budget_bytes() -> int:
     """DECODE_LAB_SESSION_MB: the most one session's run may keep (attention, logits, draws), in MiB."""
-    return int(float(os.environ.get("DECODE_LAB_SESSION_MB", DEFAULT_SESSION_MB)) * 2**20)
+    return env_megabytes("DECODE_LAB_SESSION_MB", DEFAULT_SESSION_MB)
 
 
 @dataclass

@@ -46,6 +46,7 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.errors import InputError
 from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+from model.weights.catalog import env_megabytes
 
 log = logging.getLogger(__name__)
 
@@ -152,10 +153,13 @@ def as_bytes(block: torch.Tensor) -> memoryview:
 _live_bytes: dict[int, int] = {}
 
 
+DEFAULT_TIER_MB = 1024
+
+
 def tier_cap_bytes() -> int:
     """The most bytes the tiers of this process may hold together (DECODE_LAB_TIER_MB, default 1024 MiB): a
     classroom server's tabs cannot fill its disk."""
-    return int(float(os.environ.get("DECODE_LAB_TIER_MB", "1024")) * 2**20)
+    return env_megabytes("DECODE_LAB_TIER_MB", DEFAULT_TIER_MB)
 
 
 def release_file(fd: int | None, path: Path) -> None:

@@ -8,6 +8,8 @@ other folders and Hugging Face Hub downloads open only when the operator sets th
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -45,6 +47,27 @@ def _flag(name: str) -> bool:
 def _positive_int(name: str) -> int | None:
     value = os.environ.get(name, "").strip().replace("_", "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+_said_ignored: set[tuple[str, str]] = set()
+
+
+def env_megabytes(name: str, default: float) -> int:
+    """The bytes an environment variable sets in MiB (DECODE_LAB_SESSION_MB, DECODE_LAB_TIER_MB): a value that is no
+    positive number is ignored with one log line, and the default holds. A typo in a server's set-up must not stop
+    every page that reads it."""
+    value = os.environ.get(name, "").strip()
+    try:
+        megabytes = float(value) if value else default
+    except ValueError:
+        megabytes = math.nan
+    if not (megabytes > 0 and math.isfinite(megabytes)):
+        if (name, value) not in _said_ignored:
+            _said_ignored.add((name, value))
+            logging.getLogger(__name__).warning("%s=%r is no positive number of MiB: ignored, %s MiB hold", name,
+                                                value, default)
+        megabytes = default
+    return int(megabytes * 2**20)
 
 
 def settings() -> Settings:
