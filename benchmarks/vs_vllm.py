@@ -74,8 +74,11 @@ def last_error_line(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("ERROR")]
     reason = (errors or lines or ["no output"])[-1]
-    unreachable = any(word in output for word in ("NewConnectionError", "Connection refused", "Max retries exceeded"))
-    return f"the package registry cannot be reached ({reason})" if unreachable else reason
+    if any(word in output for word in ("NewConnectionError", "Connection refused", "Max retries exceeded")):
+        return f"the package registry cannot be reached ({reason})"
+    if "from versions: none" in output:  # what pip says when no index answered, and when none has the package
+        return f"no package registry pip can reach offers it ({reason})"
+    return reason
 
 
 def build_venv(venv: Path) -> Path:
