@@ -590,7 +590,7 @@ def test_a_run_stopped_by_the_budget_says_what_is_left():
 
 
 def test_a_long_context_folds_the_strip_and_the_attention_row():
-    """Past STRIP_HEAD + STRIP_TAIL tokens the step view's strip shows the first 4 and the latest 40 chips, the rest
+    """Past STRIP_HEAD + STRIP_TAIL tokens the step view's strip shows the first 4 and the latest 16 chips, the rest
     in one dotted chip whose tooltip is their text; the attention row shows its first 4 keys, its 12 heaviest and its
     latest 32, each folded run one chip with its count and total weight. Breaks if the fold drops a position, a
     folded weight, or keeps drawing a chip per position."""
@@ -607,18 +607,23 @@ def test_a_long_context_folds_the_strip_and_the_attention_row():
     gen = at.session_state["generation"]
     html = step_view_html(at)
     n = len(gen.ids)  # 72: 70 prompt ids, the token fed, the token drawn
-    assert len(re.findall(r'<div class="tok[ "]', html)) == 4 + 40 and html.count('class="tok-gap"') == 1
+    assert len(re.findall(r'<div class="tok[ "]', html)) == 4 + 16 and html.count('class="tok-gap"') == 1
     assert f"#3 · id {gen.ids[3]}<" in html and f"#4 · id {gen.ids[4]}<" not in html
-    assert f"#{n - 40} · id {gen.ids[n - 40]}<" in html and f"#{n - 41} · id " not in html
-    folded_text = load_model("small", "cpu").tokenizer.decode(gen.ids[4:n - 40])
-    assert escape(text("tokens.folded_title", "en").format(first=4, last=n - 41, text=folded_text)) in html
-    assert escape(text("tokens.folded", "en").format(n=n - 44)) in html
+    assert f"#{n - 16} · id {gen.ids[n - 16]}<" in html and f"#{n - 17} · id " not in html
+    folded_text = load_model("small", "cpu").tokenizer.decode(gen.ids[4:n - 16])
+    assert escape(text("tokens.folded_title", "en").format(first=4, last=n - 17, text=folded_text)) in html
+    assert escape(text("tokens.folded", "en").format(n=n - 20)) in html
     row = gen.steps[-1].weights(0, 0)[-1]
     keep = set(range(4)) | set(np.argsort(-row, kind="stable")[:12].tolist()) | set(range(len(row) - 32, len(row)))
     assert html.count('<div class="att" ') == len(keep) < len(row)
     gaps = [float(w) for w in re.findall(r'positions · Σ ([\d.]+)<', html)]
     assert len(gaps) >= 1 and abs(sum(gaps) - float(row.sum() - row[sorted(keep)].sum())) <= 0.005 * len(gaps)
-    assert escape(text("decode.strip_folded", "en").format(n=n, head=4, tail=40, folded=n - 44)) in html
+    assert escape(text("decode.strip_folded", "en").format(n=n, head=4, tail=16, folded=n - 20)) in html
+    # the prefill's summary names the first and last three of the 70 prompt ids (the step shown fed one token)
+    at.button(key="back").click().run()
+    prompt = [load_model("small", "cpu").tokenizer.token(i) for i in gen.ids[:70]]
+    summary = text("decode.fed_folded", "en").format(first=", ".join(prompt[:3]), last=", ".join(prompt[-3:]), n=70)
+    assert summary in step_view_html(at)
     assert not at.error
 
 

@@ -354,7 +354,7 @@ def test_browser_the_token_of_a_next_shows_before_its_check_and_the_verdict_is_t
     page.get_by_text(re.compile(r"^MATCH: recomputing the \d+ positions")).first.wait_for(timeout=60_000)
     n = int(re.search(r"cache: (\d+) positions", page.locator("body").text_content()).group(1))
     assert n > 200
-    chips = 4 + 40  # app_pages/decode.py: STRIP_HEAD + STRIP_TAIL
+    chips = 4 + 16  # ui/step_view.py: STRIP_HEAD + STRIP_TAIL
     assert page.locator(".tok").count() == chips and page.locator(".tok-gap").count() == 1
     page.locator(".st-key-next button").click()
     page.get_by_text(f"cache: {n + 1} positions").first.wait_for(timeout=60_000)

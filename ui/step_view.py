@@ -38,8 +38,10 @@ from ui.widgets import (
 TOP_BARS = 12
 # a long context's strip and attention row show the start, the latest positions (and the row its heaviest keys),
 # each run of the others folded into one chip: a Next then redraws about 50 chips, not 2 per position
-# (benchmarks/click_latency.py: a 245-position step view was 1,514 elements and 131 KB)
-STRIP_HEAD, STRIP_TAIL = 4, 40
+# (benchmarks/click_latency.py: a 245-position step view was 1,514 elements and 131 KB); and 20 chips, about three
+# rows at 1280 px, leave the attention on the first screen (SmolLM2's chat template alone is 37 positions)
+STRIP_HEAD, STRIP_TAIL = 4, 16
+FED_HEAD, FED_TAIL = 3, 3  # a step's summary names a long prompt's first and last tokens, and how many it fed
 ROW_HEAD, ROW_TOP, ROW_TAIL = 4, 12, 32
 TABLE_ROWS = 6  # the cache table shows the latest steps; the chart shows them all
 
@@ -91,9 +93,19 @@ def step_view_html(view: StepView) -> str:
             f"</div><div>{sampling}</div><div>{cache}</div><div>{answer}</div></div>")
 
 
-def summary_html(step: int, phase: str, fed: str, position: int, cache_len: int, ms: float, device: str,
+def fed_text(tokens: list[str]) -> str:
+    """The tokens a step fed, as its summary names them (as their chips show them: a newline as ↵): all of a few;
+    of a long prompt the first and last ones."""
+    tokens = [shown(tok) for tok in tokens]
+    if len(tokens) <= FED_HEAD + FED_TAIL + 1:
+        return ", ".join(tokens)
+    return t("decode.fed_folded", first=", ".join(tokens[:FED_HEAD]), last=", ".join(tokens[-FED_TAIL:]),
+             n=number(len(tokens)))
+
+
+def summary_html(step: int, phase: str, fed: list[str], position: int, cache_len: int, ms: float, device: str,
                  dtype: str) -> str:
-    return paragraph_html(t("decode.step_summary", step=step, phase=t("phase." + phase), fed=md_escape(fed),
+    return paragraph_html(t("decode.step_summary", step=step, phase=t("phase." + phase), fed=md_escape(fed_text(fed)),
                             pos=position, cache=cache_len, ms=decimal(ms, 2), device=device, dtype=dtype))
 
 
@@ -214,7 +226,7 @@ def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: in
     latest = list(enumerate(gen.steps))[-TABLE_ROWS:]
     return StepView(
         tokens, ids, kinds, tok,
-        summary_html(len(gen.steps) - 1, trace.phase, ", ".join(tok.token(i) for i in trace.input_ids),
+        summary_html(len(gen.steps) - 1, trace.phase, [tok.token(i) for i in trace.input_ids],
                      trace.positions[0], trace.cache_len, trace.ms, info.device, info.dtype),
         live_attention_html(model, gen, layer, head, scale),
         ([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
@@ -273,7 +285,7 @@ def recorded_step(run: dict, index: int) -> StepView:
     return StepView(
         prompt["tokens"] + [x["chosen_token"] for x in shown_steps],
         prompt["ids"] + [x["chosen_id"] for x in shown_steps], kinds, RecordedTokens(run),
-        summary_html(index, step["phase"], ", ".join(fed.get(i, str(i)) for i in step["input_ids"]),
+        summary_html(index, step["phase"], [fed.get(i, str(i)) for i in step["input_ids"]],
                      step["positions"][0], step["cache_len"], step["ms"], m["device"], m["dtype"]),
         box_html(t("replay.attention_absent", layers=m["n_layers"], heads=m["n_heads"],
                    queries=len(step["input_ids"]), keys=step["cache_len"]), "note"),
