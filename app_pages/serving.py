@@ -124,7 +124,7 @@ run_model, run_info = server.model, server.info  # the run's own weights, whatev
 
 # -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
-slots = len(server.holders)
+slots = len(server.memory.holders)
 with key_figure():
     st.subheader(t("serving.lanes"))
     st.html(svg.lane_chart_svg([s.slots for s in steps], [s.joined for s in steps], [s.left for s in steps],

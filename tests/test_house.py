@@ -132,3 +132,17 @@ def test_the_batched_decode_is_the_models_own_forward():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
                 kinds = ast.unparse(node.args[1])
                 assert not any(name in kinds for name in ("Llama", "Gemma3", "DecoderOnly")), (path, kinds)
+
+
+# the serving room's own floors (issue 50): the request type below the memories, the memories below the servers
+SERVING_FLOORS = {"request": 0, "blocks": 0, "slots": 1, "paged": 1, "memory": 2, "tiers": 3, "scheduler": 4,
+                  "paged_server": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
+
+
+def test_the_serving_room_imports_downward():
+    """Made red once by memory.py importing the scheduler: a memory never knows who schedules it."""
+    edges = graph()
+    for module, level in SERVING_FLOORS.items():
+        for target in edges[f"model.serving.{module}"]:
+            name = target.removeprefix("model.serving.")
+            assert name not in SERVING_FLOORS or SERVING_FLOORS[name] < level, (module, name)

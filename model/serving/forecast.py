@@ -48,10 +48,10 @@ class _Replay(PagedServer):
                     seq.emit(0, self.index, 0.0, None, self.info.context_length)
             for span in plan.spans:
                 if self.settings.prefix_cache:
-                    self._cache_blocks(by_id[span.request])
-                self._free_out_of_window(by_id[span.request])
+                    self.cache.cache_blocks(by_id[span.request])
+                self.cache.free_out_of_window(by_id[span.request])
             for seq in [s for s in self.running if s.stop_reason is not None]:
-                self._free(seq)
+                self.cache.free(seq)
                 self.running.remove(seq)
             self.index += 1
         return self.first

@@ -153,9 +153,8 @@ class QueueRun:
                                        step.prefill_positions, step.tokens, step.ms))
             return
         running = [self.server.requests[rid] for rid in step.slots if rid is not None]
-        held = sum(self.model.info.cache_bytes_formula(len(r.prompt_ids) + len(r.new_ids) - 1) for r in running)
-        self.samples.append(Sample(len(running), self.server.cache.nbytes_reserved(), held, 0,
-                                   step.prefill_tokens, step.tokens, step.ms))
+        reserved, held = self.server.memory.usage(running)
+        self.samples.append(Sample(len(running), reserved, held, 0, step.prefill_tokens, step.tokens, step.ms))
 
     def run(self, report: Callable[[StepProgress], None] | None = None) -> QueueRun:
         while not self.finished:
@@ -173,7 +172,7 @@ class QueueRun:
         if self.settings.layout == "paged":
             self.server.reset()
         else:
-            self.server = Server(self.model, len(self.server.holders), [r.restart() for r in self.requests],
+            self.server = Server(self.model, len(self.server.memory.holders), [r.restart() for r in self.requests],
                                  self.settings.budget_bytes)
         self.samples = []
 
@@ -192,7 +191,7 @@ class QueueRun:
             "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
             "pool_blocks": server.cache.n_blocks if paged else None,
             "block_bytes": server.layout.block_bytes if paged else None,
-            "slots": None if paged else len(server.holders),
+            "slots": None if paged else len(server.memory.holders),
             "max_concurrent": max((s.running for s in samples), default=0),
             "bytes_reserved_peak": max((s.reserved for s in samples), default=0),
             "bytes_held_peak": max((s.held for s in samples), default=0),

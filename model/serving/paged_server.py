@@ -42,8 +42,8 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
-from model.serving.blocks import block_hash
-from model.serving.paged import ALIGN, PagedCache, PagedLayout, PagedPass, Row, first_seen
+from model.serving.memory import make_memory
+from model.serving.paged import PagedLayout, PagedPass, Row
 from model.serving.request import Request
 from model.serving.scheduler import Progress, StepProgress
 from model.serving.tiers import Offload, check_tier, tier_maker
@@ -169,14 +169,14 @@ def mib_up(n_bytes: int) -> float:
 
 
 class PagedServer:
-    """Iteration-level scheduling over one PagedCache of settings.budget_bytes; `step()` runs one iteration."""
+    """Iteration-level scheduling over one BlockMemory of settings.budget_bytes; `step()` runs one iteration."""
 
     def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings):
         check_paged(model, settings, requests)
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = PagedLayout.of(model.info, settings.block_size)
-        n_blocks = settings.budget_bytes // self.layout.block_bytes
-        self.cache = PagedCache(self.layout, n_blocks, model.kv_dtype, model.device)
+        self.cache = make_memory(model.info, layout=self.layout, budget_bytes=settings.budget_bytes,
+                                 dtype=model.kv_dtype, device=model.device)
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Request] = []
@@ -186,7 +186,8 @@ class PagedServer:
         self.offload: Offload | None = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
-            slots = n_blocks if settings.tier_bytes is None else settings.tier_bytes // self.layout.block_bytes
+            slots = (self.cache.n_blocks if settings.tier_bytes is None
+                     else settings.tier_bytes // self.layout.block_bytes)
             self.offload = Offload(tier_maker(settings.offload, settings.tier_folder, slots, self.layout,
                                               self.cache.keys.dtype),
                                    self.layout.block_bytes, settings.swap_from)
@@ -212,72 +213,7 @@ class PagedServer:
             self.offload.close()
         self.cache.release()
 
-    # -- blocks ----------------------------------------------------------------------------------------------------
-
-    def _tables(self, seq: Request) -> list[list[int | None]]:
-        return self.cache.tables.setdefault(seq.id, [[] for _ in self.layout.groups])
-
-    def _grow(self, seq: Request, positions: int) -> bool:
-        """Blocks for `positions` positions in every group's table; False (nothing taken) when too few are free."""
-        tables = self._tables(seq)
-        needed = sum(max(0, self.layout.blocks(positions) - len(table)) for table in tables)
-        if needed > self.cache.pool.n_free:
-            return False
-        for g, table in enumerate(tables):
-            while len(table) < self.layout.blocks(positions):
-                table.append(self.cache.pool.allocate(g))
-        return True
-
-    def _free(self, seq: Request) -> None:
-        """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
-        prefix's later blocks are handed out again before its first ones)."""
-        for table in self.cache.tables.pop(seq.id, []):
-            self.cache.pool.free([b for b in reversed(table) if b is not None])
-        seq.hashes = []
-
-    def _cache_hit(self, seq: Request) -> list[list[int]]:
-        """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
-        every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
-        logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
-        size, tokens = self.layout.block_size, seq.tokens
-        most = min(seq.prompt_len, len(tokens) - 1) // size
-        found: list[list[int]] = [[] for _ in self.layout.groups]
-        previous = None
-        for j in range(most):
-            block_tokens = tokens[j * size:(j + 1) * size]
-            previous = block_hash(previous, block_tokens)
-            ids = [self.cache.pool.lookup(g, previous, block_tokens) for g in range(len(self.layout.groups))]
-            if None in ids:
-                break
-            for table, block_id in zip(found, ids):
-                table.append(block_id)
-        keep = len(found[0]) * size // ALIGN * ALIGN // size  # a hit of a multiple of ALIGN positions
-        if keep * size == seq.prompt_len - 1:
-            keep = (keep * size - 1) // ALIGN * ALIGN // size  # two positions of the prompt at least (_chunk_end)
-        return [table[:keep] for table in found]
-
-    def _cache_blocks(self, seq: Request) -> None:
-        """Let the prefix cache find the request's prompt blocks that are full and computed."""
-        size, tokens = self.layout.block_size, seq.prompt_ids
-        tables = self._tables(seq)
-        for j in range(len(seq.hashes), min(seq.computed, seq.prompt_len) // size):
-            block_tokens = tokens[j * size:(j + 1) * size]
-            seq.hashes.append(block_hash(seq.hashes[-1] if seq.hashes else None, block_tokens))
-            for table in tables:
-                self.cache.pool.cache(table[j], seq.hashes[-1], block_tokens)
-
-    def _free_out_of_window(self, seq: Request) -> None:
-        """A sliding group's blocks that every later query passes (its prompt done: no chunk reads from 0 again)."""
-        if seq.computed < seq.prompt_len:
-            return
-        size = self.layout.block_size
-        for group, table in zip(self.layout.groups, self._tables(seq)):
-            if group.window is None:
-                continue
-            for j in range(first_seen(group.window, seq.computed) // size):
-                if table[j] is not None:
-                    self.cache.pool.free([table[j]])
-                    table[j] = None
+    # -- preemption ------------------------------------------------------------------------------------------------
 
     def _preempt(self, seq: Request, tier: list[tuple[int, str]]) -> None:
         """Its blocks out to the tier (its positions kept: its hashes too, so that the blocks it gets back, which the
@@ -290,10 +226,10 @@ class PagedServer:
             tier.append((rid, why))
         if why == "out":
             hashes = seq.hashes
-            self._free(seq)
+            self.cache.free(seq)
             seq.hashes, seq.kv_at = hashes, "tier"
         else:
-            self._free(seq)
+            self.cache.free(seq)
             seq.computed = 0
         seq.preemptions += 1
         self.running.remove(seq)
@@ -321,7 +257,7 @@ class PagedServer:
             return False
         tier.append((rid, "in"))
         self.cache.tables[rid] = tables
-        self._grow(seq, stop)
+        self.cache.grow(seq, stop)
         return self._span(seq, stop, decoding)
 
     # -- scheduling --------------------------------------------------------------------------------------------------
@@ -349,7 +285,7 @@ class PagedServer:
             if stop is None:
                 i += 1
                 continue
-            while not self._grow(seq, stop):
+            while not self.cache.grow(seq, stop):
                 victim = self.running[-1]
                 self._preempt(victim, tier)
                 preempted.append(victim.id)
@@ -394,21 +330,14 @@ class PagedServer:
                     if budget is not None and span.kind != "decode":
                         budget -= span.stop - span.start
                     continue
-            hit = self._cache_hit(seq) if self.settings.prefix_cache else [[] for _ in self.layout.groups]
+            hit = self.cache.prefix_hit(seq) if self.settings.prefix_cache else [[] for _ in self.layout.groups]
             hit_positions = len(hit[0]) * self.layout.block_size
             seq.computed = hit_positions
             stop = self._chunk_end(seq, budget)
-            revived = sum(self.cache.pool.blocks[b].refs == 0 for table in hit for b in table)
-            new = sum(self.layout.blocks(len(seq.tokens)) - len(table) for table in hit)
-            if stop is None or new + revived > self.cache.pool.n_free:
+            if stop is None or not self.cache.can_admit(seq, hit):
                 seq.computed = 0
                 break  # admission waits for blocks (or for the next step's chunk)
-            for table, ids in zip(self._tables(seq), hit):
-                for block_id in ids:
-                    self.cache.pool.touch(block_id)
-                    table.append(block_id)
-            seq.hashes = []
-            self._grow(seq, len(seq.tokens))
+            self.cache.admit(seq, hit)
             self.waiting.popleft()
             self.running.append(seq)
             admitted.append(seq.id)
@@ -426,7 +355,7 @@ class PagedServer:
         written at their positions."""
         kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
         size, n = self.layout.block_size, seq.prompt_len
-        tables = self._tables(seq)
+        tables = self.cache.tables_of(seq)
         for g, (table, group_kv) in enumerate(zip(tables, kv)):
             first = n - group_kv.shape[3]
             table.extend(None if (j + 1) * size <= first else self.cache.pool.allocate(g)
@@ -504,10 +433,10 @@ class PagedServer:
             by_id[request_id].emit(token, index, self.clock_ms, self.info.eos_id, self.info.context_length)
         if self.settings.prefix_cache:
             for span in plan.spans:
-                self._cache_blocks(by_id[span.request])
+                self.cache.cache_blocks(by_id[span.request])
         for span in plan.spans:
-            self._free_out_of_window(by_id[span.request])
-        reserved, held = self.memory()
+            self.cache.free_out_of_window(by_id[span.request])
+        reserved, held = self.cache.usage(self.running)
         held_blocks = len(self.cache.held_blocks())
         shared = self.cache.pool.shared()
         left = []
@@ -515,7 +444,7 @@ class PagedServer:
             if seq.stop_reason is not None:
                 seq.left_step = index
                 left.append(seq.id)
-                self._free(seq)
+                self.cache.free(seq)
                 self.running.remove(seq)
         step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
                          plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left),
@@ -543,16 +472,3 @@ class PagedServer:
                   for rid, tables in self.cache.tables.items()}
         return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, size, tables,
                         [g.window for g in self.layout.groups])
-
-    def memory(self) -> tuple[int, int]:
-        """(bytes of the blocks held, bytes of the positions they hold): a block holds its positions up to its
-        owners' computed length; the rest of a last block is the waste."""
-        size = self.layout.block_size
-        filled: dict[int, int] = {}
-        for seq in self.running:
-            for table in self.cache.tables.get(seq.id, []):
-                for j, block_id in enumerate(table):
-                    if block_id is not None:
-                        filled[block_id] = max(filled.get(block_id, 0), min(size, seq.computed - j * size))
-        return (len(filled) * self.layout.block_bytes,
-                sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)

@@ -30,8 +30,9 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.memory import make_memory
 from model.serving.request import Request
-from model.serving.slots import SlotCache, decode_rows
+from model.serving.slots import decode_rows
 
 # -- the scheduler ------------------------------------------------------------------------------------------------
 
@@ -128,17 +129,17 @@ class Server:
             check_settings_or_refuse(request.settings)
         info = model.info
         self.model, self.info = model, info
-        self.cache = SlotCache(info.n_layers, slots, info.layer_windows)
+        self.memory = make_memory(info, slots=slots)
+        self.cache = self.memory.cache
         self.waiting = list(requests)
         self.requests = {r.id: r for r in requests}
-        self.holders: list[Request | None] = [None] * slots
         self.joining: list[Request] = []  # the step under way's prefills done so far (a stopped step keeps them)
         self.steps: list[ServeStep] = []
         self.clock_ms = 0.0
 
     @property
     def finished(self) -> bool:
-        return not self.waiting and all(h is None for h in self.holders)
+        return not self.waiting and all(h is None for h in self.memory.holders)
 
     def _emit(self, request: Request, token: int, step: int) -> None:
         request.emit(token, step, self.clock_ms, self.info.eos_id, self.info.context_length)
@@ -164,32 +165,32 @@ class Server:
         them (a decode pass stopped midway runs again whole); nothing else has changed. Its time is not counted."""
         index, device = len(self.steps), self.model.device
         joining = {r.id for r in self.joining}
-        decoding = [h is not None and h.id not in joining and h.stop_reason is None for h in self.holders]
+        holders = self.memory.holders
+        decoding = [h is not None and h.id not in joining and h.stop_reason is None for h in holders]
         rows = max((s + 1 for s, d in enumerate(decoding) if d), default=0)
-        free = sum(h is None for h in self.holders)
+        free = sum(h is None for h in holders)
         arrived = self._arrived(index)
         prefills = len(self.joining) + min(free, arrived)
         progress = Progress(report, index, len(self.joining), prefills, rows, self.info.n_layers)
-        for slot, holder in enumerate(self.holders):
-            if holder is None and self.waiting and self.waiting[0].arrival_step <= index:
-                request = self.waiting[0]
-                synchronize(device)
-                t0 = progress.clock()
-                solo = self.model.new_cache()
-                logits, _ = self.model.forward(request.prompt_ids, solo, output_attentions=False,
-                                               after_layer=progress.after_layer)
-                self.cache.load(slot, solo)
-                synchronize(device)
-                request.first_logits, request.prefill_ms = logits, (progress.clock() - t0) * 1000
-                self.joining.append(request)
-                self.waiting.pop(0)
-                request.slot, request.joined_step = slot, index
-                self.holders[slot] = request
-                progress.prefilled += 1
+        while self.waiting and self.waiting[0].arrival_step <= index and self.memory.can_admit(self.waiting[0], []):
+            request = self.waiting[0]
+            synchronize(device)
+            t0 = progress.clock()
+            solo = self.model.new_cache()
+            logits, _ = self.model.forward(request.prompt_ids, solo, output_attentions=False,
+                                           after_layer=progress.after_layer)
+            self.memory.grow(request, len(request.prompt_ids))  # the first free slot, its whole length
+            self.cache.load(request.slot, solo)
+            synchronize(device)
+            request.first_logits, request.prefill_ms = logits, (progress.clock() - t0) * 1000
+            self.joining.append(request)
+            self.waiting.pop(0)
+            request.joined_step = index
+            progress.prefilled += 1
 
         if rows:
             # an idle row (a free slot below the last busy one) feeds token 0 at its length 0: its output is dropped
-            tokens = [h.new_ids[-1] if decoding[s] else 0 for s, h in enumerate(self.holders[:rows])]
+            tokens = [h.new_ids[-1] if decoding[s] else 0 for s, h in enumerate(holders[:rows])]
             lengths = [self.cache.lengths[s] + 1 for s in range(rows) if decoding[s]]
             t0 = progress.clock()
             logits = decode_rows(self.model.module, self.cache, tokens, progress.after_layer)  # (rows, vocab)
@@ -209,23 +210,22 @@ class Server:
             self._emit(request, token, index)
         if rows:
             t0 = time.perf_counter()
-            chosen = {s: self.holders[s].choose(logits[s]) for s in range(rows) if decoding[s]}
+            chosen = {s: holders[s].choose(logits[s]) for s in range(rows) if decoding[s]}
             row_draw_ms = (time.perf_counter() - t0) * 1000
             draw_ms += row_draw_ms
             self.clock_ms += decode_ms + row_draw_ms
             for s in range(rows):
                 if decoding[s]:
-                    self._emit(self.holders[s], chosen[s], index)
+                    self._emit(holders[s], chosen[s], index)
                 else:  # a row that joined this step or an idle one gives back the position it was fed
                     self.cache.lengths[s] -= 1
-        held = [h.id if h else None for h in self.holders]
+        held = [h.id if h else None for h in holders]
         left = []
-        for slot, holder in enumerate(self.holders):
+        for holder in list(holders):
             if holder is not None and holder.stop_reason is not None:
                 holder.left_step = index
                 left.append(holder.id)
-                self.holders[slot] = None
-                self.cache.free(slot)
+                self.memory.free(holder)
         prefill_lengths = [len(r.prompt_ids) for r in joined]
         step = ServeStep(
             index=index, rows=rows, slots=held,

@@ -1,0 +1,169 @@
+"""Where a server keeps its requests' keys and values, behind one protocol (vLLM v1's KVCacheManager, nano-vllm's
+BlockManager): may a request be admitted, grow it to n positions, free it, what the prefix cache already holds of
+it, and the bytes reserved and held. Two memories answer it:
+
+- SlotMemory, the padded baseline of the vLLM paper ("reserve the maximum"): a slot of a SlotCache per request,
+  reserved whole at admission, so a request grows without asking and admission waits for a free slot;
+- BlockMemory, the paged pool (paged.PagedCache): blocks handed out as a request's positions need them, a prefix
+  cache of full prompt blocks, a sliding group's blocks given back once its window passes them.
+
+make_memory is the one place that chooses between them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from model.engine.runtime import ModelInfo
+from model.serving.blocks import block_hash
+from model.serving.paged import ALIGN, PagedCache, PagedLayout, first_seen
+from model.serving.request import Request
+from model.serving.slots import SlotCache
+
+
+class KVMemory(Protocol):
+    def can_admit(self, request: Request, hit: list[list[int]]) -> bool: ...
+    def grow(self, request: Request, positions: int) -> bool: ...
+    def free(self, request: Request) -> None: ...
+    def usage(self, running: list[Request]) -> tuple[int, int]: ...
+
+
+class SlotMemory:
+    """`slots` slots of one SlotCache: a request holds the first free one from its admission to its end."""
+
+    def __init__(self, info: ModelInfo, slots: int):
+        self.info = info
+        self.cache = SlotCache(info.n_layers, slots, info.layer_windows)
+        self.holders: list[Request | None] = [None] * slots
+
+    def can_admit(self, request: Request, hit: list[list[int]]) -> bool:
+        """A free slot (a slot holds any length; no prefix cache: `hit` is empty)."""
+        return None in self.holders
+
+    def grow(self, request: Request, positions: int) -> bool:
+        """A slot for the request when it has none (False: none is free); a slot holds any length."""
+        if request.slot is None or self.holders[request.slot] is not request:
+            if None not in self.holders:
+                return False
+            request.slot = self.holders.index(None)
+            self.holders[request.slot] = request
+        return True
+
+    def free(self, request: Request) -> None:
+        self.holders[request.slot] = None
+        self.cache.free(request.slot)
+
+    def usage(self, running: list[Request]) -> tuple[int, int]:
+        """(the slots' buffers, every slot's whole capacity; what `running`'s positions fill by the cache formula)."""
+        return (self.cache.nbytes_reserved(),
+                sum(self.info.cache_bytes_formula(len(r.prompt_ids) + len(r.new_ids) - 1) for r in running))
+
+
+class BlockMemory(PagedCache):
+    """A PagedCache that hands its blocks to requests: per request one table per layer group, grown as its
+    positions need blocks, shared through the prefix cache, given back the last first."""
+
+    def tables_of(self, request: Request) -> list[list[int | None]]:
+        return self.tables.setdefault(request.id, [[] for _ in self.layout.groups])
+
+    def grow(self, request: Request, positions: int) -> bool:
+        """Blocks for `positions` positions in every group's table; False (nothing taken) when too few are free."""
+        tables = self.tables_of(request)
+        needed = sum(max(0, self.layout.blocks(positions) - len(table)) for table in tables)
+        if needed > self.pool.n_free:
+            return False
+        for g, table in enumerate(tables):
+            while len(table) < self.layout.blocks(positions):
+                table.append(self.pool.allocate(g))
+        return True
+
+    def free(self, request: Request) -> None:
+        """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
+        prefix's later blocks are handed out again before its first ones)."""
+        for table in self.tables.pop(request.id, []):
+            self.pool.free([b for b in reversed(table) if b is not None])
+        request.hashes = []
+
+    def prefix_hit(self, request: Request) -> list[list[int]]:
+        """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
+        every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
+        logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
+        size, tokens = self.layout.block_size, request.tokens
+        most = min(request.prompt_len, len(tokens) - 1) // size
+        found: list[list[int]] = [[] for _ in self.layout.groups]
+        previous = None
+        for j in range(most):
+            block_tokens = tokens[j * size:(j + 1) * size]
+            previous = block_hash(previous, block_tokens)
+            ids = [self.pool.lookup(g, previous, block_tokens) for g in range(len(self.layout.groups))]
+            if None in ids:
+                break
+            for table, block_id in zip(found, ids):
+                table.append(block_id)
+        keep = len(found[0]) * size // ALIGN * ALIGN // size  # a hit of a multiple of ALIGN positions
+        if keep * size == request.prompt_len - 1:
+            keep = (keep * size - 1) // ALIGN * ALIGN // size  # two positions of the prompt at least (_chunk_end)
+        return [table[:keep] for table in found]
+
+    def can_admit(self, request: Request, hit: list[list[int]]) -> bool:
+        """Whether the blocks of every position the request has are free, less those the hit gives it (a hit's
+        block no one holds is counted: taking it takes it out of the free ones)."""
+        revived = sum(self.pool.blocks[b].refs == 0 for table in hit for b in table)
+        new = sum(self.layout.blocks(len(request.tokens)) - len(table) for table in hit)
+        return new + revived <= self.pool.n_free
+
+    def admit(self, request: Request, hit: list[list[int]]) -> None:
+        """The hit's blocks at the head of its tables, then blocks for every position it has."""
+        for table, ids in zip(self.tables_of(request), hit):
+            for block_id in ids:
+                self.pool.touch(block_id)
+                table.append(block_id)
+        request.hashes = []
+        self.grow(request, len(request.tokens))
+
+    def cache_blocks(self, request: Request) -> None:
+        """Let the prefix cache find the request's prompt blocks that are full and computed."""
+        size, tokens = self.layout.block_size, request.prompt_ids
+        tables = self.tables_of(request)
+        for j in range(len(request.hashes), min(request.computed, request.prompt_len) // size):
+            block_tokens = tokens[j * size:(j + 1) * size]
+            request.hashes.append(block_hash(request.hashes[-1] if request.hashes else None, block_tokens))
+            for table in tables:
+                self.pool.cache(table[j], request.hashes[-1], block_tokens)
+
+    def free_out_of_window(self, request: Request) -> None:
+        """A sliding group's blocks that every later query passes (its prompt done: no chunk reads from 0 again)."""
+        if request.computed < request.prompt_len:
+            return
+        size = self.layout.block_size
+        for group, table in zip(self.layout.groups, self.tables_of(request)):
+            if group.window is None:
+                continue
+            for j in range(first_seen(group.window, request.computed) // size):
+                if table[j] is not None:
+                    self.pool.free([table[j]])
+                    table[j] = None
+
+    def usage(self, running: list[Request]) -> tuple[int, int]:
+        """(bytes of the blocks held, bytes of the positions they hold): a block holds its positions up to its
+        owners' computed length; the rest of a last block is the waste."""
+        size = self.layout.block_size
+        filled: dict[int, int] = {}
+        for request in running:
+            for table in self.tables.get(request.id, []):
+                for j, block_id in enumerate(table):
+                    if block_id is not None:
+                        filled[block_id] = max(filled.get(block_id, 0), min(size, request.computed - j * size))
+        return (len(filled) * self.layout.block_bytes,
+                sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)
+
+
+def make_memory(info: ModelInfo, *, slots: int | None = None, layout: PagedLayout | None = None,
+                budget_bytes: int = 0, dtype: torch.dtype | None = None,
+                device: torch.device | None = None) -> KVMemory:
+    """`slots` padded slots, or a pool of blocks of `layout` in `budget_bytes` (dtype, device)."""
+    if slots is not None:
+        return SlotMemory(info, slots)
+    return BlockMemory(layout, budget_bytes // layout.block_bytes, dtype, device)
