@@ -135,8 +135,8 @@ def test_the_batched_decode_is_the_models_own_forward():
 
 
 # the serving room's own floors (issue 50): the request type below the memories, the memories below the servers
-SERVING_FLOORS = {"request": 0, "blocks": 0, "slots": 1, "paged": 1, "memory": 2, "tiers": 3, "scheduler": 4,
-                  "paged_server": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
+SERVING_FLOORS = {"request": 0, "blocks": 0, "slots": 1, "paged": 1, "memory": 2, "runner": 2, "tiers": 3,
+                  "scheduler": 4, "paged_server": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
 
 
 def test_the_serving_room_imports_downward():
@@ -146,3 +146,15 @@ def test_the_serving_room_imports_downward():
         for target in edges[f"model.serving.{module}"]:
             name = target.removeprefix("model.serving.")
             assert name not in SERVING_FLOORS or SERVING_FLOORS[name] < level, (module, name)
+
+
+def test_the_paged_pass_calls_the_model_in_one_place():
+    """The model's forward is called in runner.py (the server's step, the prefill worker, the tier's crossover),
+    slots.py (the padded decode, until the padded server is a memory under the one scheduler; its prefills go
+    through NativeModel.forward, the solo path) and the measurements (measure.py) only. Made red once by the prefill
+    worker's own call."""
+    allowed = {"runner.py", "slots.py", "measure.py"}
+    for path in (ROOT / "model" / "serving").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "module":
+                assert path.name in allowed, (path.name, ast.unparse(node))

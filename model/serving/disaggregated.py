@@ -45,9 +45,10 @@ import torch.distributed as dist
 
 from model.engine.loading import load_model
 from model.engine.runtime import LoadedModel, NativeModel
-from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+from model.serving.paged import PagedCache, PagedLayout
 from model.serving.paged_server import PagedServer, PagedSettings, PagedStep
 from model.serving.request import Request
+from model.serving.runner import prompt_alone, run_rows
 from model.serving.scheduler import StepProgress
 
 log = logging.getLogger(__name__)
@@ -139,13 +140,9 @@ def prefill_worker(conn, store_file: str, model_name: str, device: str, block_si
                 break
             _, request, ids = message
             n = len(ids)
-            cache.reset()
-            cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
-                               for g in range(len(layout.groups))]
-            paged = PagedPass(cache, [Row(0, 0, n, True, n)], model.device)
+            rows = prompt_alone(cache, n)
             t0 = time.perf_counter()
-            logits = model.module(torch.tensor([ids], device=model.device), paged, positions=paged.positions,
-                                  keys=paged.row_keys, last_logits_only=True).logits[0, 0].float()
+            logits = run_rows(model.module, cache, rows, torch.tensor([ids], device=model.device))[0].float()
             prefill_ms = (time.perf_counter() - t0) * 1000
             parts = []
             for table, held in zip(cache.tables[0], held_positions(layout, n)):

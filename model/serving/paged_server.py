@@ -43,8 +43,9 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
 from model.serving.memory import make_memory
-from model.serving.paged import PagedLayout, PagedPass, Row
+from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
+from model.serving.runner import run_rows
 from model.serving.scheduler import Progress, StepProgress
 from model.serving.tiers import Offload, check_tier, tier_maker
 
@@ -402,13 +403,11 @@ class PagedServer:
         forward_ms, logits = 0.0, None
         if rows:
             device = self.model.device
-            paged = PagedPass(self.cache, rows, device)
             ids = torch.tensor([[by_id[r.request].tokens[p] for r in rows for p in range(r.start, r.end)]],
                                device=device)                                             # (1, N)
             synchronize(device)
             t0 = progress.clock()
-            logits = self.model.module(ids, paged, positions=paged.positions, keys=paged.row_keys,
-                                       last_logits_only=True, after_layer=progress.after_layer).logits[0]
+            logits = run_rows(self.model.module, self.cache, rows, ids, progress.after_layer)  # (rows, vocab)
             synchronize(device)
             forward_ms = (progress.clock() - t0) * 1000
         # from here on the step runs to its end: nothing below reports

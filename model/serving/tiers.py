@@ -45,7 +45,8 @@ import torch
 
 from model.engine.runtime import NativeModel, synchronize
 from model.errors import InputError
-from model.serving.paged import PagedCache, PagedLayout, PagedPass, Row
+from model.serving.paged import PagedCache, PagedLayout
+from model.serving.runner import prompt_alone, run_rows
 from model.weights.catalog import env_megabytes
 
 log = logging.getLogger(__name__)
@@ -478,16 +479,12 @@ def _measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folde
     measured = []
     try:
         for n in points:
-            cache.reset()
-            cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))]
-                               for g in range(len(layout.groups))]
+            rows = prompt_alone(cache, n)
             times = {"out": [], "in": [], "recompute": []}
             for repeat in range(CROSSOVER_REPEATS + 1):
-                paged = PagedPass(cache, [Row(0, 0, n, True, n)], device)
                 synchronize(device)
                 t0 = time.perf_counter()
-                model.module(ids[:, :n].to(device), paged, positions=paged.positions, keys=paged.row_keys,
-                             last_logits_only=True)
+                run_rows(model.module, cache, rows, ids[:, :n].to(device))
                 synchronize(device)
                 recompute_ms = (time.perf_counter() - t0) * 1000
                 before = (offload.moves.ms_out, offload.moves.ms_in)
