@@ -80,7 +80,7 @@ pages = [st.Page(p.path, title=t(p.title_key), icon=p.icon, url_path="" if p is 
                  default=p is map_spec) for p in PAGES]
 pages += [st.Page(map_spec.path, title=t(map_spec.title_key), icon=map_spec.icon, url_path=address,
                   visibility="hidden") for address in [map_spec.url] + ([asked] if unknown else [])]
-shown = st.navigation(pages)
+shown = st.navigation(pages, expanded=True)  # every page in the sidebar: past 12 Streamlit folds some under "View more"
 if unknown and shown.url_path == asked:
     st.info(t("nav.not_found", path=md_escape("/" + asked)))
 shown.run()
