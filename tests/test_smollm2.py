@@ -284,6 +284,7 @@ def test_browser_chat_with_smollm2_shows_template_tokens_and_the_answer(app_serv
     # Decode's strip folds a long context (ui/step_view: the first 4 chips and the latest 16): its last chips are the
     # prefill's drawn token, then one more a Next
     for drawn in (["The", " capital"], ["The", " capital", " of"]):
+        wait_idle(page, timeout_ms=180_000)  # a click while Decode's first run draws can be lost under load
         page.get_by_role("button", name=step).first.click()
         page.wait_for_function("want => JSON.stringify([...document.querySelectorAll('.tok')].slice(-want.length)"
                                ".map(chip => chip.innerText.split('\\n')[0])) === JSON.stringify(want)",
