@@ -29,6 +29,7 @@ from ui.classroom import key_figure, localised, settings, why
 from ui.errors import error_sentence, guarded
 from ui.i18n import decimal, number, scientific, t
 from ui.models import current_model
+from ui.state import keep_across_pages
 from ui.widgets import table_html
 
 MEASURE_AT_OPEN = ("small",)  # models whose three runs take about two seconds on one CPU thread
@@ -44,6 +45,8 @@ native = info.backend == "native"
 device, threads = machine(model)
 where = dict(model=info.name, dtype=info.dtype, device=device, threads=threads)
 store = st.session_state.setdefault("kv_measured", {})
+# the bound's settings survive a visit to another page; the window's first value fits the first model's context
+keep_across_pages({"kv_sinks": 4, "kv_window": max(1, min(60, info.context_length // 4 - 4))})
 
 
 def measured(lesson: str, action, label: str):
@@ -117,9 +120,8 @@ with why("kv_bytes"):
 st.subheader(t("kv.lesson_along"))
 with settings("kv"):
     s1, s2 = st.columns(2)
-    sinks = s1.number_input(t("kv.sinks"), min_value=0, max_value=64, value=4, key="kv_sinks")
-    window = s2.number_input(t("kv.window"), min_value=1, max_value=1024,
-                             value=max(1, min(60, info.context_length // 4 - 4)), key="kv_window")
+    sinks = s1.number_input(t("kv.sinks"), min_value=0, max_value=64, key="kv_sinks")
+    window = s2.number_input(t("kv.window"), min_value=1, max_value=1024, key="kv_window")
 try:
     check_window(model, int(sinks), int(window))
     refusal = None

@@ -83,3 +83,15 @@ def test_a_model_with_sliding_layers_gets_the_sentence_instead_of_the_curves(sma
     at = open_app("app_pages/kv.py", lang="en", model_name="small", device="cpu", prompt_mode="text")
     assert [c.proto.id for c in at.get("plotly_chart")] and len(at.get("plotly_chart")) == 2
     assert text("kv.sliding", "en").format(model="small") in [i.value for i in at.info]
+
+
+def test_the_bounds_settings_survive_a_visit_to_another_page():
+    """Streamlit forgets a widget's value after a run of another page: sinks 2 and window 20 came back as 4 and 28
+    before the page kept its keys (ui/state.keep_across_pages)."""
+    at = open_app("app_pages/kv.py", lang="en", model_name="small", device="cpu", prompt_mode="text")
+    at.number_input(key="kv_sinks").set_value(2).run()
+    at.number_input(key="kv_window").set_value(20).run()
+    at.switch_page("app_pages/cache.py").run()
+    at.switch_page("app_pages/kv.py").run()
+    assert (at.number_input(key="kv_sinks").value, at.number_input(key="kv_window").value) == (2, 20)
+    assert not at.exception
