@@ -81,7 +81,7 @@ def kept_figure(run) -> dict:
     fed = len(run.nll["full"])
     rows = [(t("kv.policy_sinks"), run.kept["sinks"][0]), (t("kv.policy_window"), run.kept["window"][0])]
     rows += [(t("kv.kept_h2o_layer", layer=layer), held) for layer, held in enumerate(run.kept["heavy_hitters"])]
-    z = [[1 if p in set(held) else 0 for p in range(fed)] for _, held in rows]
+    z = [[int(p in kept) for p in range(fed)] for kept in (set(held) for _, held in rows)]
     heat = dict(type="heatmap", z=z, x=list(range(fed)), y=[name for name, _ in rows], zmin=0, zmax=1,
                 colorscale=[[0, "#f1f3f5"], [1, charts.KEPT]], showscale=False, xgap=0, ygap=2,
                 hovertemplate="%{y} · %{x}<extra></extra>")

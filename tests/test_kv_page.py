@@ -1,5 +1,6 @@
 """The "KV cache in fewer bytes" page (app_pages/kv.py) and its lessons' numbers (model/serving/kv_lessons.py)."""
 
+import json
 import math
 
 import numpy as np
@@ -64,6 +65,8 @@ def test_the_page_draws_its_three_pictures_on_small(lang):
     assert not at.error
     charts = [c.proto.id for c in at.get("plotly_chart")]
     assert len(charts) == 4, charts  # bytes, the curves, the positions each bounded cache kept, the sinks
+    kept = json.loads(at.get("plotly_chart")[2].proto.spec)["data"][0]["z"]
+    assert [sum(row) for row in kept] == [4 + 28] * (2 + 4)  # every cache at its budget: 2 policies, H2O's 4 layers
     html = " ".join(h.proto.body for h in at.get("html"))
     assert "int8" in html and "fp8" in html and "H2O" in html
 
