@@ -1,7 +1,7 @@
 """Paged KV: the KV cache as a server's memory. A built-in queue served step by step on a paged cache (its block pool,
 a request's block table, the lanes of prompt chunks beside decode rows), then served again under what it is compared
 with (padded slots, no prefix cache, no chunks), side by side. The engine's work is model/serving/ (paged.py,
-paged_server.py, kv_runs.py)."""
+engine.py, kv_runs.py)."""
 
 from itertools import pairwise
 

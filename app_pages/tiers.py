@@ -10,8 +10,8 @@ import streamlit as st
 from model.engine.generate import session_budget_bytes
 from model.serving import kv_runs, queues
 from model.serving.disaggregated import live_workers, max_workers, worker_bytes
+from model.serving.engine import mib_up
 from model.serving.forecast import first_move_out
-from model.serving.paged_server import mib_up
 from model.serving.tiers import tier_file_bytes, tier_kind
 from ui.classroom import key_figure, settings, why
 from ui.errors import callback_error_here, guarded

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from model.serving.disaggregated import DisaggregatedServer
+from model.serving.engine import Engine, EngineSettings
 from model.serving.kv_runs import default_budget
-from model.serving.paged_server import PagedServer, PagedSettings
 from model.serving.queues import built_in_queue
 
 
@@ -22,8 +22,8 @@ def served(server):
 @pytest.fixture(scope="module")
 def one_process(small):
     requests = built_in_queue(small, "mixed")
-    settings = PagedSettings(budget_bytes=default_budget(small, "mixed", requests, 16))
-    return requests, settings, served(PagedServer(small, [dataclasses.replace(r).restart() for r in requests],
+    settings = EngineSettings(budget_bytes=default_budget(small, "mixed", requests, 16))
+    return requests, settings, served(Engine(small, [dataclasses.replace(r).restart() for r in requests],
                                                   settings))
 
 

@@ -136,7 +136,7 @@ def test_the_batched_decode_is_the_models_own_forward():
 
 # the serving room's own floors (issue 50): the request type below the memories, the memories below the servers
 SERVING_FLOORS = {"request": 0, "blocks": 0, "slots": 1, "paged": 1, "memory": 2, "runner": 2, "tiers": 3,
-                  "scheduler": 4, "paged_server": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
+                  "scheduler": 4, "engine": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
 
 
 def test_the_serving_room_imports_downward():

@@ -1,4 +1,4 @@
-"""The paged KV cache (model/serving/paged.py, paged_server.py): every request's tokens and logits are its solo run's
+"""The paged KV cache (model/serving/paged.py, engine.py): every request's tokens and logits are its solo run's
 in each mode (paged, a small block size, the prefix cache, chunked prefill, preemption by recompute, and all of them
 together), on random Llama and Gemma 3 models, small, and the real SmolLM2 and Gemma 3 270M; the prefix cache
 prefills only the rest; chunks ride with decode rows; sliding groups free what their window passed; a reset frees
@@ -16,8 +16,8 @@ from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
 from model.errors import InputError
+from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import ALIGN
-from model.serving.paged_server import PagedServer, PagedSettings
 from model.serving.scheduler import Request
 
 MB = 2**20
@@ -72,10 +72,10 @@ def queue(model, lengths: list[int], new_tokens: int, shared: int = 0, arrivals:
     return [Request(i, p, new_tokens, arrival_step=(arrivals or [0] * len(lengths))[i]) for i, p in enumerate(prompts)]
 
 
-def serve_and_check(model, requests, settings: PagedSettings, monkeypatch, tol: float) -> PagedServer:
+def serve_and_check(model, requests, settings: EngineSettings, monkeypatch, tol: float) -> Engine:
     """Serve the queue to its end; every request's tokens and every logit it drew from against its solo run."""
     seen = recording(monkeypatch)
-    server = PagedServer(model, requests, settings)
+    server = Engine(model, requests, settings)
     while not server.finished:
         server.step()
     for r in requests:
@@ -91,7 +91,7 @@ def serve_and_check(model, requests, settings: PagedSettings, monkeypatch, tol: 
 def least_budget(model, requests, block_size: int) -> int:
     """The smallest budget the server takes for this queue, as its refusal says it (MiB, rounded up)."""
     with pytest.raises(InputError) as refused:
-        PagedServer(model, requests, PagedSettings(block_size=block_size, budget_bytes=1))
+        Engine(model, requests, EngineSettings(block_size=block_size, budget_bytes=1))
     return int(refused.value.details["least_number"] * MB)
 
 
@@ -112,7 +112,7 @@ def test_every_request_is_its_solo_run_in_each_mode(name, tol, mode, request, mo
     model = request.getfixturevalue(name)
     new = min(12, model.info.context_length - 17 - max(LENGTHS))
     requests = queue(model, LENGTHS, new, shared=17, arrivals=ARRIVALS)
-    server = serve_and_check(model, requests, PagedSettings(budget_bytes=4 * MB, **MODES[mode]), monkeypatch, tol)
+    server = serve_and_check(model, requests, EngineSettings(budget_bytes=4 * MB, **MODES[mode]), monkeypatch, tol)
     assert max(len(s.spans) for s in server.steps) >= 2  # requests side by side in one pass
 
 
@@ -123,7 +123,7 @@ def test_a_preempted_request_computes_its_positions_again_and_stays_its_solo_run
     admitted request gives its blocks back and is computed again later, prompt and written tokens."""
     model = request.getfixturevalue(name)
     requests = queue(model, [5, 30, 12, 20], min(24, model.info.context_length - 31))
-    settings = PagedSettings(block_size=4, budget_bytes=int(least_budget(model, requests, 4) * 1.3),
+    settings = EngineSettings(block_size=4, budget_bytes=int(least_budget(model, requests, 4) * 1.3),
                              prefix_cache=True)
     server = serve_and_check(model, requests, settings, monkeypatch, tol)
     preempted = [rid for s in server.steps for rid in s.preempted]
@@ -137,7 +137,7 @@ def test_the_prefix_cache_prefills_only_what_follows_the_shared_blocks(small):
     """Five prompts after the same 40 ids, one arriving a step: the first prefills all, each later one finds the
     first 32 positions (two blocks of 16; the third block is not full) and prefills the rest."""
     requests = queue(small, [4, 9, 2, 14, 6], 4, shared=40, arrivals=[0, 1, 2, 3, 4])
-    with_cache = PagedServer(small, requests, PagedSettings(budget_bytes=4 * MB, prefix_cache=True))
+    with_cache = Engine(small, requests, EngineSettings(budget_bytes=4 * MB, prefix_cache=True))
     while not with_cache.finished:
         with_cache.step()
     hits = {rid: n for s in with_cache.steps for rid, n in s.cached_positions.items()}
@@ -153,7 +153,7 @@ def test_a_hit_is_a_multiple_of_align_positions_whatever_the_block_size(small):
     paths off the kernels (torch's softmax finishes a row's last keys outside its vector loop); in the kernels each
     query is attended over its keys alone (attend_spans) wherever its chunk starts."""
     requests = queue(small, [4, 9], 4, shared=40, arrivals=[0, 1])
-    server = PagedServer(small, requests, PagedSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True))
+    server = Engine(small, requests, EngineSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True))
     while not server.finished:
         server.step()
     assert {rid: n for s in server.steps for rid, n in s.cached_positions.items()} == {0: 0, 1: 32}
@@ -165,7 +165,7 @@ def test_a_hit_shorter_than_align_positions_is_not_taken(small, monkeypatch):
     (under torch's softmax, off the kernels, those keys come from the first request's 12-position prefill's scalar
     tail, 2e-6 away from the solo run's), so it is not taken: its tokens and logits still its solo run's."""
     requests = queue(small, [3, 21], 6, shared=9, arrivals=[0, 1])
-    server = serve_and_check(small, requests, PagedSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True),
+    server = serve_and_check(small, requests, EngineSettings(block_size=4, budget_bytes=4 * MB, prefix_cache=True),
                              monkeypatch, EXACT)
     assert {rid: n for s in server.steps for rid, n in s.cached_positions.items()} == {0: 0, 1: 0}
 
@@ -175,7 +175,7 @@ def test_a_chunk_reads_the_keys_of_its_whole_prompt(wide_gemma3, monkeypatch):
     (attend_spans: each query over exactly the keys it sees, in one fixed order of sums), as the prompt's one prefill
     attends them: its solo run (within GELU_TOL: Gemma's GELU is torch's)."""
     requests = queue(wide_gemma3, [400], 3)
-    serve_and_check(wide_gemma3, requests, PagedSettings(budget_bytes=8 * MB, chunk=100), monkeypatch, GELU_TOL)
+    serve_and_check(wide_gemma3, requests, EngineSettings(budget_bytes=8 * MB, chunk=100), monkeypatch, GELU_TOL)
 
 
 @needs_kernels
@@ -199,14 +199,14 @@ def test_gemma_rows_are_their_solo_runs_within_gelu_tol_where_the_gelu_rounds_by
     for mlp in (m for m in wide_gemma3.module.modules() if isinstance(m, MLP)):
         monkeypatch.setattr(mlp, "activation", by_rows)
     requests = queue(wide_gemma3, [5, 40, 17], 8, arrivals=[0, 0, 2])
-    serve_and_check(wide_gemma3, requests, PagedSettings(budget_bytes=4 * MB, chunk=16), monkeypatch, tol)
+    serve_and_check(wide_gemma3, requests, EngineSettings(budget_bytes=4 * MB, chunk=16), monkeypatch, tol)
 
 
 def test_a_chunk_rides_with_the_decode_rows_in_one_step(wide_gemma3):
     """A 100-position prompt joins two decoding requests with chunks of 32: each step carries one chunk (ends at 32,
     64, 96, then the prompt's end 100) and one decode row per running request, in one pass."""
     requests = queue(wide_gemma3, [5, 7, 100], 20, arrivals=[0, 0, 2])
-    server = PagedServer(wide_gemma3, requests, PagedSettings(budget_bytes=4 * MB, chunk=32))
+    server = Engine(wide_gemma3, requests, EngineSettings(budget_bytes=4 * MB, chunk=32))
     while not server.finished:
         server.step()
     chunks = [(s.index, span.start, span.stop) for s in server.steps for span in s.spans if span.request == 2
@@ -221,7 +221,7 @@ def test_a_chunk_rides_with_the_decode_rows_in_one_step(wide_gemma3):
 
 def test_without_chunks_the_whole_prompt_rides_in_one_step(wide_gemma3):
     requests = queue(wide_gemma3, [5, 7, 100], 20, arrivals=[0, 0, 2])
-    server = PagedServer(wide_gemma3, requests, PagedSettings(budget_bytes=4 * MB))
+    server = Engine(wide_gemma3, requests, EngineSettings(budget_bytes=4 * MB))
     server.step(), server.step()
     third = server.step()
     assert [(s.request, s.start, s.stop, s.kind) for s in third.spans] == [(0, 6, 7, "decode"), (1, 8, 9, "decode"),
@@ -232,7 +232,7 @@ def test_a_sliding_group_frees_the_blocks_its_window_passed(wide_gemma3):
     """Window 24, blocks of 8: once a request's next query is at position p, its sliding tables let go of the
     blocks before p − 23; its full table keeps every block."""
     requests = queue(wide_gemma3, [20], 60)
-    server = PagedServer(wide_gemma3, requests, PagedSettings(block_size=8, budget_bytes=4 * MB))
+    server = Engine(wide_gemma3, requests, EngineSettings(block_size=8, budget_bytes=4 * MB))
     while not server.finished:
         step = server.step()
         if server.running:
@@ -248,7 +248,7 @@ def test_admission_waits_for_free_blocks_and_memory_counts_the_tails(tiny_gqa):
     are the blocks held, those held the positions they hold."""
     requests = queue(tiny_gqa, [30, 30, 30], 2)
     block_bytes = 16 * 3 * 2 * 2 * 8 * 4                                  # positions × layers × K, V × n_kv × d × 4
-    server = PagedServer(tiny_gqa, requests, PagedSettings(budget_bytes=5 * block_bytes))
+    server = Engine(tiny_gqa, requests, EngineSettings(budget_bytes=5 * block_bytes))
     first = server.step()
     assert first.admitted == [0, 1] and first.running == 2
     assert (first.bytes_reserved, first.bytes_held) == (4 * block_bytes, 2 * 30 * block_bytes // 16)
@@ -259,7 +259,7 @@ def test_admission_waits_for_free_blocks_and_memory_counts_the_tails(tiny_gqa):
 
 def test_reset_frees_every_block_and_serves_the_same_tokens_again(small):
     requests = queue(small, LENGTHS, 6, shared=17, arrivals=ARRIVALS)
-    server = PagedServer(small, requests, PagedSettings(budget_bytes=4 * MB, prefix_cache=True))
+    server = Engine(small, requests, EngineSettings(budget_bytes=4 * MB, prefix_cache=True))
     for _ in range(3):
         server.step()
     assert server.cache.pool.n_free < server.cache.n_blocks
@@ -280,8 +280,8 @@ def test_a_step_stopped_between_two_layers_runs_its_plan_again(small):
         raise Stop
 
     requests = queue(small, [5, 30], 4)
-    never = PagedServer(small, queue(small, [5, 30], 4), PagedSettings(budget_bytes=4 * MB, chunk=16))
-    stopped = PagedServer(small, requests, PagedSettings(budget_bytes=4 * MB, chunk=16))
+    never = Engine(small, queue(small, [5, 30], 4), EngineSettings(budget_bytes=4 * MB, chunk=16))
+    stopped = Engine(small, requests, EngineSettings(budget_bytes=4 * MB, chunk=16))
     while not never.finished:
         never.step()
         with pytest.raises(Stop):
@@ -293,27 +293,27 @@ def test_a_step_stopped_between_two_layers_runs_its_plan_again(small):
 
 def test_bad_paged_input_is_one_sentence(tiny_gqa):
     requests = queue(tiny_gqa, [5, 30], 10)
-    for settings, code in ((PagedSettings(block_size=3), "paged_block_size"),
-                           (PagedSettings(block_size=0), "paged_block_size"),
-                           (PagedSettings(block_size=128), "paged_block_size"),   # past the context of 64
-                           (PagedSettings(chunk=8), "paged_chunk"), (PagedSettings(chunk=65), "paged_chunk")):
+    for settings, code in ((EngineSettings(block_size=3), "paged_block_size"),
+                           (EngineSettings(block_size=0), "paged_block_size"),
+                           (EngineSettings(block_size=128), "paged_block_size"),   # past the context of 64
+                           (EngineSettings(chunk=8), "paged_chunk"), (EngineSettings(chunk=65), "paged_chunk")):
         with pytest.raises(InputError) as bad:
-            PagedServer(tiny_gqa, requests, settings)
+            Engine(tiny_gqa, requests, settings)
         assert bad.value.code == code
     with pytest.raises(InputError) as poor:
-        PagedServer(tiny_gqa, requests, PagedSettings(budget_bytes=1000))
+        Engine(tiny_gqa, requests, EngineSettings(budget_bytes=1000))
     # the longest request holds 30 + 10 − 1 = 39 positions: 3 blocks of 16 × 3 layers × 2 × 2 KV heads × 8 × 4 bytes
     least = 3 * 16 * 3 * 2 * 2 * 8 * 4
     assert least / MB == pytest.approx(0.0176, abs=1e-4)    # said rounded up: a budget of 0.02 MiB holds it
     assert poor.value.code == "paged_budget" and "is 0.02 MiB" in poor.value.message("en")
-    PagedServer(tiny_gqa, requests, PagedSettings(budget_bytes=least))
+    Engine(tiny_gqa, requests, EngineSettings(budget_bytes=least))
 
 
 @needs_kernels
 @needs_smollm2
 def test_smollm2_requests_are_their_solo_runs_paged_with_prefix_cache_and_chunks(smollm2, monkeypatch):
     requests = queue(smollm2, [3, 40, 25, 61], 5, shared=24, arrivals=[0, 0, 1, 2])
-    serve_and_check(smollm2, requests, PagedSettings(budget_bytes=32 * MB, prefix_cache=True, chunk=32),
+    serve_and_check(smollm2, requests, EngineSettings(budget_bytes=32 * MB, prefix_cache=True, chunk=32),
                     monkeypatch, EXACT)
 
 
@@ -321,7 +321,7 @@ def test_smollm2_requests_are_their_solo_runs_paged_with_prefix_cache_and_chunks
 @needs_smollm2
 def test_smollm2_requests_are_their_solo_runs_through_preemptions(smollm2, monkeypatch):
     requests = queue(smollm2, [12, 50, 30], 24)
-    settings = PagedSettings(block_size=8, budget_bytes=int(least_budget(smollm2, requests, 8) * 1.3))
+    settings = EngineSettings(block_size=8, budget_bytes=int(least_budget(smollm2, requests, 8) * 1.3))
     server = serve_and_check(smollm2, requests, settings, monkeypatch, EXACT)
     assert any(s.preempted for s in server.steps)
 
@@ -332,6 +332,6 @@ def test_gemma3_requests_are_their_solo_runs_past_the_window_in_chunks_and_with_
     """A prompt of 560 positions in chunks of 128 past the 512-position window (its sliding keys read from position
     0, as the solo run's one prefill reads them), a second one finding its first 544 positions cached."""
     requests = queue(gemma3, [16, 26], 3, shared=544, arrivals=[0, 6])
-    server = serve_and_check(gemma3, requests, PagedSettings(budget_bytes=160 * MB, prefix_cache=True, chunk=128),
+    server = serve_and_check(gemma3, requests, EngineSettings(budget_bytes=160 * MB, prefix_cache=True, chunk=128),
                              monkeypatch, GELU_TOL)
     assert {rid: n for s in server.steps for rid, n in s.cached_positions.items()} == {0: 0, 1: 544}

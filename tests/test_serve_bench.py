@@ -16,7 +16,7 @@ from model.engine.lowbit import with_weights
 from model.errors import InputError
 from model.serving import costs, measure, workload
 from model.serving.costs import matmul_params, weight_bytes
-from model.serving.paged_server import PagedServer, PagedSettings
+from model.serving.engine import Engine, EngineSettings
 from model.serving.scheduler import Request, Server
 
 
@@ -83,7 +83,7 @@ def test_the_pool_holds_the_models_kv_dtype_named_on_its_info(weights, kv, small
     is that named fact (ModelInfo.kv_dtype), not read off the stand-in that packing leaves for a weight."""
     model = with_weights(small, weights)
     assert model.info.kv_dtype == str(kv).removeprefix("torch.") and model.kv_dtype == kv
-    server = PagedServer(model, [Request(0, [1, 5, 73], 2)], PagedSettings(budget_bytes=2**20))
+    server = Engine(model, [Request(0, [1, 5, 73], 2)], EngineSettings(budget_bytes=2**20))
     assert server.cache.keys.dtype == server.cache.values.dtype == kv
 
 

@@ -1,4 +1,4 @@
-"""The paged cache's second tier (model/serving/tiers.py, PagedServer with `offload`): a preempted request's blocks
+"""The paged cache's second tier (model/serving/tiers.py, Engine with `offload`): a preempted request's blocks
 moved out to a file and back, its tokens and logits its solo run's; a tier that cannot be made is one
 sentence before any step; a tier too full, or a block that comes back damaged, has its request computed again and
 the step says so; a reset and a close delete the file; the crossover is the fewest positions from which a round
@@ -16,21 +16,21 @@ from test_batch import EXACT, row_tol
 from test_paged import MB, least_budget, queue, serve_and_check, wide_gemma3  # noqa: F401  (wide_gemma3: the fixture)
 
 from model.errors import InputError
+from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedLayout
-from model.serving.paged_server import PagedServer, PagedSettings
 from model.serving.tiers import TIER_FILE_PREFIX, Crossover, CrossoverPoint, disk_tier, measure_crossover
 
 
-def tight(model, folder, **settings) -> tuple[list, PagedSettings]:
+def tight(model, folder, **settings) -> tuple[list, EngineSettings]:
     """Four requests to their budgets under a pool of 1.3 × the smallest budget: growing decodes preempt."""
     requests = [dataclasses.replace(r, ignore_eos=True)
                 for r in queue(model, [5, 30, 12, 20], min(40, model.info.context_length - 31))]
     budget = int(least_budget(model, requests, 4) * 1.3)
-    return requests, PagedSettings(block_size=4, budget_bytes=budget, offload="disk", tier_folder=str(folder),
+    return requests, EngineSettings(block_size=4, budget_bytes=budget, offload="disk", tier_folder=str(folder),
                                    **settings)
 
 
-def events(server: PagedServer) -> list[str]:
+def events(server: Engine) -> list[str]:
     return [what for step in server.steps for _, what in step.tier]
 
 
@@ -41,7 +41,7 @@ def tier_files(folder) -> list[Path]:
 def scribbled_after_preemption(monkeypatch) -> None:
     """Every free block's keys and values set to NaN after each preemption: a request moved back in reads only what
     came back from the tier (a block the pool hands out again could otherwise hold its old bytes still)."""
-    preempt = PagedServer._preempt
+    preempt = Engine._preempt
 
     def scribbled(self, seq, tier):
         preempt(self, seq, tier)
@@ -49,7 +49,7 @@ def scribbled_after_preemption(monkeypatch) -> None:
         self.cache.keys[:, :, free] = float("nan")
         self.cache.values[:, :, free] = float("nan")
 
-    monkeypatch.setattr(PagedServer, "_preempt", scribbled)
+    monkeypatch.setattr(Engine, "_preempt", scribbled)
 
 
 @pytest.mark.parametrize("name", ["small", "wide_gemma3"])
@@ -79,7 +79,7 @@ def test_a_tier_too_small_has_its_victims_computed_again_and_says_so(small, tmp_
     assert set(events(server)) == {"full"} and server.offload.moves.blocks_out == 0
     assert any(s.kind == "recompute" for step in server.steps for s in step.spans)
     with pytest.raises(InputError) as refused:
-        PagedServer(small, requests, dataclasses.replace(settings, tier_bytes=layout.block_bytes - 1))
+        Engine(small, requests, dataclasses.replace(settings, tier_bytes=layout.block_bytes - 1))
     assert refused.value.code == "tier_budget" and "is 0.01 MiB" in refused.value.message("en")
 
 
@@ -93,7 +93,7 @@ def test_a_block_damaged_in_the_file_is_found_and_its_request_computed_again(sma
     requests, settings = tight(small, tmp_path)
     seen = {}
 
-    def flip_once(server: PagedServer, step) -> None:
+    def flip_once(server: Engine, step) -> None:
         out = [rid for rid, what in step.tier if what == "out"]
         if out and not seen:
             slot = next(s for table in server.offload.out[out[0]] for s in table if s is not None)
@@ -104,14 +104,14 @@ def test_a_block_damaged_in_the_file_is_found_and_its_request_computed_again(sma
                 file.write(bytes([byte[0] ^ 0x40]))
             seen["request"] = out[0]
 
-    original = PagedServer.step
+    original = Engine.step
 
     def stepped(self, report=None):
         step = original(self, report)
         flip_once(self, step)
         return step
 
-    monkeypatch.setattr(PagedServer, "step", stepped)
+    monkeypatch.setattr(Engine, "step", stepped)
     server = serve_and_check(small, requests, settings, monkeypatch, EXACT)
     damaged = [(step.index, rid) for step in server.steps for rid, what in step.tier if what == "damaged"]
     assert [rid for _, rid in damaged] == [seen["request"]]
@@ -124,7 +124,7 @@ def test_a_tier_file_cut_short_is_a_damaged_block_not_a_signal(small, tmp_path, 
     """The file truncated to 0 bytes while blocks are out (faults 2026-12-04 #1: through a memory mapping, SIGBUS
     ended the whole server): the blocks come back damaged and their request is computed again, tokens still solo."""
     requests, settings = tight(small, tmp_path)
-    original = PagedServer.step
+    original = Engine.step
 
     def stepped(self, report=None):
         step = original(self, report)
@@ -132,7 +132,7 @@ def test_a_tier_file_cut_short_is_a_damaged_block_not_a_signal(small, tmp_path, 
             os.truncate(self.offload.tier.path, 0)
         return step
 
-    monkeypatch.setattr(PagedServer, "step", stepped)
+    monkeypatch.setattr(Engine, "step", stepped)
     server = serve_and_check(small, requests, settings, monkeypatch, EXACT)
     assert "damaged" in events(server) and "in" not in events(server)
     server.close()
@@ -146,7 +146,7 @@ def test_reset_in_a_folder_made_read_only_succeeds_and_the_next_start_sweeps_the
         folder = Path(parent) / "tier"
         folder.mkdir()
         requests, settings = tight(small, folder)
-        server = PagedServer(small, requests, settings)
+        server = Engine(small, requests, settings)
         while "out" not in events(server):
             server.step()
         back = read_only(folder)
@@ -203,7 +203,7 @@ def test_a_folder_that_takes_no_file_is_said_so_not_missing(small):
 
 def test_reset_and_close_delete_the_tier_s_file(small, tmp_path):
     requests, settings = tight(small, tmp_path)
-    server = PagedServer(small, requests, settings)
+    server = Engine(small, requests, settings)
     assert len(tier_files(tmp_path)) == 1
     while "out" not in events(server):
         server.step()
@@ -239,7 +239,7 @@ def test_a_tier_folder_that_cannot_take_the_file_is_one_sentence_and_leaves_noth
             back = read_only(folder)
         try:
             with pytest.raises(InputError) as refused:
-                PagedServer(small, requests, settings)
+                Engine(small, requests, settings)
         finally:
             back()
         said = refused.value.message("en")
@@ -270,7 +270,7 @@ def test_a_disk_too_full_for_the_tier_is_one_sentence(small, tmp_path):
 def test_host_memory_is_not_a_tier_below_a_cpu_pool(small, tmp_path):
     requests, settings = tight(small, tmp_path)
     with pytest.raises(InputError) as refused:
-        PagedServer(small, requests, dataclasses.replace(settings, offload="host"))
+        Engine(small, requests, dataclasses.replace(settings, offload="host"))
     assert refused.value.code == "offload_host_on_cpu"
 
 

@@ -11,7 +11,7 @@ from html import escape
 import streamlit as st
 
 from model.engine.generate import session_budget_bytes
-from model.serving.paged_server import PagedServer, PoolView
+from model.serving.engine import Engine, PoolView
 from ui import svg
 from ui.i18n import decimal, number, t
 from ui.widgets import legend_html
@@ -83,7 +83,7 @@ def request_legend(requests: list[int], shared: bool = False) -> str:
 
 
 
-def draw_request_lanes(server: PagedServer) -> None:
+def draw_request_lanes(server: Engine) -> None:
     """What each request did at each step (svg.span_lanes_svg: its prompt, a recompute, a decode, waiting; a cross
     where it was preempted) and the legend; with a second tier, the steps its blocks waited there, from the step
     that moved them out to the one that brought them back."""

@@ -1,6 +1,6 @@
 """The Tiers and workers page's drawings: the pool beside the second tier's slots, what the tier did step by step,
 the crossover measured on this machine, and the two workers' lanes with each transfer's bytes beside the cache
-formula. The numbers come from model/serving (tiers.py, disaggregated.py, paged_server.py); here they are drawn."""
+formula. The numbers come from model/serving (tiers.py, disaggregated.py, engine.py); here they are drawn."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import streamlit as st
 
 from model.engine.runtime import LoadedModel
 from model.serving.disaggregated import DisaggregatedServer
+from model.serving.engine import Engine
 from model.serving.forecast import FirstMove
 from model.serving.paged import PagedLayout
-from model.serving.paged_server import PagedServer
 from model.serving.tiers import Crossover, measure_crossover
 from ui import svg
 from ui.errors import error_sentence
@@ -38,7 +38,7 @@ def ms(value: float | None) -> str:
     return "—" if value is None else decimal(value, 2)
 
 
-def draw_pool_and_tier(server: PagedServer) -> None:
+def draw_pool_and_tier(server: Engine) -> None:
     """The pool's blocks, then the tier's slots below (each as wide as the page), with what went out and came back
     in the last step, and the legend of the requests' colours."""
     offload = server.offload
@@ -74,7 +74,7 @@ def draw_pool_and_tier(server: PagedServer) -> None:
         st.error(error_sentence(offload.failure))
 
 
-def first_move_said(server: PagedServer, first: FirstMove | None, crossover: Crossover) -> str | None:
+def first_move_said(server: Engine, first: FirstMove | None, crossover: Crossover) -> str | None:
     """When the tier first moves blocks out: done (its step and request), or to come (its step, how many Next
     presses away, the victim and its positions: forecast.first_move_out, at Start), or not in this run; None where
     nothing moves on this machine (crossover_none says so) or the step foreseen passed with no move (the tier
@@ -93,7 +93,7 @@ def first_move_said(server: PagedServer, first: FirstMove | None, crossover: Cro
              request=first.request, positions=number(first.positions), crossover=number(crossover.positions))
 
 
-def step_events(server: PagedServer, crossover: Crossover) -> None:
+def step_events(server: Engine, crossover: Crossover) -> None:
     """This step's moves as a sentence, then every step's as a table: moved out, moved back, or computed again and
     why."""
     offload = server.offload

@@ -1,7 +1,7 @@
 """Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill, whose KV connector sends a
 prompt's KV cache from the prefill instance to the decode one): a prefill worker, a second process with the same
 model, computes each arriving prompt's keys and values and sends them with its last position's logits; this process,
-the decode worker, writes them into blocks of its pool and decodes (paged_server.PagedServer, its prompts
+the decode worker, writes them into blocks of its pool and decodes (engine.Engine, its prompts
 "received").
 
 - Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
@@ -45,8 +45,8 @@ import torch.distributed as dist
 
 from model.engine.loading import load_model
 from model.engine.runtime import LoadedModel, NativeModel
+from model.serving.engine import Engine, EngineSettings, StepRecord
 from model.serving.paged import PagedCache, PagedLayout
-from model.serving.paged_server import PagedServer, PagedSettings, PagedStep
 from model.serving.request import Request
 from model.serving.runner import prompt_alone, run_rows
 from model.serving.scheduler import StepProgress
@@ -324,13 +324,13 @@ class PrefillWorker:
         self._end()
 
 
-class DisaggregatedServer(PagedServer):
-    """A PagedServer whose prompts a PrefillWorker prefills: each request is sent there when it arrives, admitted
+class DisaggregatedServer(Engine):
+    """A Engine whose prompts a PrefillWorker prefills: each request is sent there when it arrives, admitted
     here once its keys and values are received (in order of arrival, as any other) and its blocks free. A request
     preempted here is computed again here. With nothing running and the next prompt not received yet, a step waits
     for it (on the clock: its TTFT counts the wait)."""
 
-    def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings, model_name: str):
+    def __init__(self, model: NativeModel, requests: list[Request], settings: EngineSettings, model_name: str):
         super().__init__(model, requests, settings)
         self.model_name = model_name
         self.pairing = pairing(model.device)  # the backend and the worker's device, said by the page and the CLI
@@ -352,16 +352,16 @@ class DisaggregatedServer(PagedServer):
         if self.worker is not None:
             self.worker.stop()
         self.worker = None
-        self.failure = (why, len(self.steps))
+        self.failure = (why, self.steps_run)
         for seq in self.waiting:
             if seq.kv_at == "remote" and seq.received_kv is None:
                 seq.kv_at = "here"
 
-    def step(self, report: Callable[[StepProgress], None] | None = None) -> PagedStep:
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> StepRecord:
         if self.plan is None and self.worker is None and self.failure is None:
             self._start()  # after a reset
         if self.plan is None and self.worker is not None:
-            self.received_ms += self._exchange(len(self.steps))
+            self.received_ms += self._exchange(self.steps_run)
         step = super().step(report)
         if self.finished and self.worker is not None:  # nothing left to prefill: the worker and the group let go
             self.worker.stop()
@@ -395,7 +395,7 @@ class DisaggregatedServer(PagedServer):
         return (time.perf_counter() - t0) * 1000
 
     def reset(self) -> None:
-        """As PagedServer.reset, and the worker ended (a new one starts at the next step)."""
+        """As Engine.reset, and the worker ended (a new one starts at the next step)."""
         if self.worker is not None:
             self.worker.stop()
         self.worker, self.failure, self.transfers = None, None, []

@@ -13,7 +13,7 @@ import dataclasses
 from typing import NamedTuple
 
 from model.engine.runtime import NativeModel
-from model.serving.paged_server import PagedServer, PagedSettings
+from model.serving.engine import Engine, EngineSettings
 from model.serving.request import Request
 
 
@@ -23,12 +23,12 @@ class FirstMove(NamedTuple):
     positions: int     # the positions it holds then
 
 
-class _Replay(PagedServer):
+class _Replay(Engine):
     """The server's scheduling with no model pass: each span's positions counted computed, a token (0) emitted
     where a span reaches its request's last position; every victim computed again, the first one holding at least
     `swap_from` positions noted."""
 
-    def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings, swap_from: int):
+    def __init__(self, model: NativeModel, requests: list[Request], settings: EngineSettings, swap_from: int):
         super().__init__(model, requests, dataclasses.replace(settings, offload=None, swap_from=None))
         self.swap_from, self.index, self.first = swap_from, 0, None
 
@@ -57,7 +57,7 @@ class _Replay(PagedServer):
         return self.first
 
 
-def first_move_out(model: NativeModel, requests: list[Request], settings: PagedSettings,
+def first_move_out(model: NativeModel, requests: list[Request], settings: EngineSettings,
                    swap_from: int | None) -> FirstMove | None:
     """The step, victim and positions of the tier run's first move out; None when none comes (no victim holds
     `swap_from` positions, or swap_from is None: nothing moves), or when a request may end at an eos (its length,

@@ -1,5 +1,5 @@
 """A queue served to its end under one KV cache setting, padded (scheduler.Server over today's SlotCache) or paged
-(paged_server.PagedServer), and what that run measured: requests at once, bytes reserved and held, the waste,
+(engine.Engine), and what that run measured: requests at once, bytes reserved and held, the waste,
 prefill positions, preemptions, tokens per second, each request's TTFT and ITL. serve-bench --queue and the Paged KV
 page both read it.
 """
@@ -15,8 +15,8 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.disaggregated import DisaggregatedServer
+from model.serving.engine import Engine, EngineSettings, check_paged, mib_up
 from model.serving.paged import PagedLayout
-from model.serving.paged_server import PagedServer, PagedSettings, check_paged, mib_up
 from model.serving.queues import compared_chunks
 from model.serving.request import Request
 from model.serving.scheduler import MAX_SLOTS, Server, StepProgress
@@ -40,8 +40,8 @@ class KVSettings:
                                        # process
 
     @property
-    def paged(self) -> PagedSettings:
-        return PagedSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk, self.offload,
+    def paged(self) -> EngineSettings:
+        return EngineSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk, self.offload,
                              self.tier_folder, self.tier_bytes)
 
 
@@ -132,7 +132,7 @@ class QueueRun:
                     raise InputError("disaggregate_alone")
                 self.server = DisaggregatedServer(model, self.requests, paged, settings.prefill_worker)
             else:
-                self.server = PagedServer(model, self.requests, paged)
+                self.server = Engine(model, self.requests, paged)
         else:
             if settings.prefill_worker is not None:
                 raise InputError("padded_no_workers")

@@ -16,7 +16,7 @@ import numpy as np
 
 from model.engine.runtime import NativeModel
 from model.engine.tokenizer import encode_chat
-from model.serving.paged_server import MIN_CHUNK
+from model.serving.engine import MIN_CHUNK
 from model.serving.request import Request
 from model.serving.timing import filler_ids
 

@@ -23,6 +23,7 @@ class Request:
     settings: SamplingSettings = field(default_factory=SamplingSettings)
     arrival_step: int = 0                                 # the step it reaches the server at: none before waits for it
     ignore_eos: bool = False                              # run to its token budget (a benchmark's fixed lengths)
+    logprobs: int | None = None                           # per token, its log-probability and the top n (an API's)
     # what it has drawn
     new_ids: list[int] = field(default_factory=list)
     token_steps: list[int] = field(default_factory=list)  # the step each new token came out of
@@ -30,7 +31,10 @@ class Request:
     arrived_ms: float | None = None                       # the engine clock when its arrival step began
     joined_step: int | None = None
     left_step: int | None = None
-    stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens"
+    stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens" | "abort"
+    token_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # with `logprobs`:
+                                                          # per token, its log-probability and the top n (id, lp)
+    cached_positions: int = 0                             # positions its first admission found in the prefix cache
     # where its keys and values are
     slot: int | None = None                               # its padded slot
     computed: int = 0                                     # positions whose keys and values its blocks hold
@@ -49,7 +53,8 @@ class Request:
         """Back to not served: no tokens, no keys and values anywhere, not arrived."""
         self.slot = self.joined_step = self.left_step = self.stop_reason = self.arrived_ms = None
         self.new_ids, self.token_steps, self.token_ms, self.hashes = [], [], [], []
-        self.computed, self.preemptions, self.kv_at = 0, 0, "here"
+        self.token_logprobs = []
+        self.computed, self.preemptions, self.kv_at, self.cached_positions = 0, 0, "here", 0
         self.first_logits = self.received_kv = None
         self.prefill_ms = 0.0
         return self
@@ -74,10 +79,19 @@ class Request:
 
     def choose(self, logits: torch.Tensor) -> int:
         """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
-        draw index of its solo run (generate.py draws its k-th token, counting from 0, at step k)."""
+        draw index of its solo run (generate.py draws its k-th token, counting from 0, at step k). With `logprobs`,
+        the token's log-probability under the model's distribution (before temperature and filters, as vLLM returns
+        by default) and the top `logprobs` are kept."""
         if self.settings.greedy:
-            return int(torch.argmax(logits))
-        return sample(logits.float().cpu().numpy(), self.settings, len(self.new_ids)).chosen_id
+            chosen = int(torch.argmax(logits))
+        else:
+            chosen = sample(logits.float().cpu().numpy(), self.settings, len(self.new_ids)).chosen_id
+        if self.logprobs is not None:
+            log_p = torch.log_softmax(logits.float(), dim=-1)
+            top = torch.topk(log_p, self.logprobs) if self.logprobs else None
+            self.token_logprobs.append((float(log_p[chosen]), [] if top is None else
+                                        list(zip(top.indices.tolist(), top.values.tolist()))))
+        return chosen
 
     @property
     def ttft_ms(self) -> float | None:

@@ -235,7 +235,7 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
 
 
 def tier_slots(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
-    """The slots of the tier a PagedServer makes under this block size and budget: as many as the pool has blocks,
+    """The slots of the tier a Engine makes under this block size and budget: as many as the pool has blocks,
     or `tier_bytes`' worth."""
     layout = PagedLayout.of(model.info, block_size)
     return (budget_bytes if tier_bytes is None else tier_bytes) // layout.block_bytes
@@ -249,13 +249,13 @@ def tier_file_bytes(model: NativeModel, block_size: int, budget_bytes: int, tier
 
 
 def check_tier_folder(model: NativeModel, settings) -> None:
-    """The tier a PagedServer under `settings` (PagedSettings with an offload) makes, made and deleted at once: its
+    """The tier a Engine under `settings` (EngineSettings with an offload) makes, made and deleted at once: its
     folder's refusal names its own size, before anything else (the crossover's smaller scratch tier) is made."""
     layout = PagedLayout.of(model.info, settings.block_size)
     slots = tier_slots(model, settings.block_size, settings.budget_bytes, settings.tier_bytes)
     check_tier(settings.offload, model.device)
     if slots == 0:
-        return  # PagedServer refuses it (tier_budget)
+        return  # Engine refuses it (tier_budget)
     tier_maker(settings.offload, settings.tier_folder, slots, layout, model.kv_dtype)().close()
 
 
@@ -363,6 +363,11 @@ class Offload:
         self.moves.ms_in += (time.perf_counter() - t0) * 1000
         self.moves.blocks_in += len(slots)
         return tables
+
+    def forget(self, request: int) -> None:
+        """A moved-out request that will not come back (aborted): its slots free."""
+        out = self.out.pop(request, [])
+        self.tier.free([s for table in out for s in table if s is not None])
 
     def view(self) -> TierView:
         n = 0 if self.tier is None else self.tier.n_slots

@@ -11,8 +11,8 @@ from model.engine.counting import positions_with_cache, positions_without_cache
 from model.engine.generate import DEFAULT_NEW_TOKENS
 from model.engine.sampling import MAX_SEED
 from model.errors import InputError
+from model.serving.engine import MIN_CHUNK
 from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
-from model.serving.paged_server import MIN_CHUNK
 from model.serving.quality import MAX_TOKENS as MAX_QUALITY_TOKENS
 from model.serving.quality import MIN_TOKENS as MIN_QUALITY_TOKENS
 from model.serving.queues import QUEUES

@@ -17,8 +17,8 @@ from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
 from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
+from model.serving.engine import MIN_CHUNK
 from model.serving.kv_runs import KVSettings, QueueRun, default_budget
-from model.serving.paged_server import MIN_CHUNK
 from model.serving.queues import built_in_queue, queue_size
 from model.tools.options import check_option
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from model.engine.runtime import NativeModel, synchronize
-from model.engine.sampling import check_settings_or_refuse
+from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.memory import make_memory
 from model.serving.paged import PagedLayout, Row
@@ -54,7 +54,7 @@ MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow
 
 
 @dataclass(frozen=True)
-class PagedSettings:
+class EngineSettings:
     block_size: int = 16
     budget_bytes: int = 64 * 2**20
     prefix_cache: bool = False
@@ -63,6 +63,8 @@ class PagedSettings:
     tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary one)
     tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
+    history: int | None = None        # the last steps (and finished requests) kept; None: all (a queue's run), a
+                                      # number: a server that runs for hours keeps its memory bounded
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class PagedStep:
+class StepRecord:
     index: int
     spans: list[Span]
     admitted: list[int]           # requests given blocks this step
@@ -136,7 +138,7 @@ def smallest_budget(layout: PagedLayout, requests: list[Request]) -> int:
     return layout.request_blocks(longest) * layout.block_bytes
 
 
-def check_paged(model: NativeModel, settings: PagedSettings, requests: list[Request]) -> None:
+def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Request]) -> None:
     """A block size that is a power of two within the context, a chunk of MIN_CHUNK positions to the context, and
     a budget that holds the longest request whole (else it could never run to its end), each refused in one
     sentence."""
@@ -151,7 +153,7 @@ def check_paged(model: NativeModel, settings: PagedSettings, requests: list[Requ
         if len(request.prompt_ids) >= context:
             raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
     layout = PagedLayout.of(model.info, size)
-    least = smallest_budget(layout, requests)
+    least = smallest_budget(layout, requests) if requests else layout.block_bytes
     if settings.budget_bytes < least:
         raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
                          least_number=mib_up(least))
@@ -169,10 +171,10 @@ def mib_up(n_bytes: int) -> float:
     return -(-n_bytes * 100 // 2**20) / 100
 
 
-class PagedServer:
+class Engine:
     """Iteration-level scheduling over one BlockMemory of settings.budget_bytes; `step()` runs one iteration."""
 
-    def __init__(self, model: NativeModel, requests: list[Request], settings: PagedSettings):
+    def __init__(self, model: NativeModel, requests: list[Request], settings: EngineSettings):
         check_paged(model, settings, requests)
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = PagedLayout.of(model.info, settings.block_size)
@@ -181,7 +183,9 @@ class PagedServer:
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Request] = []
-        self.steps: list[PagedStep] = []
+        self.steps: deque[StepRecord] = deque(maxlen=settings.history)
+        self.steps_run = 0                     # steps taken since the start (self.steps may keep only the last)
+        self.next_id = max(self.requests, default=-1) + 1
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
@@ -205,7 +209,8 @@ class PagedServer:
             self.offload.reset()
         requests = [r.restart() for r in self.requests.values()]
         self.waiting = deque(sorted(requests, key=lambda r: r.arrival_step))
-        self.running, self.steps, self.plan, self.clock_ms = [], [], None, 0.0
+        self.running, self.plan, self.clock_ms, self.steps_run = [], None, 0.0, 0
+        self.steps.clear()
 
     def close(self) -> None:
         """The tier's file deleted and the pool's memory let go (a run that ends keeps neither): the server takes no
@@ -213,6 +218,55 @@ class PagedServer:
         if self.offload is not None:
             self.offload.close()
         self.cache.release()
+
+    # -- requests arriving and leaving while it runs (a server's) --------------------------------------------------
+
+    def add_request(self, prompt_ids: list[int], max_new_tokens: int,
+                    settings: SamplingSettings | None = None, *, ignore_eos: bool = False) -> Request:
+        """A request that arrives now (it is scheduled from the next step on), refused in one sentence (InputError)
+        when it could never run here: a prompt that fills the context, sampling settings out of range, or more
+        positions than the whole pool holds."""
+        request = Request(self.next_id, list(prompt_ids), max_new_tokens, settings or SamplingSettings(),
+                          arrival_step=self.steps_run, ignore_eos=ignore_eos)
+        context = self.info.context_length
+        if not prompt_ids:
+            raise InputError("empty_prompt")
+        if len(request.prompt_ids) >= context:
+            raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
+        check_settings_or_refuse(request.settings)
+        longest = min(context, request.prompt_len + max_new_tokens) - 1
+        if self.layout.request_blocks(longest) > self.cache.n_blocks:
+            raise InputError("paged_budget", budget_number=round(self.settings.budget_bytes / 2**20, 2),
+                             least_number=mib_up(self.layout.request_blocks(longest) * self.layout.block_bytes))
+        self.next_id += 1
+        self.requests[request.id] = request
+        self.waiting.append(request)
+        return request
+
+    def abort(self, request_id: int) -> bool:
+        """The request ends now (stop_reason "abort"): its blocks back in the pool at once, its tier slots freed;
+        False when it is not waiting or running. The plan of a step stopped midway is made again."""
+        request = self.requests.get(request_id)
+        if request is None or request.stop_reason is not None:
+            return False
+        if request in self.running:
+            self.cache.free(request)
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+            if request.kv_at == "tier":
+                self.offload.forget(request.id)
+        request.stop_reason, request.left_step, request.first_logits = "abort", self.steps_run, None
+        request.received_kv = None
+        self.plan = None
+        self._forget_finished([request])
+        return True
+
+    def _forget_finished(self, left: list[Request]) -> None:
+        """With a bounded history, the finished requests are not kept (their callers hold them)."""
+        if self.settings.history is not None:
+            for request in left:
+                self.requests.pop(request.id, None)
 
     # -- preemption ------------------------------------------------------------------------------------------------
 
@@ -344,7 +398,7 @@ class PagedServer:
             admitted.append(seq.id)
             cached[seq.id] = hit_positions
             if seq.joined_step is None:
-                seq.joined_step = index
+                seq.joined_step, seq.cached_positions = index, hit_positions
             spans.append(self._span(seq, stop, False))
             if budget is not None:
                 budget -= stop - seq.computed
@@ -385,12 +439,12 @@ class PagedServer:
     # -- the step ----------------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, report: Callable[[StepProgress], None] | None = None) -> PagedStep:
+    def step(self, report: Callable[[StepProgress], None] | None = None) -> StepRecord:
         """One iteration: schedule (once), one forward over every span's rows, each request that computed its last
         token draws the next; hashes, windows and the finished ones' blocks then. report(progress) runs after each
         layer and may stop the step there by raising (the page's Stop): the plan stays, and the next call runs its
         pass again whole (it writes the same positions); its time is not counted."""
-        index = len(self.steps)
+        index = self.steps_run
         if self.plan is None:
             if self.offload is not None:
                 self.offload.step_begins()
@@ -442,13 +496,16 @@ class PagedServer:
         for seq in list(self.running):
             if seq.stop_reason is not None:
                 seq.left_step = index
-                left.append(seq.id)
+                left.append(seq)
                 self.cache.free(seq)
                 self.running.remove(seq)
-        step = PagedStep(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
+        self._forget_finished(left)
+        left = [seq.id for seq in left]
+        step = StepRecord(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
                          plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left),
                          held_blocks, shared, reserved, held)
         self.steps.append(step)
+        self.steps_run += 1
         return step
 
     def pool_view(self) -> PoolView:
