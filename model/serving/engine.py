@@ -183,7 +183,7 @@ class Engine:
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Request] = []
-        self.steps: deque[StepRecord] = deque(maxlen=settings.history)
+        self.steps: list[StepRecord] = []
         self.steps_run = 0                     # steps taken since the start (self.steps may keep only the last)
         self.next_id = max(self.requests, default=-1) + 1
         self.plan: Plan | None = None
@@ -506,6 +506,8 @@ class Engine:
                          held_blocks, shared, reserved, held)
         self.steps.append(step)
         self.steps_run += 1
+        if self.settings.history is not None and len(self.steps) > self.settings.history:
+            del self.steps[0]
         return step
 
     def pool_view(self) -> PoolView:

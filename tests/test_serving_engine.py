@@ -1,0 +1,75 @@
+"""The serving engine's face for a server (issue 51 drives it over HTTP): requests added while it runs, aborted with their
+blocks freed at once, and a bounded memory of its steps and finished requests."""
+
+from __future__ import annotations
+
+import pytest
+from test_batch import prompts_of, solo_run
+
+from model.engine.loading import load_model
+from model.engine.sampling import SamplingSettings
+from model.errors import InputError
+from model.serving.engine import Engine, EngineSettings
+
+
+@pytest.fixture(scope="module")
+def small():
+    return load_model("small", "cpu")
+
+
+def test_requests_added_while_it_runs_get_their_solo_tokens(small):
+    """Made red by scheduling a request added at step k as if it arrived at step 0 (arrival_step = 0): the third
+    request would then be admitted in the step it is added, before its arrival."""
+    engine = Engine(small, [], EngineSettings(block_size=16, budget_bytes=2**20, history=4))
+    prompts = prompts_of(small, [9, 14, 5])
+    first = engine.add_request(prompts[0], 6, ignore_eos=True)
+    second = engine.add_request(prompts[1], 6, ignore_eos=True)
+    engine.step()
+    engine.step()
+    third = engine.add_request(prompts[2], 6, ignore_eos=True)
+    assert third.arrival_step == 2
+    step = engine.step()
+    assert third.id in step.admitted
+    while engine.waiting or engine.running:
+        engine.step()
+    for request, prompt in zip((first, second, third), prompts):
+        assert request.new_ids == solo_run(small, prompt, 6)[1]
+        assert request.stop_reason == "max_new_tokens"
+    assert len(engine.steps) == 4 and engine.steps_run > 4   # the bounded history
+    assert engine.requests == {}                            # finished requests are the caller's
+    assert engine.cache.pool.n_free == engine.cache.n_blocks
+
+
+def test_abort_frees_the_blocks_at_once(small):
+    """Made red by an abort that forgets cache.free: the pool would keep the aborted request's blocks."""
+    engine = Engine(small, [], EngineSettings(block_size=16, budget_bytes=2**20, history=8))
+    kept, aborted = (engine.add_request(p, 20, ignore_eos=True) for p in prompts_of(small, [30, 40]))
+    engine.step()
+    held = engine.cache.n_blocks - engine.cache.pool.n_free
+    assert engine.abort(aborted.id)
+    assert aborted.stop_reason == "abort"
+    assert engine.cache.n_blocks - engine.cache.pool.n_free == held - engine.layout.blocks(41)
+    assert not engine.abort(aborted.id)
+    waiting = engine.add_request(prompts_of(small, [3])[0], 4)
+    assert engine.abort(waiting.id) and not engine.waiting
+    while engine.running:
+        engine.step()
+    assert kept.stop_reason == "max_new_tokens" and engine.cache.pool.n_free == engine.cache.n_blocks
+
+
+def test_a_request_that_could_never_run_is_refused_in_one_sentence(small):
+    engine = Engine(small, [], EngineSettings(block_size=16, budget_bytes=2**20))
+    context = small.info.context_length
+    with pytest.raises(InputError) as refused:
+        engine.add_request(list(range(4, 4 + context)), 1)
+    assert refused.value.code == "prompt_too_long"
+    with pytest.raises(InputError) as refused:
+        engine.add_request([], 1)
+    assert refused.value.code == "empty_prompt"
+    with pytest.raises(InputError) as refused:
+        engine.add_request([5], 4, SamplingSettings(temperature=-1.0))
+    tiny = Engine(small, [], EngineSettings(block_size=16, budget_bytes=engine.layout.block_bytes * 2))
+    with pytest.raises(InputError) as refused:
+        tiny.add_request([5] * 40, 4)
+    assert refused.value.code == "paged_budget"
+    assert not engine.waiting and not tiny.waiting
