@@ -1,5 +1,5 @@
-"""The serving engine's face for a server (issue 51 drives it over HTTP): requests added while it runs, aborted with their
-blocks freed at once, and a bounded memory of its steps and finished requests."""
+"""The serving engine's face for a server (issue 51 drives it over HTTP): requests added while it runs,
+aborted with their blocks freed at once, and a bounded memory of its steps and finished requests."""
 
 from __future__ import annotations
 
