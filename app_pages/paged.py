@@ -148,7 +148,7 @@ if run is None:
         st.info(t("paged.press_start"))
     st.stop()
 if stopped:
-    st.info(t("paged.stopped", steps=len(run.samples)))
+    st.info(t("paged.stopped", steps=len(run.steps)))
 _, run_queue, live = state.paged_for
 server = run.server
 # any change a new Start would apply (the queue, the block size, the budget) is said
@@ -215,9 +215,9 @@ if holders:
     with why("paged-table"):
         st.caption(t("paged.table_caption", size=layout.block_size))
 
-st.html(svg.line_chart_svg(list(range(len(run.samples))),
-                           {t("paged.reserved_mib"): [s.reserved / MIB for s in run.samples],
-                            t("paged.held_mib"): [s.held / MIB for s in run.samples]},
+st.html(svg.line_chart_svg(list(range(len(run.steps))),
+                           {t("paged.reserved_mib"): [s.bytes_reserved / MIB for s in run.steps],
+                            t("paged.held_mib"): [s.bytes_held / MIB for s in run.steps]},
                            t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g"),
                            title=t("paged.memory_alt"), zoom=1.5))
 st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},

@@ -142,7 +142,7 @@ if run is None:
         st.markdown(t("tiers.intro"))
     st.stop()
 if stopped:
-    st.info(t("paged.stopped", steps=len(run.samples)))
+    st.info(t("paged.stopped", steps=len(run.steps)))
 run_mode = state.tiers_for[1]
 # any change a new Start would apply (the mode, the block size, the budget) is said
 if run_mode != mode or (run.settings.block_size, run.settings.budget_bytes) != (

@@ -10,6 +10,7 @@ from conftest import wait_idle
 from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model as needs_smollm2
 
+from model.errors import InputError
 from model.serving import queues
 from model.serving.paged import ALIGN
 from model.texts import text
@@ -36,7 +37,7 @@ def charts(at) -> list[str]:
 def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     at = click(open_page(lang), "paged_start")
     run = at.session_state["paged_run"]
-    assert len(run.samples) == 1 and not at.error
+    assert len(run.steps) == 1 and not at.error
     first = run.server.steps[0]
     assert first.admitted and all(span.kind == "prefill" for span in first.spans)
     click(at, "paged_next")
@@ -50,7 +51,7 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     assert page.count(f"<td>{text('paged.same', lang)}</td>") == 2
     assert f"<td>{text('paged.variant_paged', lang)}</td>" in page and "mini-table" in page
     padded = compared[0][1]
-    assert padded["layout"] == "padded" and run.summary()["max_concurrent"] >= 2 * padded["max_concurrent"]
+    assert padded["layout"] == "padded" and run.summary()["max_concurrent"] > padded["max_concurrent"]
     assert len(charts(at)) == 4  # the pool, the lanes, the bytes reserved and held, the step times
     assert text("paged.pool", lang) in [h.value for h in at.subheader]
 
@@ -75,10 +76,10 @@ def test_reset_gives_every_block_back_and_the_run_starts_over():
     pool = run.server.cache.pool
     assert pool.n_free < run.server.cache.n_blocks
     click(at, "paged_reset")
-    assert pool.n_free == run.server.cache.n_blocks and not run.server.cache.tables and run.samples == []
+    assert pool.n_free == run.server.cache.n_blocks and not run.server.cache.tables and run.steps == []
     assert f"{run.server.cache.n_blocks} / {run.server.cache.n_blocks}" in [m.value for m in at.metric]
     click(at, "paged_next")
-    assert len(run.samples) == 1
+    assert len(run.steps) == 1
 
 
 def test_a_visit_to_another_page_and_back_keeps_the_run():
@@ -86,7 +87,7 @@ def test_a_visit_to_another_page_and_back_keeps_the_run():
     run = at.session_state["paged_run"]
     at.switch_page("app_pages/serving.py").run()
     at.switch_page(PAGE).run()
-    assert at.session_state["paged_run"] is run and len(run.samples) == 2 and not at.exception
+    assert at.session_state["paged_run"] is run and len(run.steps) == 2 and not at.exception
 
 
 def test_long_join_carries_its_chunks_beside_the_decode_rows_and_compares_three_settings():
@@ -194,9 +195,19 @@ def test_browser_serves_the_mixed_queue_and_compares(app_server, browser_page, l
 
 
 @pytest.mark.parametrize("lang", ["vi", "en"])
-def test_a_budget_the_paged_run_takes_but_one_padded_slot_does_not_compares_in_a_sentence(lang):
-    """texts review 2026-12-04 P1: at 0.25 MiB on small the paged run serves the mixed queue, but the compared padded
-    run cannot hold one slot: its refusal was raised outside the page's guard (Streamlit's redacted error box)."""
+def test_a_budget_the_paged_run_takes_but_one_padded_slot_does_not_compares_in_a_sentence(lang, monkeypatch):
+    """texts review 2026-12-04 P1: a budget the paged run takes but the compared padded run refuses was raised
+    outside the page's guard (Streamlit's redacted error box). A padded slot now holds the longest request's own
+    length, which on small needs less than its blocks, so the refusal is forced here (any model where a padded
+    slot needs more than the paged run's least, Gemma 3's sliding layers among them, meets it)."""
+    from model.serving import engine, memory
+
+    def padded_refused(info, kind, layout, budget_bytes):
+        if kind == "padded":
+            raise InputError("padded_budget", budget_number=0.25, least_number=1.0)
+        return memory.memory_blocks(info, kind, layout, budget_bytes)
+
+    monkeypatch.setattr(engine, "memory_blocks", padded_refused)
     at = open_page(lang)
     at.select_slider(key="paged_budget_mb").set_value(0.25).run()
     click(at, "paged_start")
@@ -333,7 +344,7 @@ def test_the_page_opens_on_a_run_its_pool_numbers_each_held_block_and_the_legend
 
     at = open_page("vi")
     run = at.session_state["paged_run"]
-    assert run is not None and len(run.samples) == 1  # opened on the default queue's run, its first step made
+    assert run is not None and len(run.steps) == 1  # opened on the default queue's run, its first step made
     pool = run.server.pool_view()
     grid = charts(at)[0]
     written = re.findall(r'paint-order="stroke">(\d+)</text>', grid)

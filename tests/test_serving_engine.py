@@ -73,3 +73,24 @@ def test_a_request_that_could_never_run_is_refused_in_one_sentence(small):
         tiny.add_request([5] * 40, 4)
     assert refused.value.code == "paged_budget"
     assert not engine.waiting and not tiny.waiting
+
+
+def test_one_scheduler_for_both_memories_the_same_plan_at_every_step(small):
+    """With a budget that never preempts, the mixed queue under padded slots and under paged blocks is one schedule:
+    the same spans (request, positions, kind) and the same admissions at every step, and the same tokens; only the
+    bytes differ. Made red by a padded memory with a scheduler of its own (the padded Server prefilled each joiner
+    alone and decoded it from the next step: its spans differ), or by slots that the budget caps below the queue."""
+    from model.serving.kv_runs import KVSettings, QueueRun, padded_slot_bytes
+    from model.serving.queues import built_in_queue
+
+    requests = built_in_queue(small, "mixed")
+    budget = len(requests) * padded_slot_bytes(small, requests)   # a slot for every request: none waits on memory
+    padded = QueueRun(small, requests, KVSettings("padded", 16, budget)).run()
+    paged = QueueRun(small, requests, KVSettings("paged", 16, budget)).run()
+    assert len(padded.steps) == len(paged.steps) > 1
+    for a, b in zip(padded.steps, paged.steps):
+        assert (a.spans, a.admitted, a.left, a.preempted) == (b.spans, b.admitted, b.left, b.preempted)
+    assert [r.new_ids for r in padded.requests] == [r.new_ids for r in paged.requests]
+    assert max(s.bytes_reserved for s in padded.steps) > max(s.bytes_reserved for s in paged.steps)
+    padded.close()
+    paged.close()

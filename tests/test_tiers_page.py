@@ -155,7 +155,7 @@ def test_reset_deletes_the_tier_s_file_and_the_run_then_finishes_with_the_compar
     path = run.server.offload.tier.path
     assert path.exists()
     click(at, "tiers_reset")
-    assert not path.exists() and run.server.offload.tier is None and run.samples == []
+    assert not path.exists() and run.server.offload.tier is None and run.steps == []
     assert text("tiers.tier_deleted", "en") in " ".join(c.value for c in at.caption)
     # texts review T1: after a reset the page said "20 slots, 0.62 MiB" and, right below, "0 of 0 slots"
     said = " ".join(m.value for m in at.markdown)

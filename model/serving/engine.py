@@ -42,7 +42,7 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
-from model.serving.memory import make_memory
+from model.serving.memory import check_memory, make_memory, memory_blocks, memory_layout
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
@@ -55,6 +55,7 @@ MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow
 
 @dataclass(frozen=True)
 class EngineSettings:
+    memory: str = "paged"             # "paged": blocks of block_size | "padded": a slot per request (memory.py)
     block_size: int = 16
     budget_bytes: int = 64 * 2**20
     prefix_cache: bool = False
@@ -138,12 +139,21 @@ def smallest_budget(layout: PagedLayout, requests: list[Request]) -> int:
     return layout.request_blocks(longest) * layout.block_bytes
 
 
+def longest_held(info, requests: list[Request]) -> int:
+    """The positions the longest request holds at its longest (a server's open queue: the context)."""
+    if not requests:
+        return info.context_length
+    return min(info.context_length, max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
+
+
 def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Request]) -> None:
     """A block size that is a power of two within the context, a chunk of MIN_CHUNK positions to the context, and
     a budget that holds the longest request whole (else it could never run to its end), each refused in one
-    sentence."""
+    sentence; what the padded memory does not have."""
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
+    check_memory(settings.memory, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
+                 offload=settings.offload, prefill_worker=False)
     size, context = settings.block_size, model.info.context_length
     if size < 1 or size & (size - 1) or size > context:
         raise InputError("paged_block_size", size=size, context=context)
@@ -152,7 +162,7 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
     for request in requests:
         if len(request.prompt_ids) >= context:
             raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
-    layout = PagedLayout.of(model.info, size)
+    layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests))
     least = smallest_budget(layout, requests) if requests else layout.block_bytes
     if settings.budget_bytes < least:
         raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
@@ -177,9 +187,11 @@ class Engine:
     def __init__(self, model: NativeModel, requests: list[Request], settings: EngineSettings):
         check_paged(model, settings, requests)
         self.model, self.info, self.settings = model, model.info, settings
-        self.layout = PagedLayout.of(model.info, settings.block_size)
-        self.cache = make_memory(model.info, layout=self.layout, budget_bytes=settings.budget_bytes,
-                                 dtype=model.kv_dtype, device=model.device)
+        self.layout = memory_layout(model.info, settings.memory, settings.block_size,
+                                    longest_held(model.info, requests))
+        self.cache = make_memory(model.info, layout=self.layout, dtype=model.kv_dtype, device=model.device,
+                                 n_blocks=memory_blocks(model.info, settings.memory, self.layout,
+                                                        settings.budget_bytes))
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Request] = []

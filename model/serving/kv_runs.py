@@ -1,5 +1,6 @@
-"""A queue served to its end under one KV cache setting, padded (scheduler.Server over today's SlotCache) or paged
-(engine.Engine), and what that run measured: requests at once, bytes reserved and held, the waste,
+"""A queue served to its end under one KV cache setting, by the one engine (engine.Engine) over a padded or a paged
+memory (memory.py: a slot per request holding its whole length, or blocks as positions need them), and what that
+run measured: requests at once, bytes reserved and held, the waste,
 prefill positions, preemptions, tokens per second, each request's TTFT and ITL. serve-bench --queue and the Paged KV
 page both read it.
 """
@@ -15,15 +16,16 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.disaggregated import DisaggregatedServer
-from model.serving.engine import Engine, EngineSettings, check_paged, mib_up
+from model.serving.engine import Engine, EngineSettings, StepRecord, check_paged
+from model.serving.memory import MEMORIES, check_memory, memory_slots
 from model.serving.paged import PagedLayout
 from model.serving.queues import compared_chunks
 from model.serving.request import Request
-from model.serving.scheduler import MAX_SLOTS, Server, StepProgress
+from model.serving.scheduler import StepProgress
 from model.serving.tiers import Crossover, check_tier_folder, measure_crossover
 
-LAYOUTS = ("padded", "paged")
-DEFAULT_PADDED_SLOTS = 2  # the mixed queue's default budget: what the padded cache needs for this many of its longest
+LAYOUTS = MEMORIES
+DEFAULT_PADDED_SLOTS = 4  # the mixed queue's default budget: what the padded cache needs for this many of its longest
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,9 @@ class KVSettings:
 
     @property
     def paged(self) -> EngineSettings:
-        return EngineSettings(self.block_size, self.budget_bytes, self.prefix_cache, self.chunk, self.offload,
-                             self.tier_folder, self.tier_bytes)
+        return EngineSettings(memory=self.layout, block_size=self.block_size, budget_bytes=self.budget_bytes,
+                              prefix_cache=self.prefix_cache, chunk=self.chunk, offload=self.offload,
+                              tier_folder=self.tier_folder, tier_bytes=self.tier_bytes)
 
 
 def longest(requests: list[Request]) -> int:
@@ -50,9 +53,8 @@ def longest(requests: list[Request]) -> int:
 
 
 def padded_slot_bytes(model: NativeModel, requests: list[Request]) -> int:
-    """What a padded slot of the longest request may reserve: the SlotCache's buffers double ahead, so twice its
-    cache (scheduler.check_batch's rule)."""
-    return 2 * model.info.cache_bytes_formula(longest(requests))
+    """What a padded slot reserves: the longest request's whole length (its prompt and every token it may write)."""
+    return model.info.cache_bytes_formula(longest(requests))
 
 
 def default_budget(model: NativeModel, queue: str, requests: list[Request], block_size: int) -> int:
@@ -63,15 +65,6 @@ def default_budget(model: NativeModel, queue: str, requests: list[Request], bloc
         return DEFAULT_PADDED_SLOTS * padded_slot_bytes(model, requests)
     layout = PagedLayout.of(model.info, block_size)
     return sum(layout.request_blocks(len(r.prompt_ids) + r.max_new_tokens - 1) for r in requests) * layout.block_bytes
-
-
-def padded_slots(model: NativeModel, requests: list[Request], budget_bytes: int) -> int:
-    """The most slots the budget holds (MAX_SLOTS at most), each reserving padded_slot_bytes; refused under one."""
-    slot = padded_slot_bytes(model, requests)
-    if budget_bytes < slot:
-        raise InputError("padded_budget", budget_number=round(budget_bytes / 2**20, 2),
-                         least_number=mib_up(slot))
-    return min(MAX_SLOTS, budget_bytes // slot)
 
 
 @dataclass(frozen=True)
@@ -97,18 +90,6 @@ def variants(queue: str, context_length: int, block_size: int, budget_bytes: int
             Variant("chunks", dataclasses.replace(paged, chunk=large), large)]
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One step, as both servers tell it."""
-    running: int         # requests holding cache during the step
-    reserved: int        # bytes set aside for them
-    held: int            # bytes their positions fill
-    shared: int          # blocks held by more than one request
-    prefill_positions: int
-    tokens: int
-    ms: float
-
-
 class QueueRun:
     """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept. With an
     offload, a victim is moved out from the crossover's positions: `crossover` when given (measured before on this
@@ -119,42 +100,32 @@ class QueueRun:
         self.model, self.settings = model, settings
         self.requests = [dataclasses.replace(r).restart() for r in requests]
         self.crossover: Crossover | None = None
-        if settings.layout == "paged":
-            paged = settings.paged
-            if settings.offload is not None:
-                check_paged(model, paged, self.requests)
-                check_tier_folder(model, paged)  # the run's own tier said, before the crossover's scratch one
-                self.crossover = crossover or measure_crossover(
-                    model, PagedLayout.of(model.info, settings.block_size), settings.offload, settings.tier_folder)
-                paged = dataclasses.replace(paged, swap_from=self.crossover.positions)
-            if settings.prefill_worker is not None:
-                if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
-                    raise InputError("disaggregate_alone")
-                self.server = DisaggregatedServer(model, self.requests, paged, settings.prefill_worker)
-            else:
-                self.server = Engine(model, self.requests, paged)
-        else:
-            if settings.prefill_worker is not None:
-                raise InputError("padded_no_workers")
+        check_memory(settings.layout, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
+                     offload=settings.offload, prefill_worker=settings.prefill_worker is not None)
+        engine = settings.paged
+        if settings.offload is not None:
+            check_paged(model, engine, self.requests)
+            check_tier_folder(model, engine)  # the run's own tier said, before the crossover's scratch one
+            self.crossover = crossover or measure_crossover(
+                model, PagedLayout.of(model.info, settings.block_size), settings.offload, settings.tier_folder)
+            engine = dataclasses.replace(engine, swap_from=self.crossover.positions)
+        if settings.prefill_worker is not None:
             if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
-                raise InputError("padded_no_paging")
-            self.server = Server(model, padded_slots(model, requests, settings.budget_bytes), self.requests,
-                                 settings.budget_bytes)
-        self.samples: list[Sample] = []
+                raise InputError("disaggregate_alone")
+            self.server = DisaggregatedServer(model, self.requests, engine, settings.prefill_worker)
+        else:
+            self.server = Engine(model, self.requests, engine)
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        return self.server.steps
 
     @property
     def finished(self) -> bool:
         return self.server.finished
 
     def step(self, report: Callable[[StepProgress], None] | None = None) -> None:
-        step = self.server.step(report)
-        if self.settings.layout == "paged":
-            self.samples.append(Sample(step.running, step.bytes_reserved, step.bytes_held, step.blocks_shared,
-                                       step.prefill_positions, step.tokens, step.ms))
-            return
-        running = [self.server.requests[rid] for rid in step.slots if rid is not None]
-        reserved, held = self.server.memory.usage(running)
-        self.samples.append(Sample(len(running), reserved, held, 0, step.prefill_tokens, step.tokens, step.ms))
+        self.server.step(report)
 
     def run(self, report: Callable[[StepProgress], None] | None = None) -> QueueRun:
         while not self.finished:
@@ -162,43 +133,35 @@ class QueueRun:
         return self
 
     def close(self) -> None:
-        """The tier's file deleted (paged with an offload)."""
-        if self.settings.layout == "paged":
-            self.server.close()
+        """The pool let go and the tier's file deleted."""
+        self.server.close()
 
     def reset(self) -> None:
-        """Back to before the first step: every block back in the pool (paged; the tier's file deleted), every
-        request waiting."""
-        if self.settings.layout == "paged":
-            self.server.reset()
-        else:
-            self.server = Server(self.model, len(self.server.memory.holders), [r.restart() for r in self.requests],
-                                 self.settings.budget_bytes)
-        self.samples = []
+        """Back to before the first step: every block back in the pool (the tier's file deleted), every request
+        waiting."""
+        self.server.reset()
 
     def summary(self) -> dict:
         """The run's `kv` object (serve-bench --json) with its tokens per second and TTFT / ITL percentiles."""
-        samples, settings = self.samples, self.settings
-        reserved = sum(s.reserved for s in samples)
-        paged = settings.layout == "paged"
+        samples, settings = self.steps, self.settings
+        reserved = sum(s.bytes_reserved for s in samples)
         server = self.server
         clock_s = server.clock_ms / 1000
         ttfts = [r.ttft_ms for r in self.requests if r.ttft_ms is not None]
         itls = [gap for r in self.requests for gap in r.itl_ms]
         joined = [r.ttft_ms for r in self.requests if r.arrival_step > 0 and r.ttft_ms is not None]
         return {
-            "layout": settings.layout, "block_size": settings.block_size if paged else None,
+            "layout": settings.layout, "block_size": server.layout.block_size,
             "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
-            "pool_blocks": server.cache.n_blocks if paged else None,
-            "block_bytes": server.layout.block_bytes if paged else None,
-            "slots": None if paged else len(server.memory.holders),
+            "pool_blocks": server.cache.n_blocks, "block_bytes": server.layout.block_bytes,
+            "slots": memory_slots(settings.layout, server.layout, server.cache.n_blocks),
             "max_concurrent": max((s.running for s in samples), default=0),
-            "bytes_reserved_peak": max((s.reserved for s in samples), default=0),
-            "bytes_held_peak": max((s.held for s in samples), default=0),
-            "waste_fraction": (reserved - sum(s.held for s in samples)) / reserved if reserved else 0.0,
-            "shared_blocks": max((s.shared for s in samples), default=0),
+            "bytes_reserved_peak": max((s.bytes_reserved for s in samples), default=0),
+            "bytes_held_peak": max((s.bytes_held for s in samples), default=0),
+            "waste_fraction": (reserved - sum(s.bytes_held for s in samples)) / reserved if reserved else 0.0,
+            "shared_blocks": max((s.blocks_shared for s in samples), default=0),
             "prefill_positions_computed": sum(s.prefill_positions for s in samples),
-            "preemptions": sum(len(s.preempted) for s in server.steps) if paged else 0,
+            "preemptions": sum(len(s.preempted) for s in samples),
             "steps": len(samples),
             "tokens": sum(s.tokens for s in samples),
             "tokens_per_s": sum(s.tokens for s in samples) / clock_s if clock_s else 0.0,
@@ -250,14 +213,9 @@ class QueueRun:
 
     def request_rows(self) -> list[dict]:
         """Each request: its prompt ids, the tokens it wrote, TTFT and ITL (p50, p95, p99, max), why it stopped."""
-        preempted = {}
-        if self.settings.layout == "paged":
-            for step in self.server.steps:
-                for rid in step.preempted:
-                    preempted[rid] = preempted.get(rid, 0) + 1
         return [{"id": r.id, "arrival_step": r.arrival_step, "prompt_ids": r.prompt_ids, "tokens": r.new_ids,
                  "ttft_ms": r.ttft_ms, "itl_ms": itl_percentiles(r.itl_ms), "stop_reason": r.stop_reason,
-                 "preemptions": preempted.get(r.id, 0)} for r in self.requests]
+                 "preemptions": r.preemptions} for r in self.requests]
 
 
 def itl_percentiles(gaps: list[float]) -> dict[str, float | None]:

@@ -7,7 +7,11 @@ it, and the bytes reserved and held. Two memories answer it:
 - BlockMemory, the paged pool (paged.PagedCache): blocks handed out as a request's positions need them, a prefix
   cache of full prompt blocks, a sliding group's blocks given back once its window passes them.
 
-make_memory is the one place that chooses between them.
+The engine's two memories are both BlockMemory: "paged", blocks of block_size positions; "padded", the vLLM paper's
+baseline under the same scheduler, one block per request and layer group holding the queue's longest request whole
+(a one-entry block table), so a request reserves its whole length at admission and never grows. SlotMemory serves
+the Serving page's slot-batched decode (scheduler.Server). memory_layout and make_memory are the one place that
+tells the two engine memories apart.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from typing import Protocol
 import torch
 
 from model.engine.runtime import ModelInfo
+from model.errors import InputError
 from model.serving.blocks import block_hash
 from model.serving.paged import ALIGN, PagedCache, PagedLayout, first_seen
 from model.serving.request import Request
 from model.serving.slots import SlotCache
+
+MEMORIES = ("paged", "padded")
+MAX_SLOTS = 32  # padded slots at most
 
 
 class KVMemory(Protocol):
@@ -160,10 +168,46 @@ class BlockMemory(PagedCache):
                 sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)
 
 
+def memory_layout(info: ModelInfo, memory: str, block_size: int, longest: int) -> PagedLayout:
+    """paged: blocks of block_size positions; padded: one block of the longest request's whole length (its prompt
+    and every token it may write)."""
+    return PagedLayout.of(info, longest if memory == "padded" else block_size)
+
+
+def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload: str | None,
+                 prefill_worker: bool) -> None:
+    """What the padded baseline does not have, refused in one sentence: it shares no block (no prefix cache), holds
+    a whole request from its admission (no chunks to make room for) and moves none out."""
+    if memory == "padded":
+        if prefill_worker:
+            raise InputError("padded_no_workers")
+        if prefix_cache or chunk is not None or offload is not None:
+            raise InputError("padded_no_paging")
+
+
+def memory_blocks(info: ModelInfo, memory: str, layout: PagedLayout, budget_bytes: int) -> int:
+    """The blocks the budget holds: padded, whole slots (a block per layer group each), MAX_SLOTS at most, refused
+    under one."""
+    n_blocks = budget_bytes // layout.block_bytes
+    if memory == "padded":
+        groups = len(layout.groups)
+        if n_blocks < groups:
+            raise InputError("padded_budget", budget_number=round(budget_bytes / 2**20, 2),
+                             least_number=-(-groups * layout.block_bytes * 100 // 2**20) / 100)
+        n_blocks = min(MAX_SLOTS, n_blocks // groups) * groups
+    return n_blocks
+
+
+def memory_slots(memory: str, layout: PagedLayout, n_blocks: int) -> int | None:
+    """The padded memory's slots (requests it holds at once at most); None for blocks."""
+    return n_blocks // len(layout.groups) if memory == "padded" else None
+
+
 def make_memory(info: ModelInfo, *, slots: int | None = None, layout: PagedLayout | None = None,
-                budget_bytes: int = 0, dtype: torch.dtype | None = None,
+                n_blocks: int = 0, dtype: torch.dtype | None = None,
                 device: torch.device | None = None) -> KVMemory:
-    """`slots` padded slots, or a pool of blocks of `layout` in `budget_bytes` (dtype, device)."""
+    """`slots` slots of a SlotCache (the Serving page's), or a pool of `n_blocks` blocks of `layout` (dtype,
+    device)."""
     if slots is not None:
         return SlotMemory(info, slots)
-    return BlockMemory(layout, budget_bytes // layout.block_bytes, dtype, device)
+    return BlockMemory(layout, n_blocks, dtype, device)

@@ -30,7 +30,7 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
-from model.serving.memory import make_memory
+from model.serving.memory import MAX_SLOTS, make_memory
 from model.serving.request import Request
 from model.serving.slots import decode_rows
 
@@ -65,7 +65,6 @@ class ServeStep:
         return len(self.decode_lengths) + len(self.joined)
 
 
-MAX_SLOTS = 32
 
 
 def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int) -> None:
