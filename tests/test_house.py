@@ -1,6 +1,7 @@
 """The house's imports run one way: pages → ui → recording → serving, training, speculative → engine → weights →
 errors, texts; the command line (model/tools) sits on the top floor beside the pages and ui, and neither imports it;
-the load-test client (loadtest/, which asks the command line for reference runs) and the benchmarks above everything;
+the API server (server/) on that floor too, apart, and started by `python -m model serve`; the load-test client
+(loadtest/, which asks the command line for reference runs) and the benchmarks above everything;
 deploy/ apart, importing nothing of the project.
 
 Every import of a project module, also those inside functions, is read from the source (ast), so that a lazy
@@ -15,9 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # it starts; deploy/ on the ground floor, apart: it starts the app as processes)
 FLOORS = {"deploy": 0, "model.texts": 0, "model.errors": 1, "model.weights": 2, "model.engine": 3,
           "model.training": 4, "model.speculative": 4, "model.serving": 4, "model.recording": 5, "ui": 6,
-          "model.tools": 6, "app_pages": 7, "model": 7, "app": 8, "loadtest": 8, "benchmarks": 9}
-# what a room may not use although its floor allows it: pages and ui never reach the command line's room
-APART = {("app_pages", "model.tools")}
+          "model.tools": 6, "server": 6, "app_pages": 7, "model": 7, "app": 8, "loadtest": 8, "benchmarks": 9}
+# what a room may not use although its floor allows it: pages and ui never reach the command line's room, nor the
+# API server's (server/: a page talks to it over HTTP, as any client)
+APART = {("app_pages", "model.tools"), ("app_pages", "server")}
 
 
 def module_name(path: Path) -> str:
@@ -26,7 +28,7 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    rooms = ("model", "ui", "app_pages", "benchmarks", "deploy", "loadtest")
+    rooms = ("model", "ui", "app_pages", "benchmarks", "deploy", "loadtest", "server")
     paths = [ROOT / "app.py"] + [p for d in rooms for p in (ROOT / d).rglob("*.py")]
     return {module_name(p): p for p in paths}
 
@@ -158,3 +160,12 @@ def test_the_paged_pass_calls_the_model_in_one_place():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "module":
                 assert path.name in allowed, (path.name, ast.unparse(node))
+
+
+def test_serve_reaches_the_server_room_from_the_entry_point_only():
+    """`python -m model serve` is model/__main__.py's: the command line (model/tools) and the pages never import
+    server/. Red once the entry point's lazy import is dropped, or a page imports server.loop."""
+    edges = graph()
+    assert "server.cli" in edges["model.__main__"]
+    assert not any(t.startswith("server") for m, ts in edges.items() if m.startswith(("model.tools", "app_pages", "ui"))
+                   for t in ts)
