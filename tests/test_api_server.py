@@ -96,8 +96,9 @@ def test_a_repeated_prompt_reports_its_cached_tokens(api, small):
 
 
 def test_a_stop_string_cuts_the_text_and_frees_the_request(api, small):
-    """The text ends before the stop string, finish_reason "stop", and the engine stops the request (its blocks
-    back). Red when the stop is searched only in each delta (the string straddles two tokens here)."""
+    """The text ends before the stop string (which straddles two tokens here), finish_reason "stop", and the engine
+    stops the request then (its record in the state ends with "stop" before its 30 tokens). Red when the stop
+    string does not abort the engine's request (it would run its 30 tokens)."""
     prompt = prompts_of(small, [6])[0]
     full = small.tokenizer.decode(solo_run(small, prompt, 30)[1])
     words = full.split(" ")
@@ -108,6 +109,8 @@ def test_a_stop_string_cuts_the_text_and_frees_the_request(api, small):
     assert answer.choices[0].finish_reason == "stop"
     assert answer.usage.completion_tokens < 30
     wait_until(lambda: pool_free(api), what="the stopped request's blocks")
+    record = next(f for f in api.state()["finished"] if f"cmpl-{f['request']}" == answer.id)
+    assert record["finish_reason"] == "stop" and record["completion_tokens"] < 30
 
 
 def test_completion_logprobs(api):
@@ -131,8 +134,8 @@ def test_utf8_deltas_hold_back_half_a_letter():
 
 
 def test_a_stop_string_is_never_sent_in_part():
-    """A delta that could be the start of a stop string waits. Red without that hold-back: "ab" would go out
-    before the "c" that completes the stop "abc"."""
+    """A delta that could be the start of a stop string waits. Red without that hold-back (TextStream._safe_end):
+    "ab" would go out before the "c" that completes the stop "abc"."""
     stream = TextStream(lambda ids: "".join(map(chr, ids)), ["abc"])
     sent = "".join(stream.add([ord(ch)]) for ch in "xyabc!")
     assert sent + stream.flush() == "xy" and stream.stopped and stream.tokens_used == 5
