@@ -404,11 +404,13 @@ LANE_COLUMNS = 12  # steps the axis shows at least: the lanes fill in from the l
 DARK_LANES = frozenset(range(8, 16))  # Dark2's colours: a request's number on them is written in white
 
 
-def _step_axis(steps: int, left_px: float, cell_w: float, y: float, height: int, step_title: str) -> list[str]:
-    """The step numbers under a chart of one column per step (every step up to 16, else about 8 round ones) and the
-    axis title at the bottom."""
+def _step_axis(steps: int, left_px: float, cell_w: float, y: float, height: int, step_title: str,
+               first: int = 0) -> list[str]:
+    """The step numbers under a chart of one column per step (every step up to 16, else about 8 round ones; the
+    first column is step `first`) and the axis title at the bottom."""
     ticks = range(steps) if steps <= 16 else [v for v in nice_ticks(steps - 1, 8) if v < steps and v == int(v)]
-    return ([f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{y}" text-anchor="middle">{v:g}</text>' for v in ticks]
+    return ([f'<text x="{left_px + (v + 0.5) * cell_w:.1f}" y="{y}" text-anchor="middle">{v + first:g}</text>'
+             for v in ticks]
             + [f'<text x="{left_px + steps * cell_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
                f"{escape(step_title)}</text>"])
 
@@ -478,6 +480,7 @@ NUMBERED_FROM = 32  # a block this wide or wider has its request's number writte
 # a pool of more blocks is drawn as one bar (pool_bar_svg): block by block, block size 1 under the largest budget
 # was 131,072 squares, 17.7 MB of HTML each rerun and minutes in a browser (faults review 2026-12-04 #8)
 MAX_GRID_BLOCKS = 2048
+MARK_INK = "#c2255c"  # the frame of a marked block: a colour no request's lane has
 
 
 def grid_shape(n: int) -> tuple[int, float]:
@@ -519,13 +522,14 @@ def pool_bar_svg(holder: np.ndarray, tips: dict[int, str], free_tip: str, descri
 
 
 def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sliding: np.ndarray,
-                   filled: np.ndarray, block_size: int, tips: list[str], description: str) -> str:
+                   filled: np.ndarray, block_size: int, tips: list[str], description: str,
+                   marked: np.ndarray | None = None) -> str:
     """The block pool, a square per block in id order, LANE_WIDTH wide and its blocks as large as fit
     (grid_shape): a held block in its first holder's lane colour, filled from the bottom as far as the positions it
     holds (the rest of a last block is the waste), its request's number written in it where the block is large
     enough, framed dark where more than one request holds it, crossed by a white stripe where a sliding group holds
     it; a free block grey, with a dashed outline while the prefix cache can still find it. tips[b]: block b's
-    tooltip."""
+    tooltip; marked[b]: a held block framed thick in MARK_INK (the Live server page: the student's own request's)."""
     n = len(holder)
     columns, cell = grid_shape(n)
     side = cell - max(1.5, 0.08 * cell)
@@ -548,17 +552,21 @@ def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sli
                      f'fill="{colour}"/>'
                      + (f'<line x1="{x:.1f}" y1="{y + side:.1f}" x2="{x + side:.1f}" y2="{y:.1f}" stroke="white" '
                         f'stroke-width="2"/>' if sliding[b] else "")
-                     + (_block_number(x, y, side, request) if numbered else "") + "</g>")
+                     + (_block_number(x, y, side, request) if numbered else "")
+                     + (f'<rect x="{x + 2:.1f}" y="{y + 2:.1f}" width="{side - 4:.1f}" height="{side - 4:.1f}" '
+                        f'fill="none" stroke="{MARK_INK}" stroke-width="4"/>' if marked is not None and marked[b]
+                        else "") + "</g>")
     return _svg(LANE_WIDTH, round(-(-n // columns) * cell + 2), description, parts, LANE_FONT_PX)
 
 
 def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], preempted: list[list[bool]],
                    step_title: str, row_title: str, description: str,
-                   colours: dict[str, str] = SPAN_COLOURS) -> str:
+                   colours: dict[str, str] = SPAN_COLOURS, first_step: int = 0) -> str:
     """What each request did at each step, LANE_WIDTH wide: cells[r][step] is (kind, tooltip) with kind a key of
     `colours` (a prompt's chunk, its positions computed again after a preemption, a decode, waiting for blocks),
     None before it arrives and after it leaves; a red cross where it was preempted. The step axis shows at least
-    LANE_COLUMNS steps; a row is tall enough for its request's number while there are at most 16."""
+    LANE_COLUMNS steps, numbered from `first_step`; a row is tall enough for its request's number while there are at
+    most 16."""
     steps = len(cells[0]) if cells else 0
     font = LANE_FONT_PX
     left_px, top, right = 80, 6, 10
@@ -583,7 +591,8 @@ def span_lanes_svg(rows: list[int], cells: list[list[tuple[str, str] | None]], p
                 parts.append(f'<path d="M{x:.1f},{y + 1:.1f} l{cell_w - 1:.1f},{cell_h - 2:.1f} M{x:.1f},'
                              f'{y + cell_h - 1:.1f} l{cell_w - 1:.1f},{-(cell_h - 2):.1f}" stroke="#c92a2a" '
                              f'stroke-width="3"/>')
-    parts += _step_axis(columns, left_px, cell_w, round(top + len(rows) * cell_h + font), height, step_title)
+    parts += _step_axis(columns, left_px, cell_w, round(top + len(rows) * cell_h + font), height, step_title,
+                        first_step)
     parts.append(f'<text transform="translate({font},{top + len(rows) * cell_h / 2:.1f}) rotate(-90)" '
                  f'text-anchor="middle">{escape(row_title)}</text>')
     return _svg(LANE_WIDTH, height, description, parts, font)
