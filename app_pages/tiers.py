@@ -172,8 +172,8 @@ with st.container(horizontal=True):
         st.metric(t("tiers.blocks_out"), number(server.offload.moves.blocks_out))
         st.metric(t("tiers.blocks_back"), number(server.offload.moves.blocks_in))
     else:
-        st.metric(t("tiers.transfers"), len(server.transfers))
-        st.metric(t("tiers.bytes_received"), number(sum(x.bytes for x in server.transfers)))
+        st.metric(t("tiers.transfers"), len(server.connector.transfers))
+        st.metric(t("tiers.bytes_received"), number(sum(x.bytes for x in server.connector.transfers)))
 with why("tiers"):
     st.markdown(t("tiers.intro"))
     if run_mode == "tier":
@@ -191,17 +191,18 @@ if run_mode == "tier":
     st.subheader(t("tiers.crossover"))
     draw_crossover(run.crossover)
 else:
-    if server.failure is not None:
-        st.warning(t("tiers.worker_" + server.failure[0], step=server.failure[1]))
+    if server.connector.failure is not None:
+        st.warning(t("tiers.worker_" + server.connector.failure[0], step=server.connector.failure[1]))
     else:
         # which backend runs (ran): NCCL where the worker has a GPU of its own, else gloo through host memory
-        wire = t("tiers.wire_gloo" if server.pairing.host_copies else "tiers.wire_nccl")
-        if server.worker is not None:
-            st.markdown(t("tiers.worker_alive", pid=server.worker.process.pid, device=server.pairing.worker_device,
+        wire = t("tiers.wire_gloo" if server.connector.pairing.host_copies else "tiers.wire_nccl")
+        worker = server.connector.worker
+        if worker is not None:
+            st.markdown(t("tiers.worker_alive", pid=worker.process.pid, device=server.connector.pairing.worker_device,
                           wire=wire))
         else:
             st.markdown(t("tiers.worker_done", wire=wire) if run.finished else t("tiers.worker_ended"))
-        if server.pairing.host_copies and model.device.type == "cuda":
+        if server.connector.pairing.host_copies and model.device.type == "cuda":
             st.caption(t("tiers.one_gpu"))
     draw_transfers(server, model)
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from model.serving.disaggregated import DisaggregatedServer
+from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings
 from model.serving.kv_runs import default_budget
 from model.serving.queues import built_in_queue
@@ -34,24 +34,24 @@ def fresh(requests):
 def test_two_workers_give_the_one_process_tokens_and_send_the_formula_s_bytes_and_reset_ends_the_worker(
         small, one_process):
     requests, settings, tokens = one_process
-    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    server = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
-        first = server.worker.process
-        assert server.failure is None and first.is_alive()
+        first = server.connector.worker.process
+        assert server.connector.failure is None and first.is_alive()
         assert served(server) == tokens
-        assert not first.is_alive() and server.worker is None  # the run's last step let it go
-        assert server.failure is None and len(server.transfers) == len(requests)
+        assert not first.is_alive() and server.connector.worker is None  # the run's last step let it go
+        assert server.connector.failure is None and len(server.connector.transfers) == len(requests)
         # small: 4 layers × 2 × 2 KV heads × 32 × 4 bytes = 2,048 B a position, every prompt position sent
-        for transfer in server.transfers:
+        for transfer in server.connector.transfers:
             assert transfer.bytes == transfer.bytes_formula == 2048 * len(requests[transfer.request].prompt_ids)
             assert transfer.ms > 0 and transfer.prefill_ms > 0
         assert sum(s.kind == "received" for step in server.steps for s in step.spans) == len(requests)
         server.reset()
         server.step()  # a new worker, ended by the reset
-        process = server.worker.process
+        process = server.connector.worker.process
         assert process.is_alive() and process is not first
         server.reset()
-        assert not process.is_alive() and server.worker is None
+        assert not process.is_alive() and server.connector.worker is None
     finally:
         server.close()
 
@@ -60,18 +60,18 @@ def test_two_sessions_run_their_workers_at_once(small, one_process):
     """Each pair of workers meets in a process group of its own: a second session's worker starts and sends while the
     first's is alive (with the process's one default group, the second failed to start and ran alone)."""
     requests, settings, tokens = one_process
-    first = DisaggregatedServer(small, fresh(requests), settings, "small")
-    second = DisaggregatedServer(small, fresh(requests), settings, "small")
+    first = disaggregated_engine(small, fresh(requests), settings, "small")
+    second = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
-        assert first.worker.process.is_alive() and second.worker.process.is_alive()
+        assert first.connector.worker.process.is_alive() and second.connector.worker.process.is_alive()
         while not (first.finished and second.finished):  # the two interleaved, as two sessions' clicks are
             for server in (first, second):
                 if not server.finished:
                     server.step()
-        assert first.failure is None and second.failure is None
+        assert first.connector.failure is None and second.connector.failure is None
         assert {r.id: r.new_ids for r in second.requests.values()} == tokens == {
             r.id: r.new_ids for r in first.requests.values()}
-        assert len(first.transfers) == len(second.transfers) == len(requests)
+        assert len(first.connector.transfers) == len(second.connector.transfers) == len(requests)
     finally:
         first.close()
         second.close()
@@ -79,15 +79,15 @@ def test_two_sessions_run_their_workers_at_once(small, one_process):
 
 def test_a_worker_killed_mid_run_leaves_the_run_to_this_process_and_no_request_is_lost(small, one_process):
     requests, settings, tokens = one_process
-    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    server = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
-        while not server.transfers:
+        while not server.connector.transfers:
             server.step()
-        server.worker.process.kill()
+        server.connector.worker.process.kill()
         assert served(server) == tokens
-        why, step = server.failure
+        why, step = server.connector.failure
         assert why == "died" and 0 < step < len(server.steps)
-        assert 0 < len(server.transfers) < len(requests)  # the rest prefilled here
+        assert 0 < len(server.connector.transfers) < len(requests)  # the rest prefilled here
         assert any(s.kind == "prefill" for st in server.steps[step:] for s in st.spans)
     finally:
         server.close()
@@ -95,10 +95,10 @@ def test_a_worker_killed_mid_run_leaves_the_run_to_this_process_and_no_request_i
 
 def test_a_worker_that_fails_to_start_leaves_the_run_to_this_process(small, one_process):
     requests, settings, tokens = one_process
-    server = DisaggregatedServer(small, fresh(requests), settings, "no-such-model")
+    server = disaggregated_engine(small, fresh(requests), settings, "no-such-model")
     try:
-        assert server.failure == ("start", 0) and server.worker is None
-        assert served(server) == tokens and server.transfers == []
+        assert server.connector.failure == ("start", 0) and server.connector.worker is None
+        assert served(server) == tokens and server.connector.transfers == []
     finally:
         server.close()
 
@@ -109,16 +109,16 @@ def test_past_the_worker_cap_a_run_goes_on_alone_and_says_so_until_a_worker_ends
 
     monkeypatch.setenv("DECODE_LAB_MAX_WORKERS", "1")
     requests, settings, tokens = one_process
-    first = DisaggregatedServer(small, fresh(requests), settings, "small")
-    second = DisaggregatedServer(small, fresh(requests), settings, "small")
+    first = disaggregated_engine(small, fresh(requests), settings, "small")
+    second = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
-        assert first.worker is not None and disaggregated.live_workers() == 1
-        assert second.failure == ("busy", 0) and second.worker is None
-        assert served(second) == tokens and second.transfers == []
+        assert first.connector.worker is not None and disaggregated.live_workers() == 1
+        assert second.connector.failure == ("busy", 0) and second.connector.worker is None
+        assert served(second) == tokens and second.connector.transfers == []
         first.close()  # its worker ends: the place is free again
         assert disaggregated.live_workers() == 0
-        third = DisaggregatedServer(small, fresh(requests), settings, "small")
-        assert third.worker is not None and third.failure is None
+        third = disaggregated_engine(small, fresh(requests), settings, "small")
+        assert third.connector.worker is not None and third.connector.failure is None
         third.close()
         assert disaggregated.live_workers() == 0
     finally:
@@ -157,10 +157,10 @@ def test_a_two_worker_run_listens_on_the_loopback_only(small, one_process):
     if shutil.which("ss") is None:
         pytest.skip("no ss (iproute2) here to list listening sockets")
     requests, settings, _ = one_process
-    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    server = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
         server.step()
-        pids = {os.getpid(), server.worker.process.pid}
+        pids = {os.getpid(), server.connector.worker.process.pid}
         listening = [line.split()[3] for line in subprocess.run(["ss", "-ltnpH"], capture_output=True,
                                                                 text=True).stdout.splitlines()
                      if any(f"pid={pid}," in line for pid in pids)]
@@ -191,9 +191,9 @@ def test_one_gpu_pairs_over_gloo_through_host_memory_and_two_gpus_over_nccl_each
 
 def test_a_run_says_which_backend_ran_and_where_the_worker_was(small, one_process):
     requests, settings, _ = one_process
-    server = DisaggregatedServer(small, fresh(requests), settings, "small")
+    server = disaggregated_engine(small, fresh(requests), settings, "small")
     try:
-        assert server.pairing.backend == "gloo" and server.pairing.worker_device == "cpu"
-        assert server.worker.pairing == server.pairing
+        assert server.connector.pairing.backend == "gloo" and server.connector.pairing.worker_device == "cpu"
+        assert server.connector.worker.pairing == server.connector.pairing
     finally:
         server.close()

@@ -26,7 +26,7 @@ def test_the_first_move_out_foreseen_is_the_real_run_s(small, block_size):
         first = first_move_out(small, requests, run.settings.paged, run.crossover.positions)
         assert first is not None
         while not run.finished:
-            run.step()
+            run.server.step()
             moved = [rid for rid, what in run.server.steps[-1].tier if what == "out"]
             if moved:
                 break

@@ -162,6 +162,39 @@ def test_the_paged_pass_calls_the_model_in_one_place():
                 assert path.name in allowed, (path.name, ast.unparse(node))
 
 
+def test_one_step_in_the_serving_room():
+    """The engine's step is the room's one schedule-and-run loop; the only other is scheduler.Server's, the Serving
+    page's slot-batched decode lesson (a SlotCache decoded by slots.decode_rows, each joiner prefilled alone), which
+    is not a memory of the engine yet. Made red once by QueueRun's own step (a wrapper that kept a second record)."""
+    found = {}
+    for path in (ROOT / "model" / "serving").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "step":
+                        found[f"{path.stem}.{node.name}"] = item.lineno
+    assert set(found) == {"engine.Engine", "scheduler.Server"}, found
+
+
+def test_the_memories_are_told_apart_in_memory_py_only():
+    """No comparison of a layout or memory name with a string ("padded", "paged") and no isinstance on a memory
+    class outside model/serving/memory.py: the scheduler, the runs, the pages and the command line see one protocol.
+    Made red once by QueueRun's `settings.layout == "paged"` branches."""
+    rooms = [ROOT / "model", ROOT / "ui", ROOT / "app_pages", ROOT / "server"]
+    memories = ("SlotMemory", "BlockMemory", "KVMemory")
+    for path in (p for room in rooms if room.exists() for p in room.rglob("*.py")):
+        if path == ROOT / "model" / "serving" / "memory.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                names = [ast.unparse(x).split(".")[-1] for x in (node.left, *node.comparators)]
+                strings = [x.value for x in (node.left, *node.comparators) if isinstance(x, ast.Constant)]
+                assert not ({"layout", "memory"} & set(names) and set(strings) & {"padded", "paged"}), (
+                    path, ast.unparse(node))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                assert not any(m in ast.unparse(node.args[1]) for m in memories), (path, ast.unparse(node))
+
+
 def test_serve_reaches_the_server_room_from_the_entry_point_only():
     """`python -m model serve` is model/__main__.py's: the command line (model/tools) and the pages never import
     server/. Red once the entry point's lazy import is dropped, or a page imports server.loop."""

@@ -75,13 +75,13 @@ def test_an_ended_session_s_prefill_worker_and_pool_are_let_go_by_the_sweep(sess
     requests = queues.built_in_queue(small, "mixed")
     budget = kv_runs.default_budget(small, "mixed", requests, 16)
     run = kv_runs.QueueRun(small, requests, kv_runs.KVSettings("paged", 16, budget, prefill_worker="small"))
-    process = run.server.worker.process
+    process = run.server.connector.worker.process
     as_session("tab", run)
-    run.step()
+    run.server.step()
     assert process.is_alive() and disaggregated.live_workers() == 1 and run.server.cache.nbytes_reserved > 0
     known.discard("tab")
     assert session_end.sweep() == 1
-    assert not process.is_alive() and disaggregated.live_workers() == 0 and run.server.worker is None
+    assert not process.is_alive() and disaggregated.live_workers() == 0 and run.server.connector.worker is None
     assert run.server.cache.nbytes_reserved == 0 and run.server.cache.keys.numel() == 0
 
 

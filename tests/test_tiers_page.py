@@ -187,23 +187,23 @@ def test_two_workers_draw_each_transfer_with_its_bytes_beside_the_formula_and_co
     assert len(prepared) == 1 and not {"init_main_from_path", "init_main_from_name"} & prepared[0].keys()
     run = at.session_state["tiers_run"]
     server = run.server
-    assert server.failure is None and server.worker.process.is_alive()
+    assert server.connector.failure is None and server.connector.worker.process.is_alive()
     # which backend runs, and where the worker is (texts review T3): gloo through host memory, the worker on the CPU
     gloo = text("tiers.wire_gloo", "en")
-    assert text("tiers.worker_alive", "en").format(pid=server.worker.process.pid, device="cpu", wire=gloo) in [
-        m.value for m in at.markdown]
+    pid = server.connector.worker.process.pid
+    assert text("tiers.worker_alive", "en").format(pid=pid, device="cpu", wire=gloo) in [m.value for m in at.markdown]
     click(at, "tiers_run_button")
-    assert run.finished and server.failure is None and len(server.transfers) == len(run.requests)
+    assert run.finished and server.connector.failure is None and len(server.connector.transfers) == len(run.requests)
     assert text("tiers.worker_done", "en").format(wire=gloo) in [m.value for m in at.markdown]
     assert text("tiers.one_gpu", "en") not in [c.value for c in at.caption]  # a CPU: no GPU to share
     page = html(at)
-    for transfer in server.transfers:
+    for transfer in server.connector.transfers:
         n = len(run.requests[transfer.request].prompt_ids)
         written = f"4 × 2 × 2 × 32 × 4 × {n} = {2048 * n:,}"
         assert re.search(rf"<td>{transfer.request}</td><td>{transfer.step}</td><td>{n}</td><td>{2048 * n:,}</td>"
                          rf"<td>{written}</td><td>{text('paged.same', 'en')}</td>", page), transfer
     lanes = charts(at)[0]
-    assert lanes.count("marker-end=") == len({x.step for x in server.transfers})
+    assert lanes.count("marker-end=") == len({x.step for x in server.connector.transfers})
     assert lanes.count(" bytes received at step ") == len(run.requests)
     name, _, _ = at.session_state["tiers_compared"]
     assert name == "tiers.variant_alone_workers"
@@ -235,15 +235,15 @@ def test_before_a_start_the_workers_mode_says_what_a_worker_costs_and_the_cap(la
 def test_reset_ends_the_worker_and_a_worker_killed_mid_run_is_said():
     at = workers("vi")
     run = at.session_state["tiers_run"]
-    process = run.server.worker.process
+    process = run.server.connector.worker.process
     click(at, "tiers_reset")
-    assert not process.is_alive() and run.server.worker is None
+    assert not process.is_alive() and run.server.connector.worker is None
     assert text("tiers.worker_ended", "vi") in [m.value for m in at.markdown]
     click(at, "tiers_next")  # a new worker
     step_until(at, lambda step: any(s.kind == "received" for s in step.spans))
-    run.server.worker.process.kill()
+    run.server.connector.worker.process.kill()
     click(at, "tiers_run_button")
-    why, step = run.server.failure
+    why, step = run.server.connector.failure
     assert why == "died" and run.finished
     assert at.warning[0].value == text("tiers.worker_died", "vi").format(step=step)
     lanes = charts(at)[0]
@@ -253,9 +253,9 @@ def test_reset_ends_the_worker_and_a_worker_killed_mid_run_is_said():
 
 def test_a_second_run_ends_the_first_one_s_worker():
     at = workers()
-    first = at.session_state["tiers_run"].server.worker.process
+    first = at.session_state["tiers_run"].server.connector.worker.process
     click(at, "tiers_start")
-    assert not first.is_alive() and at.session_state["tiers_run"].server.worker.process.is_alive()
+    assert not first.is_alive() and at.session_state["tiers_run"].server.connector.worker.process.is_alive()
     click(at, "tiers_reset")
 
 

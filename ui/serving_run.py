@@ -101,7 +101,7 @@ def run_queue_steps(run: QueueRun, to_end: bool) -> str | None:
 
     error = None
     while not run.finished and error is None:
-        _, error = attempt(lambda: run.step(show))
+        _, error = attempt(lambda: run.server.step(show))
         if not to_end:
             break
     bar.clear()

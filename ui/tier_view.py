@@ -9,7 +9,6 @@ import threading
 import streamlit as st
 
 from model.engine.runtime import LoadedModel
-from model.serving.disaggregated import DisaggregatedServer
 from model.serving.engine import Engine
 from model.serving.forecast import FirstMove
 from model.serving.paged import PagedLayout
@@ -155,11 +154,11 @@ def formula_text(model: LoadedModel, positions: int) -> str:
     return f"{written} = {number(model.info.cache_bytes_formula(positions))}"
 
 
-def draw_worker_lanes(server: DisaggregatedServer) -> None:
+def draw_worker_lanes(server: Engine) -> None:
     """The two lanes, each transfer an arrow from the prefill worker's to the decode worker's step that received it,
     and their legend."""
     steps = server.steps
-    transfers = server.transfers
+    transfers = server.connector.transfers
     boxes = [(x.request, x.step, t("tiers.tip_transfer", request=x.request, step=x.step, bytes=number(x.bytes),
                                    ms=ms(x.ms))) for x in transfers]
     cells = []
@@ -171,15 +170,15 @@ def draw_worker_lanes(server: DisaggregatedServer) -> None:
                                                         received=kinds.count("received"),
                                                         here=here,
                                                         decodes=kinds.count("decode"))))
-    gone = None if server.failure is None else server.failure[1]
+    gone = None if server.connector.failure is None else server.connector.failure[1]
     st.html(svg.worker_lanes_svg(len(steps), boxes, cells, gone, (t("tiers.lane_prefill"), t("tiers.lane_decode")),
                                  t("serving.axis_step"), t("tiers.lanes_alt", transfers=len(transfers))))
     st.html(legend_html({t("tiers.legend_" + kind): colour for kind, colour in svg.WORKER_COLOURS.items()}))
 
 
-def draw_transfers(server: DisaggregatedServer, model: LoadedModel) -> None:
+def draw_transfers(server: Engine, model: LoadedModel) -> None:
     """Each transfer's bytes beside the cache formula's."""
-    transfers = server.transfers
+    transfers = server.connector.transfers
     rows = [[x.request, x.step, number(x.positions), number(x.bytes), formula_text(model, x.positions),
              t("paged.same" if x.bytes == x.bytes_formula else "paged.not_same"), ms(x.ms), ms(x.prefill_ms)]
             for x in transfers]

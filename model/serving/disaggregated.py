@@ -1,8 +1,8 @@
 """Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill, whose KV connector sends a
 prompt's KV cache from the prefill instance to the decode one): a prefill worker, a second process with the same
 model, computes each arriving prompt's keys and values and sends them with its last position's logits; this process,
-the decode worker, writes them into blocks of its pool and decodes (engine.Engine, its prompts
-"received").
+the decode worker, writes them into blocks of its pool and decodes (engine.Engine, its prompts "received"); the
+worker is the engine's connector (PrefillConnector).
 
 - Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
   values and logits come back over torch.distributed: send / recv, rank 1 to rank 0, in a process group of the pair's
@@ -35,7 +35,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,11 +45,10 @@ import torch.distributed as dist
 
 from model.engine.loading import load_model
 from model.engine.runtime import LoadedModel, NativeModel
-from model.serving.engine import Engine, EngineSettings, StepRecord
+from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedCache, PagedLayout
 from model.serving.request import Request
 from model.serving.runner import prompt_alone, run_rows
-from model.serving.scheduler import StepProgress
 
 log = logging.getLogger(__name__)
 
@@ -324,85 +323,93 @@ class PrefillWorker:
         self._end()
 
 
-class DisaggregatedServer(Engine):
-    """A Engine whose prompts a PrefillWorker prefills: each request is sent there when it arrives, admitted
-    here once its keys and values are received (in order of arrival, as any other) and its blocks free. A request
-    preempted here is computed again here. With nothing running and the next prompt not received yet, a step waits
-    for it (on the clock: its TTFT counts the wait)."""
+class PrefillConnector:
+    """The prefill worker as the engine's KV connector (the shape of vLLM's KVConnector): before each step's
+    schedule it sends the prompts that arrived to the worker and takes the keys and values that came back; the
+    scheduler sees only that a request's blocks are coming (kv_at "remote") and admits it once they are here
+    (received_kv), in order of arrival as any other, when its blocks are free. A request preempted here is computed
+    again here. With nothing running and the next prompt not received yet, a step waits for it (on the clock: its
+    TTFT counts the wait)."""
 
-    def __init__(self, model: NativeModel, requests: list[Request], settings: EngineSettings, model_name: str):
-        super().__init__(model, requests, settings)
-        self.model_name = model_name
+    def __init__(self, model: NativeModel, model_name: str, block_size: int):
+        self.model, self.model_name, self.block_size = model, model_name, block_size
         self.pairing = pairing(model.device)  # the backend and the worker's device, said by the page and the CLI
         self.transfers: list[Transfer] = []
         self.failure: tuple[str, int] | None = None  # ("start" | "died", the step), once the run went on alone
         self.worker: PrefillWorker | None = None
-        self._start()
+        self._start(None)
 
-    def _start(self) -> None:
+    def _start(self, engine: Engine | None) -> None:
         try:
-            self.worker = PrefillWorker(self.model, self.model_name, self.settings.block_size)
+            self.worker = PrefillWorker(self.model, self.model_name, self.block_size)
         except WorkersBusy:
-            self._alone("busy")
+            self._alone("busy", engine)
         except WorkerGone:
-            self._alone("start")
+            self._alone("start", engine)
 
-    def _alone(self, why: str) -> None:
+    def _alone(self, why: str, engine: Engine | None) -> None:
         """The worker gone: every prompt it has not sent back is prefilled here from now on."""
         if self.worker is not None:
             self.worker.stop()
         self.worker = None
-        self.failure = (why, self.steps_run)
-        for seq in self.waiting:
+        self.failure = (why, 0 if engine is None else engine.steps_run)
+        for seq in [] if engine is None else engine.waiting:
             if seq.kv_at == "remote" and seq.received_kv is None:
                 seq.kv_at = "here"
 
-    def step(self, report: Callable[[StepProgress], None] | None = None) -> StepRecord:
-        if self.plan is None and self.worker is None and self.failure is None:
-            self._start()  # after a reset
-        if self.plan is None and self.worker is not None:
-            self.received_ms += self._exchange(self.steps_run)
-        step = super().step(report)
-        if self.finished and self.worker is not None:  # nothing left to prefill: the worker and the group let go
+    def step_begins(self, engine: Engine) -> float:
+        """Before a step's schedule: the exchange with the worker (one started again after a reset); its ms."""
+        if self.worker is None and self.failure is None:
+            self._start(engine)
+        return 0.0 if self.worker is None else self._exchange(engine)
+
+    def step_ends(self, engine: Engine) -> None:
+        if engine.finished and self.worker is not None:  # nothing left to prefill: the worker and the group let go
             self.worker.stop()
             self.worker = None
-        return step
 
-    def _exchange(self, index: int) -> float:
+    def _exchange(self, engine: Engine) -> float:
         """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing
         could run without it); the ms spent waiting and receiving."""
+        index = engine.steps_run
         t0 = time.perf_counter()
         try:
-            for seq in self.waiting:
+            for seq in engine.waiting:
                 if seq.arrival_step <= index and seq.kv_at == "here" and seq.preemptions == 0:
                     self.worker.submit(seq.id, seq.prompt_ids)
                     seq.kv_at = "remote"
-            head = self.waiting[0] if self.waiting else None
-            stalled = not self.running and head is not None and head.kv_at == "remote"
+            head = engine.waiting[0] if engine.waiting else None
+            stalled = not engine.running and head is not None and head.kv_at == "remote"
             while True:
                 waiting_for = stalled and head.received_kv is None
                 got = self.worker.receive(wait=waiting_for)
                 if got is None:
                     break
                 rid, logits, kv, ms, prefill_ms = got
-                request = self.requests[rid]
+                request = engine.requests[rid]
                 request.first_logits, request.received_kv = logits, kv
                 n = request.prompt_len
                 self.transfers.append(Transfer(rid, index, n, sum(t.numel() * t.element_size() for t in kv),
-                                               self.info.cache_bytes_formula(n), ms, prefill_ms))
+                                               self.model.info.cache_bytes_formula(n), ms, prefill_ms))
         except WorkerGone:
-            self._alone("died")
+            self._alone("died", engine)
         return (time.perf_counter() - t0) * 1000
 
     def reset(self) -> None:
-        """As Engine.reset, and the worker ended (a new one starts at the next step)."""
-        if self.worker is not None:
-            self.worker.stop()
-        self.worker, self.failure, self.transfers = None, None, []
-        super().reset()
+        """The worker ended (a new one starts at the next step), the transfers forgotten."""
+        self.close()
+        self.failure, self.transfers = None, []
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.stop()
             self.worker = None
-        super().close()
+
+
+def disaggregated_engine(model: NativeModel, requests: list[Request], settings: EngineSettings,
+                         model_name: str) -> Engine:
+    """An engine whose prompts a prefill worker of `model_name` computes (its connector), checked before the worker
+    starts."""
+    engine = Engine(model, requests, settings)
+    engine.connector = PrefillConnector(model, model_name, settings.block_size)
+    return engine

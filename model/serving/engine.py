@@ -201,6 +201,9 @@ class Engine:
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
+        # what brings a request's keys and values from outside the pool (disaggregated.PrefillConnector): step_begins
+        # before each schedule (its ms), step_ends after each step, reset, close
+        self.connector = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
             slots = (self.cache.n_blocks if settings.tier_bytes is None
@@ -216,6 +219,8 @@ class Engine:
     def reset(self) -> None:
         """Every block back in the pool, every request waiting again from its start, the tier's slots free and its
         file deleted."""
+        if self.connector is not None:
+            self.connector.reset()
         self.cache.reset()
         if self.offload is not None:
             self.offload.reset()
@@ -227,6 +232,8 @@ class Engine:
     def close(self) -> None:
         """The tier's file deleted and the pool's memory let go (a run that ends keeps neither): the server takes no
         more steps."""
+        if self.connector is not None:
+            self.connector.close()
         if self.offload is not None:
             self.offload.close()
         self.cache.release()
@@ -458,6 +465,8 @@ class Engine:
         pass again whole (it writes the same positions); its time is not counted."""
         index = self.steps_run
         if self.plan is None:
+            if self.connector is not None:
+                self.received_ms += self.connector.step_begins(self)
             if self.offload is not None:
                 self.offload.step_begins()
             self.plan = self._schedule(index)
@@ -520,6 +529,8 @@ class Engine:
         self.steps_run += 1
         if self.settings.history is not None and len(self.steps) > self.settings.history:
             del self.steps[0]
+        if self.connector is not None:
+            self.connector.step_ends(self)
         return step
 
     def pool_view(self) -> PoolView:

@@ -15,7 +15,7 @@ import numpy as np
 
 from model.engine.runtime import NativeModel
 from model.errors import InputError
-from model.serving.disaggregated import DisaggregatedServer
+from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings, StepRecord, check_paged
 from model.serving.memory import MEMORIES, check_memory, memory_slots
 from model.serving.paged import PagedLayout
@@ -112,7 +112,7 @@ class QueueRun:
         if settings.prefill_worker is not None:
             if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
                 raise InputError("disaggregate_alone")
-            self.server = DisaggregatedServer(model, self.requests, engine, settings.prefill_worker)
+            self.server = disaggregated_engine(model, self.requests, engine, settings.prefill_worker)
         else:
             self.server = Engine(model, self.requests, engine)
 
@@ -124,12 +124,9 @@ class QueueRun:
     def finished(self) -> bool:
         return self.server.finished
 
-    def step(self, report: Callable[[StepProgress], None] | None = None) -> None:
-        self.server.step(report)
-
     def run(self, report: Callable[[StepProgress], None] | None = None) -> QueueRun:
         while not self.finished:
-            self.step(report)
+            self.server.step(report)
         return self
 
     def close(self) -> None:
@@ -181,11 +178,11 @@ class QueueRun:
         time, how many prompts came over, and why the run went on alone if it did."""
         if self.settings.prefill_worker is None:
             return None
-        transfers, failure = self.server.transfers, self.server.failure
+        transfers, failure = self.server.connector.transfers, self.server.connector.failure
         return {"bytes": sum(t.bytes for t in transfers), "bytes_formula": sum(t.bytes_formula for t in transfers),
                 "ms": sum(t.ms for t in transfers), "prefill_ms": sum(t.prefill_ms for t in transfers),
-                "prompts": len(transfers), "backend": self.server.pairing.backend,
-                "worker_device": self.server.pairing.worker_device,
+                "prompts": len(transfers), "backend": self.server.connector.pairing.backend,
+                "worker_device": self.server.connector.pairing.worker_device,
                 "alone": None if failure is None else {"why": failure[0], "step": failure[1]}}
 
     def offload_summary(self) -> dict | None:
