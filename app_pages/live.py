@@ -29,7 +29,7 @@ from ui.live_server import (
     snippets,
 )
 from ui.reruns import rerun_whole_page
-from ui.state import default_prompt, keep_across_pages
+from ui.state import DEFAULT_PROMPTS, PROMPT_MODES, default_prompt, keep_across_pages
 from ui.widgets import md_escape
 
 POLL_S = 0.5       # while the server answers: twice a second
@@ -43,7 +43,8 @@ state = st.session_state
 if "live_user" not in state:  # the `user` of this session's requests: how the page finds them in the server's state
     state.live_user = "decode-lab-" + uuid.uuid4().hex[:8]
 state.setdefault("live_sent", [])
-state.setdefault("live_no_chat", set())  # models the server refused chat for: their prompts go as text
+# models whose prompts go as text: the bundled ones and Gemma 3 (no chat format), and any the server refused chat for
+state.setdefault("live_no_chat", {m for m in DEFAULT_PROMPTS if PROMPT_MODES.get(m) != "chat"} - {"other"})
 
 st.title(t("live.title"))
 with settings("live"):
@@ -58,6 +59,11 @@ with settings("live"):
 url = state.live_url.strip().rstrip("/")
 if state.live_max_tokens not in MAX_TOKENS:  # only a forged websocket message sends another value
     state.live_max_tokens = 32
+
+
+def as_code(address: str) -> str:
+    """An address in a sentence as a code span: written as typed (markdown would link it and show its escapes)."""
+    return "`" + address.replace("`", "") + "`"
 
 
 def mine(snapshot) -> set[int]:
@@ -86,10 +92,10 @@ def pool_part() -> None:
     if isinstance(snapshot, ServerDown):
         with key_figure():
             st.html(view.setup_svg())
-            st.info(view.down_sentence(snapshot, md_escape(url)))
+            st.info(view.down_sentence(snapshot, as_code(url)))
         return
     uptime = snapshot.uptime_s
-    st.caption(t("live.status", url=md_escape(url), model=md_escape(snapshot.model), minutes=int(uptime // 60),
+    st.caption(t("live.status", url=as_code(url), model=md_escape(snapshot.model), minutes=int(uptime // 60),
                  seconds=int(uptime % 60))
                + " " + t("live.paused_note" if state.live_paused else "live.polling_note"))
     held = int((snapshot.holder >= 0).sum())
@@ -119,7 +125,7 @@ def send_click() -> None:
         sent = send(url, state.live_key, model, prompt, state.live_user, int(state.live_max_tokens),
                     chat_first=model not in state.live_no_chat)
     except ServerDown as down:
-        state.live_refusal = view.down_sentence(down, md_escape(url))
+        state.live_refusal = view.down_sentence(down, as_code(url))
         return
     state.live_sent = ([*state.live_sent, sent])[-SENT_KEPT:]
 
@@ -135,7 +141,7 @@ def answer_part(snapshot) -> None:
     where = (t("live.answer_id", rid=rid, id=md_escape(sent.response_id)) if rid is not None
              else t("live.answer_no_id"))
     if sent.error is not None:
-        st.error(t("live.send_" + sent.error, url=md_escape(url), message=md_escape(sent.message)))
+        st.error(t("live.send_" + sent.error, url=as_code(url), message=md_escape(sent.message)))
         if not sent.text:
             return
     st.markdown(f"**{t('live.answer_title')}** · {where}")
@@ -173,19 +179,16 @@ def rest_part() -> None:
     done = snapshot.finished
     c = snapshot.conditions
     conditions = t("live.conditions", model=md_escape(snapshot.model), cpu=md_escape(c.cpu), threads=c.threads,
-                   dtype=md_escape(c.dtype), torch=md_escape(c.torch), n=number(len(done)))
+                   dtype=md_escape(c.dtype), torch=md_escape(c.torch), device=md_escape(c.device or "—"),
+                   n=number(len(done)))
     if not done:
         st.caption(t("live.no_finished"))
         return
-    by_concurrent, by_context = st.columns(2)
-    with by_concurrent:
-        st.markdown(f"**{t('live.by_concurrent')}**")
-        st.html(view.latency_table(latency_groups(done, "concurrent"), "concurrent"))
-        st.caption(conditions)
-    with by_context:
-        st.markdown(f"**{t('live.by_context')}**")
-        st.html(view.latency_table(latency_groups(done, "context"), "context"))
-        st.caption(conditions)
+    st.markdown(f"**{t('live.by_concurrent')}**")
+    st.html(view.latency_table(latency_groups(done, "concurrent"), "concurrent"))
+    st.markdown(f"**{t('live.by_context')}**")
+    st.html(view.latency_table(latency_groups(done, "context"), "context"))
+    st.caption(conditions)
     with why("live-latency"):
         st.caption(t("live.latency_caption"))
 
@@ -220,7 +223,7 @@ st.markdown(t("live.snippet_curl"))
 st.code(curl, language="bash")
 st.markdown(t("live.snippet_python"))
 st.code(python, language="python")
-said = t("live.snippet_caption", base=md_escape(shown_url + "/v1"))
+said = t("live.snippet_caption", base=as_code(shown_url + "/v1"))
 if urlsplit(shown_url).hostname in ("127.0.0.1", "localhost", "::1"):
     said += " " + t("live.snippet_local")
 st.caption(said)

@@ -113,6 +113,7 @@ class Conditions:
     dtype: str
     torch: str
     max_waiting: int
+    device: str | None = None  # said by servers that say it
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,8 @@ def parse_state(data) -> EngineState:
         c = _dict(top["conditions"], "conditions")
         conditions = Conditions(_str(c["cpu"], "conditions.cpu"), _int(c["threads"], "conditions.threads"),
                                 _str(c["dtype"], "conditions.dtype"), _str(c["torch"], "conditions.torch"),
-                                _int(c["max_waiting"], "conditions.max_waiting"))
+                                _int(c["max_waiting"], "conditions.max_waiting"),
+                                _str(c.get("device"), "conditions.device", True))
         return EngineState(
             _str(top["model"], "model"), _int(top["block_size"], "block_size"), n_blocks,
             _int(top["block_bytes"], "block_bytes"), arrays["holder"], arrays["refs"], arrays["cached"],

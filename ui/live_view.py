@@ -62,6 +62,8 @@ def pool_html(state: EngineState, mine: set[int]) -> str:
         picture = svg.pool_bar_svg(state.holder, {r: t("paged.tip_request", request=r, blocks=number(n))
                                                   for r, n in held.items()},
                                    t("paged.tip_free_many", blocks=number(free)), alt)
+        summary = t("paged.pool_summary", blocks=number(state.n_blocks), most=number(svg.MAX_GRID_BLOCKS))
+        picture += f'<p class="dl-caption">{escape(summary)}</p>'
     else:
         picture = svg.block_grid_svg(state.holder, state.refs, state.cached, np.zeros(state.n_blocks, dtype=bool),
                                      state.filled, state.block_size, pool_tips(state), alt,
