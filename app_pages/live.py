@@ -36,6 +36,8 @@ POLL_S = 0.5       # while the server answers: twice a second
 DOWN_POLL_S = 5.0  # while it does not: often enough to notice it start, rarely enough to leave the page idle between
 MAX_TOKENS = (8, 16, 32, 64, 128)
 SENT_KEPT = 5  # the student's latest requests the page remembers
+CODE_CSS = ("<style>.st-key-live_snippets code,.st-key-live_answer code{font-size:1rem !important;"
+            "line-height:1.5 !important}</style>")
 
 keep_across_pages({"live_url": server_url(), "live_key": server_key(), "live_paused": False, "live_prompt": "",
                    "live_max_tokens": 32})
@@ -47,6 +49,8 @@ state.setdefault("live_sent", [])
 state.setdefault("live_no_chat", {m for m in DEFAULT_PROMPTS if PROMPT_MODES.get(m) != "chat"} - {"other"})
 
 st.title(t("live.title"))
+# the code a class copies, at the body's size (Streamlit writes code at 12 px, under the back row's 16)
+st.html(CODE_CSS)
 with settings("live"):
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.text_input(t("live.address"), key="live_url", width=320,
@@ -145,7 +149,8 @@ def answer_part(snapshot) -> None:
         if not sent.text:
             return
     st.markdown(f"**{t('live.answer_title')}** · {where}")
-    st.code(sent.text or "…", language=None, wrap_lines=True)
+    with st.container(key="live_answer"):
+        st.code(sent.text or "…", language=None, wrap_lines=True)
     if sent.done:
         usage = sent.usage
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
@@ -219,10 +224,11 @@ except ServerDown:
     shown_url = DEFAULT_URL
 curl, python = snippets(shown_url, endpoint, model, state.live_prompt.strip() or default_prompt(model),
                         int(state.live_max_tokens))
-st.markdown(t("live.snippet_curl"))
-st.code(curl, language="bash")
-st.markdown(t("live.snippet_python"))
-st.code(python, language="python")
+with st.container(key="live_snippets"):
+    st.markdown(t("live.snippet_curl"))
+    st.code(curl, language="bash", wrap_lines=True)
+    st.markdown(t("live.snippet_python"))
+    st.code(python, language="python")
 said = t("live.snippet_caption", base=as_code(shown_url + "/v1"))
 if urlsplit(shown_url).hostname in ("127.0.0.1", "localhost", "::1"):
     said += " " + t("live.snippet_local")
