@@ -18,7 +18,7 @@ from live_fake import FakeServer, fixture_state
 
 from model.texts import text
 from ui.live_server import ServerDown, fetch_state, latency_groups, parse_state, percentiles, send, snippets
-from ui.live_view import marked_blocks
+from ui.live_view import EVENTS_SHOWN, marked_blocks, shown_events
 from ui.svg import MARK_INK
 
 PAGE = "app_pages/live.py"
@@ -62,6 +62,13 @@ def test_the_state_json_becomes_the_dataclasses():
     assert state.mine("nobody", {3}) == {3}
     # their blocks, a block shared with request 3 among them
     assert np.flatnonzero(marked_blocks(state, {5})).tolist() == [0, 6, 7]
+
+
+def test_preemptions_and_prefix_hits_are_not_pushed_out_by_departures():
+    found = [("left", f"l{k}") for k in range(10)] + [("preempted", "p"), ("admitted", "a"), ("hit", "h")]
+    assert shown_events(found) == [*(("left", f"l{k}") for k in range(EVENTS_SHOWN - 2)), ("preempted", "p"),
+                                   ("hit", "h")]
+    assert shown_events(found[:3]) == found[:3]
 
 
 def test_percentiles_by_concurrent_requests_and_by_prompt_length():

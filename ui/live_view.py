@@ -125,12 +125,22 @@ def events(state: EngineState) -> list[tuple[str, str]]:
     return found
 
 
+def shown_events(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """At most EVENTS_SHOWN of the events, in their order: every preemption and prefix hit first, then the
+    others."""
+    urgent = [k for k, (kind, _) in enumerate(found) if kind in ("preempted", "hit")][:EVENTS_SHOWN]
+    rest = [k for k, (kind, _) in enumerate(found) if kind not in ("preempted", "hit")][:EVENTS_SHOWN - len(urgent)]
+    return [found[k] for k in sorted(urgent + rest)]
+
+
 EVENT_STYLE = {"preempted": "color:#c92a2a;font-weight:600", "hit": "color:#1f5fbf;font-weight:600",
                "admitted": "", "left": ""}
 
 
 def events_html(state: EngineState) -> str:
-    said = events(state)[:EVENTS_SHOWN]
+    """The latest EVENTS_SHOWN events, newest first, preemptions and prefix hits before the others (a busy server's
+    arrivals and departures would push them out of sight)."""
+    said = shown_events(events(state))
     if not said:
         return f'<p class="dl-caption">{escape(t("live.no_events", steps=len(state.steps)))}</p>'
     return ('<ul style="margin:0 0 0.5rem 1.2rem;padding:0;line-height:1.5">'
