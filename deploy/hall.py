@@ -1,13 +1,17 @@
 """A lecture hall: N app processes on loopback ports behind Debian's nginx, started and stopped as one.
 
     .venv/bin/python deploy/hall.py [--replicas N] [--port P] [--address A] [--tls-cert CRT --tls-key KEY]
-                                    (./dev serve … runs it)
+                                    [--api-model smollm2 | --no-api]        (./dev serve … runs it)
 
 Each replica is `streamlit run app.py` on a free port of 127.0.0.1 with the classroom settings; once every one
 answers /_stcore/health, nginx runs in the foreground on a config generated into a run folder of its own (not
 /etc/nginx), listening on A:P (HTTPS with a certificate: TLS ends at nginx). Sticky sessions: a cookie, not
 ip_hash (why: docs/deploy.md, "Deploying for a school").
-Ctrl-C or SIGTERM stops nginx and every replica; a replica that dies is started again on its port. Bad
+Beside the replicas, one API server (`python -m model serve`, the OpenAI-compatible API on the serving engine) on a
+loopback port, behind the same nginx at /v1/, so that a class needs one address; the replicas learn its address from
+DECODE_LAB_SERVER_URL (the Live server page polls it). An API server that cannot start (its model not fetched) is
+said in one sentence and the hall runs without /v1/.
+Ctrl-C or SIGTERM stops nginx, the API server and every replica; a replica that dies is started again on its port. Bad
 configuration (the port taken, nginx missing) is one sentence on stderr and exit status 2.
 """
 
@@ -32,6 +36,7 @@ START_TIMEOUT_S = 120  # a replica imports Streamlit and torch; on a busy 2-core
 STOP_TIMEOUT_S = 10
 RESTARTS_PER_REPLICA = 5  # a replica that keeps dying is left down (nginx sends its students to the others)
 SEAT_COOKIE = "decode_lab_seat"
+API_START_TIMEOUT_S = 180  # the API server loads its model (SmolLM2: seconds; its kernels built once: a minute)
 REPLICA_HEADER = "X-Decode-Lab-Replica"  # which replica answered a websocket: for the load test and the operator
 # The classroom defaults: no folder or Hub id may load, whatever the operator's shell exports.
 CLASSROOM_OFF = ("DECODE_LAB_ALLOW_PATHS", "DECODE_LAB_ALLOW_DOWNLOADS")
@@ -104,11 +109,24 @@ http {{
             add_header {replica_header} $upstream_addr always;
         }}
 
+{api_location}
         location / {{
             proxy_pass http://decode_lab;
         }}
     }}
 }}
+"""
+
+
+# the API server's routes: streamed answers go out as they come (no buffering), a long answer may take minutes
+API_LOCATION = """\
+        location /v1/ {{
+            proxy_pass http://127.0.0.1:{port};
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout 1h;
+            client_max_body_size 1m;
+        }}
 """
 
 
@@ -150,23 +168,25 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def healthy(port: int) -> bool:
+def healthy(port: int, path: str = "/_stcore/health") -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
 
 
 class Replica:
-    def __init__(self, number: int, port: int, log_dir: Path):
-        self.number, self.port = number, port
+    def __init__(self, number: int, port: int, log_dir: Path, api_url: str | None = None):
+        self.number, self.port, self.api_url = number, port, api_url
         self.log_path = log_dir / f"replica-{number}.log"
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in CLASSROOM_OFF}
+        if self.api_url is not None:
+            env["DECODE_LAB_SERVER_URL"] = self.api_url
         command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                    "--server.port", str(self.port), "--server.address", "127.0.0.1",
                    "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
@@ -177,6 +197,52 @@ class Replica:
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-2000:]
+
+
+class ApiServer:
+    """`python -m model serve --model M` on a loopback port: the hall's OpenAI-compatible API."""
+
+    def __init__(self, model: str, port: int, log_dir: Path):
+        self.model, self.port = model, port
+        self.log_path = log_dir / "api-server.log"
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in CLASSROOM_OFF}
+        command = [sys.executable, "-m", "model", "serve", "--model", self.model, "--host", "127.0.0.1",
+                   "--port", str(self.port)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        print(f"api: pid {self.proc.pid} serving {self.model} on {self.url}", flush=True)
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-1200:]
+
+
+def wait_api(api: ApiServer, stopping) -> bool:
+    """True once the API server answers /health; False (said in one sentence) when it exits or takes too long:
+    the hall then runs without /v1/."""
+    deadline = time.monotonic() + API_START_TIMEOUT_S
+    while not stopping():
+        if api.proc.poll() is not None:
+            print(f"hall: the API server ({api.model}) exited with status {api.proc.returncode} while starting; "
+                  f"the hall runs without /v1/. The end of its log:\n{api.log_tail()}", flush=True)
+            return False
+        if healthy(api.port, "/health"):
+            return True
+        if time.monotonic() > deadline:
+            print(f"hall: the API server did not answer /health within {API_START_TIMEOUT_S} s; the hall runs "
+                  "without /v1/", flush=True)
+            api.proc.terminate()
+            return False
+        time.sleep(0.3)
+    return False
 
 
 def wait_healthy(replicas: list[Replica], stopping) -> None:
@@ -213,18 +279,20 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
 
 
 def write_config(run_dir: Path, address: str, port: int, replicas: list[Replica],
-                 tls: tuple[Path, Path] | None) -> Path:
+                 tls: tuple[Path, Path] | None, api_port: int | None = None) -> Path:
     servers = "\n".join(f"        server 127.0.0.1:{r.port} max_fails=1 fail_timeout=5s;" for r in replicas)
     tls_lines = "" if tls is None else (f"        ssl_certificate {tls[0]};\n        ssl_certificate_key {tls[1]};\n"
                                         "        ssl_protocols TLSv1.2 TLSv1.3;\n")
     conf = run_dir / "nginx.conf"
     conf.write_text(NGINX_CONF.format(run_dir=run_dir, cookie=SEAT_COOKIE, servers=servers, address=address,
                                       port=port, replica_header=REPLICA_HEADER, ssl=" ssl" if tls else "",
-                                      tls=tls_lines, secure="; Secure" if tls else ""))
+                                      tls=tls_lines, secure="; Secure" if tls else "",
+                                      api_location="" if api_port is None else API_LOCATION.format(port=api_port)))
     return conf
 
 
-def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | None) -> int:
+def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | None,
+          api_model: str | None = None) -> int:
     nginx = find_nginx()
     taken = port_taken(address, port)
     if taken:
@@ -239,20 +307,26 @@ def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | 
 
     run_dir = Path(tempfile.mkdtemp(prefix="decode-lab-hall-"))
     run_dir.chmod(0o711)  # nginx's worker (user nobody when started as root) reaches its temp folders inside
-    replicas = [Replica(n + 1, free_loopback_port(), run_dir) for n in range(replica_count)]
+    api = None if api_model is None else ApiServer(api_model, free_loopback_port(), run_dir)
+    replicas = [Replica(n + 1, free_loopback_port(), run_dir, api and api.url) for n in range(replica_count)]
     nginx_proc: subprocess.Popen | None = None
     try:
+        if api is not None:
+            api.start()  # first: its model loads while the replicas import Streamlit
         for r in replicas:
             r.start()
         wait_healthy(replicas, lambda: bool(stop_signal))
+        if api is not None and not wait_api(api, lambda: bool(stop_signal)):
+            api = None
         if stop_signal:
             return 0
-        conf = write_config(run_dir, address, port, replicas, tls)
+        conf = write_config(run_dir, address, port, replicas, tls, api and api.port)
         nginx_proc = subprocess.Popen([nginx, "-p", str(run_dir), "-c", str(conf), "-e", "stderr"],
                                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         scheme = "https" if tls else "http"
         print(f"hall: nginx pid {nginx_proc.pid} on {scheme}://{address}:{port} in front of {replica_count} "
-              f"replica{'s' if replica_count > 1 else ''} (config {conf}); Ctrl-C stops all", flush=True)
+              f"replica{'s' if replica_count > 1 else ''}{' and the API at /v1/' if api else ''} (config {conf}); "
+              "Ctrl-C stops all", flush=True)
         while not stop_signal:
             if nginx_proc.poll() is not None:
                 print(f"hall: nginx exited with status {nginx_proc.returncode}; stopping the replicas",
@@ -265,12 +339,19 @@ def serve(replica_count: int, address: str, port: int, tls: tuple[Path, Path] | 
                           f"reconnect to the others; starting it again ({r.restarts}/{RESTARTS_PER_REPLICA}). "
                           f"The end of its log:\n{r.log_tail()[-600:]}", flush=True)
                     r.start()
+            if api is not None and api.proc.poll() is not None and api.restarts < RESTARTS_PER_REPLICA:
+                api.restarts += 1
+                print(f"hall: the API server exited with status {api.proc.returncode}; starting it again "
+                      f"({api.restarts}/{RESTARTS_PER_REPLICA}). The end of its log:\n{api.log_tail()[-600:]}",
+                      flush=True)
+                api.start()
             time.sleep(0.5)
         return 0
     finally:
-        stop_all([p for p in [nginx_proc, *(r.proc for r in replicas)] if p is not None])
+        # the API server first: its open streams end with an error object before nginx goes
+        stop_all([p for p in [api and api.proc, nginx_proc, *(r.proc for r in replicas)] if p is not None])
         shutil.rmtree(run_dir, ignore_errors=True)
-        print("hall: stopped nginx and every replica", flush=True)
+        print("hall: stopped nginx and every replica" + (", and the API server" if api else ""), flush=True)
 
 
 def main() -> int:
@@ -282,6 +363,9 @@ def main() -> int:
                         help="the address nginx listens on (default 0.0.0.0: every interface)")
     parser.add_argument("--tls-cert", type=Path, help="a certificate (PEM): nginx speaks HTTPS and wss")
     parser.add_argument("--tls-key", type=Path, help="its private key (PEM)")
+    parser.add_argument("--api-model", default="smollm2",
+                        help="the model of the API server at /v1/ (python -m model serve; default smollm2)")
+    parser.add_argument("--no-api", action="store_true", help="no API server (no /v1/)")
     args = parser.parse_args()
     try:
         if args.replicas < 1:
@@ -294,7 +378,7 @@ def main() -> int:
         for path in tls or ():
             if not path.is_file():
                 raise BadConfiguration(f"{path} is not a file: --tls-cert and --tls-key name PEM files.")
-        return serve(args.replicas, args.address, args.port, tls)
+        return serve(args.replicas, args.address, args.port, tls, None if args.no_api else args.api_model)
     except BadConfiguration as bad:
         print(f"hall: {bad}", file=sys.stderr)
         return 2
