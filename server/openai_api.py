@@ -83,6 +83,7 @@ class Sampled(BaseModel):
 
 class CompletionBody(Sampled):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)       # the legacy endpoint's default (OpenAI's and vLLM's)
     logprobs: int | None = Field(None, ge=0, le=20)
 
 

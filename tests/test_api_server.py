@@ -34,7 +34,7 @@ def client(served, **kwargs) -> openai.OpenAI:
 
 
 def post(served, path: str, body: dict, **kwargs) -> httpx.Response:
-    return httpx.post(f"{served.url}{path}", json=body, timeout=30, **kwargs)
+    return httpx.post(f"{served.url}{path}", json=body, **{"timeout": 30} | kwargs)
 
 
 def pool_free(served) -> bool:
@@ -360,3 +360,55 @@ def test_metrics_count_what_was_served(small):
     assert values[f"decode_lab:prefix_cache_queries_total{label}"] == 9
     assert values[f"decode_lab:kv_blocks_used{label}"] == 0 and values[f"decode_lab:num_requests_running{label}"] == 0
     assert "# TYPE decode_lab:time_to_first_token_seconds histogram" in text
+
+
+def test_a_client_leaving_a_non_streamed_request_frees_its_blocks(small):
+    """A non-streamed request whose client gives up (a read timeout closes the connection) is aborted within the
+    handler's poll, not run to its end. Red without the disconnect poll in respond()."""
+    with serving(small, step_s=0.03) as served:
+        with pytest.raises(httpx.ReadTimeout):
+            post(served, "/v1/completions", {"prompt": "con mèo", "max_tokens": 120, "ignore_eos": True},
+                 timeout=httpx.Timeout(30, read=0.4))
+        wait_until(lambda: pool_free(served), timeout=2, what="the blocks back after the client left")
+        assert served.state()["finished"][-1]["finish_reason"] == "abort"
+
+
+def test_an_engine_failure_ends_its_requests_with_an_error_and_the_server_goes_on(small):
+    """A step that raises ends the requests of that step (a stream: the error object, then [DONE]; not a hang),
+    and the next request is served. Red when the loop lets the exception end its thread."""
+    with serving(small) as served:
+        step, failed = served.loop.engine.step, []
+
+        def fails_once(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise RuntimeError("a bug in a step")
+            return step(*args, **kwargs)
+
+        served.loop.engine.step = fails_once
+        lines = post(served, "/v1/completions", {"prompt": "con mèo", "max_tokens": 5, "stream": True}).text
+        data = [x for x in lines.splitlines() if x.startswith("data: ")]
+        assert data[-1] == "data: [DONE]" and json.loads(data[-2][6:])["error"]["type"] == "server_error"
+        answer = client(served).completions.create(model="small", prompt="con mèo", max_tokens=3)
+        assert answer.usage.completion_tokens >= 1
+        wait_until(lambda: pool_free(served), what="the failed request's blocks")
+
+
+def test_preempted_requests_still_give_their_solo_runs(small):
+    """A pool of 8 blocks for four requests of 4 blocks each: the engine preempts (counted in /metrics and in the
+    requests' finished records), and every greedy answer is still its solo run. Red when preemptions are not
+    counted."""
+    prompts = prompts_of(small, [20, 21, 22, 23])
+    with serving(small, budget_mb=0.25, prefix_cache=False) as served:
+        def ask(prompt):
+            return client(served).completions.create(model="small", prompt=prompt, max_tokens=40, temperature=0,
+                                                     extra_body={"ignore_eos": True})
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(ask, prompts))
+        metrics = httpx.get(f"{served.url}/metrics").text
+    for prompt, answer in zip(prompts, answers):
+        assert answer.choices[0].text == small.tokenizer.decode(solo_run(small, prompt, 40)[1])
+    preemptions = next(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
+                       if x.startswith("decode_lab:num_preemptions_total"))
+    assert preemptions >= 1
