@@ -71,7 +71,10 @@ def as_code(address: str) -> str:
 
 
 def mine(snapshot) -> set[int]:
-    rids = {s.rid for s in state.live_sent if s.rid is not None}
+    """This session's requests on the server as it runs now (a restarted server numbers its requests from 0
+    again: an answer from before its start names none of them)."""
+    server_start = time.time() - snapshot.uptime_s - 1.0
+    rids = {s.rid for s in state.live_sent if s.rid is not None and s.sent_at >= server_start}
     return snapshot.mine(state.live_user, rids)
 
 
@@ -115,7 +118,8 @@ def pool_part() -> None:
             st.metric(t("live.preemptions", steps=len(snapshot.steps)), number(preempted))
             st.metric(t("live.hits", steps=len(snapshot.steps)), number(hits))
     with why("live-pool"):
-        st.caption(t("live.pool_caption", blocks=number(snapshot.n_blocks), size=number(snapshot.block_size),
+        st.caption(t("live.pool_caption" if view.drawn_by_block(snapshot) else "live.bar_caption",
+                     blocks=number(snapshot.n_blocks), size=number(snapshot.block_size),
                      bytes=number(snapshot.block_bytes)))
 
 
@@ -142,7 +146,8 @@ def answer_part(snapshot) -> None:
     if sent.endpoint == "completions" and sent.done and sent.error is None and state.get("live_model"):
         state.live_no_chat.add(state.live_model)
     rid = sent.rid
-    where = (t("live.answer_id", rid=rid, id=md_escape(sent.response_id)) if rid is not None
+    framed = "live.answer_id" if view.drawn_by_block(snapshot) else "live.answer_id_bar"
+    where = (t(framed, rid=rid, id=md_escape(sent.response_id)) if rid is not None
              else t("live.answer_no_id"))
     if sent.error is not None:
         st.error(t("live.send_" + sent.error, url=as_code(url), message=md_escape(sent.message)))
@@ -198,7 +203,8 @@ def rest_part() -> None:
         st.caption(t("live.latency_caption"))
 
 
-rate = None if state.live_paused else DOWN_POLL_S if state.live_down_drawn else POLL_S
+# a server that does not answer is looked for even while the picture is frozen: there is no picture to keep
+rate = DOWN_POLL_S if state.live_down_drawn else None if state.live_paused else POLL_S
 st.fragment(pool_part, run_every=rate, key="live_pool")()
 
 # -- the student's prompt, sent through the same API ------------------------------------------------------------------

@@ -225,3 +225,31 @@ def test_a_sent_prompt_is_answered_and_its_request_framed(monkeypatch):
         assert pool_svg(at, "en").count(f'stroke="{MARK_INK}"') == 3  # request 5's blocks 0, 6 and 7
         queues = "".join(h.proto.body for h in at.html if "Running" in h.proto.body)
         assert f"outline:3px solid {MARK_INK}" in queues  # and its chip in the running queue
+
+
+def test_a_pool_too_large_to_draw_block_by_block_is_a_bar_and_says_so(monkeypatch):
+    """`python -m model serve --model small` takes 256 MiB: 8,192 blocks, drawn as one bar, where no block is framed:
+    the caption and the answer say the bar, not the squares."""
+    with FakeServer() as fake:
+        data = fake.state
+        extra = 8192 - data["n_blocks"]
+        data["n_blocks"] = 8192
+        for name, fill in (("holder", -1), ("refs", 0), ("cached", False), ("filled", 0)):
+            data["pool"][name] += [fill] * extra
+        at = open_live("en", fake.url, monkeypatch)
+        captions = [c.value for c in at.caption]
+        assert text("live.bar_caption", "en").format(blocks="8,192", size=16, bytes="32,768") in captions
+        assert not any(c.startswith("Each square") for c in captions)
+        bodies = "".join(h.proto.body for h in at.html)
+        assert text("live.legend_mine", "en") not in bodies and "The pool has 8,192 blocks, too many" in bodies
+
+
+def test_an_answer_from_before_the_server_started_marks_nothing(monkeypatch):
+    """A restarted server numbers its requests from 0 again: request 5 of the old run is not this session's."""
+    with FakeServer() as fake:
+        at = open_live("en", fake.url, monkeypatch)
+        old = wait_done(send(fake.url, "", "small", "x", "someone", 4))
+        old.sent_at -= 3600  # an hour ago; the fixture's server is 42.5 s old
+        at.session_state["live_sent"] = [old]
+        at.run()
+        assert MARK_INK not in pool_svg(at, "en")

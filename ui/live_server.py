@@ -136,7 +136,8 @@ class EngineState:
     uptime_s: float
 
     def mine(self, user: str, rids: set[int] = frozenset()) -> set[int]:
-        """The requests of one student: sent with their `user`, or whose ids their answers named."""
+        """The requests of one student: sent with their `user`, or whose ids their answers named (the caller
+        passes only the ids of answers from this server's run: ids start again at 0 when a server restarts)."""
         live = {rid for rid, r in self.requests.items() if r.user == user or rid in rids}
         return live | {f.request for f in self.finished if f.user == user or f.request in rids}
 
@@ -340,6 +341,7 @@ class Sent:
     message: str = ""
     done: bool = False
     started: float = field(default_factory=time.monotonic)
+    sent_at: float = field(default_factory=time.time)  # wall clock: a server started later never saw it
 
     @property
     def rid(self) -> int | None:

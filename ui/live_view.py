@@ -53,11 +53,16 @@ def marked_blocks(state: EngineState, mine: set[int]) -> np.ndarray:
     return marked
 
 
+def drawn_by_block(state: EngineState) -> bool:
+    """Whether the pool is drawn block by block (else one bar, where no block can be framed)."""
+    return state.n_blocks <= svg.MAX_GRID_BLOCKS
+
+
 def pool_html(state: EngineState, mine: set[int]) -> str:
     """The pool block by block (one bar past svg.MAX_GRID_BLOCKS), and its legend."""
     free = int((state.holder < 0).sum())
     alt = t("paged.pool_alt", blocks=state.n_blocks, free=free)
-    if state.n_blocks > svg.MAX_GRID_BLOCKS:
+    if not drawn_by_block(state):
         held = {int(r): int((state.holder == r).sum()) for r in set(state.holder[state.holder >= 0].tolist())}
         picture = svg.pool_bar_svg(state.holder, {r: t("paged.tip_request", request=r, blocks=number(n))
                                                   for r, n in held.items()},
@@ -74,7 +79,7 @@ def pool_html(state: EngineState, mine: set[int]) -> str:
              f'{escape(t("live.legend_cached"))}</span>'
              f'<span><i style="background:#fff;outline:3px solid {svg.MARK_INK}"></i>'
              f'{escape(t("live.legend_mine"))}</span></div>')
-    return picture + request_legend(holders, bool((state.refs > 1).any())) + extra
+    return picture + request_legend(holders, bool((state.refs > 1).any())) + (extra if drawn_by_block(state) else "")
 
 
 def free_cached(state: EngineState) -> int:
