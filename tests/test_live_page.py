@@ -19,7 +19,7 @@ from live_fake import FakeServer, fixture_state
 from model.texts import text
 from ui.live_server import ServerDown, fetch_state, latency_groups, parse_state, percentiles, send, snippets
 from ui.live_view import EVENTS_SHOWN, marked_blocks, shown_events
-from ui.svg import MARK_INK
+from ui.svg import MINE_INK
 
 PAGE = "app_pages/live.py"
 COMMAND = "python -m model serve --model smollm2"
@@ -213,7 +213,7 @@ def pool_svg(at, lang: str) -> str:
 def test_a_sent_prompt_is_answered_and_its_request_framed(monkeypatch):
     with FakeServer() as fake:
         at = open_live("en", fake.url, monkeypatch)
-        assert MARK_INK not in pool_svg(at, "en")  # this session has sent nothing yet
+        assert MINE_INK not in pool_svg(at, "en")  # this session has sent nothing yet
         at.text_input(key="live_prompt").set_value("the dog")
         click(at, "live_send")
         sent = wait_done(at.session_state["live_sent"][-1])
@@ -222,9 +222,9 @@ def test_a_sent_prompt_is_answered_and_its_request_framed(monkeypatch):
         # small has no chat format: its prompt goes to /v1/completions as text, at once
         assert [e for e, _ in fake.posted] == ["completions"] and fake.posted[-1][1]["prompt"] == "the dog"
         assert "con mèo ngủ" in [c.value for c in at.code]
-        assert pool_svg(at, "en").count(f'stroke="{MARK_INK}"') == 3  # request 5's blocks 0, 6 and 7
+        assert pool_svg(at, "en").count(f'stroke="{MINE_INK}"') == 3  # request 5's blocks 0, 6 and 7
         queues = "".join(h.proto.body for h in at.html if "Running" in h.proto.body)
-        assert f"outline:3px solid {MARK_INK}" in queues  # and its chip in the running queue
+        assert f"outline:3px solid {MINE_INK}" in queues  # and its chip in the running queue
 
 
 def test_a_pool_too_large_to_draw_block_by_block_is_a_bar_and_says_so(monkeypatch):
@@ -252,4 +252,12 @@ def test_an_answer_from_before_the_server_started_marks_nothing(monkeypatch):
         old.sent_at -= 3600  # an hour ago; the fixture's server is 42.5 s old
         at.session_state["live_sent"] = [old]
         at.run()
-        assert MARK_INK not in pool_svg(at, "en")
+        assert MINE_INK not in pool_svg(at, "en")
+
+
+def test_the_frame_of_a_students_blocks_is_a_colour_of_its_own():
+    """Its own name and colour: named MARK_INK once, it replaced the Flash page's red ✕ of a skipped tile (a second
+    MARK_INK further down ui/svg.py); and a blue no request's lane colour is close to (a pink was, request 11's)."""
+    from ui import svg
+
+    assert svg.MARK_INK == "#c92a2a" and svg.MINE_INK not in svg.LANE_COLOURS

@@ -77,7 +77,7 @@ def pool_html(state: EngineState, mine: set[int]) -> str:
     extra = ('<div class="legend">'
              f'<span><i style="background:{svg.FREE_BLOCK};outline:1px dashed {svg.MUTED_INK}"></i>'
              f'{escape(t("live.legend_cached"))}</span>'
-             f'<span><i style="background:#fff;outline:3px solid {svg.MARK_INK}"></i>'
+             f'<span><i style="background:#fff;outline:3px solid {svg.MINE_INK}"></i>'
              f'{escape(t("live.legend_mine"))}</span></div>')
     return picture + request_legend(holders, bool((state.refs > 1).any())) + (extra if drawn_by_block(state) else "")
 
@@ -161,7 +161,7 @@ def queue_html(state: EngineState, mine: set[int]) -> str:
         return "".join(
             f'<b style="display:inline-block;min-width:2em;margin:0 0.25em 0.25em 0;padding:0.1em 0.35em;'
             f'border-radius:0.3em;text-align:center;background:{svg.lane_colour(r)};'
-            + (f'outline:3px solid {svg.MARK_INK};' if r in mine else "")
+            + (f'outline:3px solid {svg.MINE_INK};' if r in mine else "")
             + f'" title="{escape(state.requests[r].id if r in state.requests else str(r))}">{r}</b>' for r in rids)
     return (f'<div style="line-height:2">{escape(t("live.running"))}: {chips(state.running)}</div>'
             f'<div style="line-height:2">{escape(t("live.waiting"))}: {chips(state.waiting)}</div>')

@@ -480,7 +480,7 @@ NUMBERED_FROM = 32  # a block this wide or wider has its request's number writte
 # a pool of more blocks is drawn as one bar (pool_bar_svg): block by block, block size 1 under the largest budget
 # was 131,072 squares, 17.7 MB of HTML each rerun and minutes in a browser (faults review 2026-12-04 #8)
 MAX_GRID_BLOCKS = 2048
-MARK_INK = "#c2255c"  # the frame of a marked block: a colour no request's lane has
+MINE_INK = "#1864ab"  # the frame of a marked block: a blue no request's lane colour is near
 
 
 def grid_shape(n: int) -> tuple[int, float]:
@@ -529,7 +529,7 @@ def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sli
     holds (the rest of a last block is the waste), its request's number written in it where the block is large
     enough, framed dark where more than one request holds it, crossed by a white stripe where a sliding group holds
     it; a free block grey, with a dashed outline while the prefix cache can still find it. tips[b]: block b's
-    tooltip; marked[b]: a held block framed thick in MARK_INK (the Live server page: the student's own request's)."""
+    tooltip; marked[b]: a held block framed thick in MINE_INK (the Live server page: the student's own request's)."""
     n = len(holder)
     columns, cell = grid_shape(n)
     side = cell - max(1.5, 0.08 * cell)
@@ -554,7 +554,7 @@ def block_grid_svg(holder: np.ndarray, refs: np.ndarray, cached: np.ndarray, sli
                         f'stroke-width="2"/>' if sliding[b] else "")
                      + (_block_number(x, y, side, request) if numbered else "")
                      + (f'<rect x="{x + 2:.1f}" y="{y + 2:.1f}" width="{side - 4:.1f}" height="{side - 4:.1f}" '
-                        f'fill="none" stroke="{MARK_INK}" stroke-width="4"/>' if marked is not None and marked[b]
+                        f'fill="none" stroke="{MINE_INK}" stroke-width="4"/>' if marked is not None and marked[b]
                         else "") + "</g>")
     return _svg(LANE_WIDTH, round(-(-n // columns) * cell + 2), description, parts, LANE_FONT_PX)
 
