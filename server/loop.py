@@ -42,6 +42,10 @@ class QueueFull(Exception):
     """The waiting queue holds --max-waiting requests: the caller answers 429."""
 
 
+class Stopping(Exception):
+    """The server is shutting down: the caller answers 503."""
+
+
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
@@ -129,11 +133,13 @@ class EngineLoop:
 
     def submit(self, submission: Submission) -> None:
         """Queue a request; QueueFull when --max-waiting are already waiting (never an unbounded backlog)."""
-        with self._lock:
+        with self._lock:  # with request_stop's: an accepted request is always ahead of the stop in the inbox
+            if self.stopping:
+                raise Stopping("the server is shutting down: it takes no new requests.")
             if self._queued >= self.max_waiting:
                 raise QueueFull(f"the server's waiting queue is full ({self.max_waiting} requests): retry later.")
             self._queued += 1
-        self.inbox.put(("add", submission))
+            self.inbox.put(("add", submission))
 
     def abort(self, submission: Submission, reason: str = "abort") -> None:
         """End it now, its blocks freed at once (a disconnected client, a stop string found)."""
@@ -146,9 +152,10 @@ class EngineLoop:
     def request_stop(self) -> None:
         """Abort every request (their callers get a "shutdown" finish), close the engine, end the thread; returns
         at once (stop() waits)."""
-        if not self.stopping:
-            self.stopping = True
-            self.inbox.put(("stop",))
+        with self._lock:
+            if not self.stopping:
+                self.stopping = True
+                self.inbox.put(("stop",))
 
     def stop(self, timeout: float = 10.0) -> None:
         self.request_stop()

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from model.engine.sampling import MAX_SEED, SamplingSettings
 from model.engine.tokenizer import UnknownWordsError
 from model.errors import InputError
-from server.loop import FINISH_REASONS, EngineLoop, Event, QueueFull, Submission, Usage
+from server.loop import FINISH_REASONS, EngineLoop, Event, QueueFull, Stopping, Submission, Usage
 from server.text import TextStream
 
 STATE_TIMEOUT_S = 10.0
@@ -233,12 +233,12 @@ class Run:
 
     async def start(self) -> None:
         """Submitted and added, or the reason why not as an ApiError."""
-        if self.engine_loop.stopping:
-            raise ApiError(503, "the server is shutting down: it takes no new requests.")
         try:
             self.engine_loop.submit(self.submission)
         except QueueFull as full:
             raise ApiError(429, str(full), None, "queue_full") from None
+        except Stopping as stopping:
+            raise ApiError(503, str(stopping), None, "server_shutdown") from None
         event = await self.events.get()
         if event.kind == "refused":
             raise ApiError(400, event.error.message("en"), PARAMS.get(event.error.code)) from None
@@ -468,6 +468,8 @@ def build_app(engine_loop: EngineLoop, tokenizer, settings: ApiSettings) -> Guar
 
     @app.get("/v1/engine/state")
     async def state() -> JSONResponse:
+        if engine_loop.stopped:
+            raise ApiError(503, "the server is shutting down: the engine is stopped.")
         answer: asyncio.Future = asyncio.get_running_loop().create_future()
         aio = asyncio.get_running_loop()
         engine_loop.snapshot(lambda s: aio.call_soon_threadsafe(lambda: answer.done() or answer.set_result(s)))

@@ -412,3 +412,17 @@ def test_preempted_requests_still_give_their_solo_runs(small):
     preemptions = next(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
                        if x.startswith("decode_lab:num_preemptions_total"))
     assert preemptions >= 1
+
+
+def test_a_stopping_loop_takes_no_new_request(small):
+    """Once a stop is asked, submit refuses (the HTTP side's 503) instead of queueing a request nobody will run.
+    Red when submit does not look at `stopping` (the caller would wait for ever)."""
+    from model.engine.sampling import SamplingSettings
+    from model.serving.engine import EngineSettings
+    from server.loop import EngineLoop, Stopping
+    loop = EngineLoop(small, EngineSettings(budget_bytes=2**20)).start()
+    loop.request_stop()
+    with pytest.raises(Stopping):
+        loop.submit(Submission([1, 5], 3, SamplingSettings(), lambda _e: None))
+    loop.stop()
+    assert loop.stopped
