@@ -18,7 +18,8 @@ from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
 from ui.pages import page
 from ui.pool_view import budget_slider, draw_pool, draw_request_lanes, request_legend
-from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
+from ui.serving_panel import comparison, counts_row, run_sentences, step_time_chart
+from ui.serving_run import asked_steps, run_buttons, run_queue_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.widgets import table_html
@@ -147,13 +148,11 @@ if run is None:
     with key_figure():
         st.info(t("paged.press_start"))
     st.stop()
-if stopped:
-    st.info(t("paged.stopped", steps=len(run.steps)))
 _, run_queue, live = state.paged_for
 server = run.server
 # any change a new Start would apply (the queue, the block size, the budget) is said
-if run.settings != compared[0].settings or run_queue != state.paged_queue:
-    st.caption(t("paged.settings_next_run"))
+run_sentences(t("paged.stopped", steps=len(run.steps)) if stopped else None,
+              run.settings != compared[0].settings or run_queue != state.paged_queue)
 
 # -- the pool: the page's key figure -------------------------------------------------------------------------------
 pool = server.pool_view()
@@ -165,12 +164,10 @@ with key_figure():
     st.subheader(t("paged.pool"))
     draw_pool(pool)
     st.html(request_legend(sorted(server.requests), bool((pool.refs > 1).any())))
-with st.container(horizontal=True):
-    st.metric(t("serving.steps"), len(steps))
-    st.metric(t("paged.running_now"), len(server.running))
-    st.metric(t("paged.free_blocks"), f"{number(free)} / {number(n_blocks)}")
-    st.metric(t("paged.shared_now"), int((pool.refs > 1).sum()))
-    st.metric(t("paged.preemptions"), sum(len(s.preempted) for s in steps))
+counts_row([(t("serving.steps"), len(steps)), (t("paged.running_now"), len(server.running)),
+            (t("paged.free_blocks"), f"{number(free)} / {number(n_blocks)}"),
+            (t("paged.shared_now"), int((pool.refs > 1).sum())),
+            (t("paged.preemptions"), sum(len(s.preempted) for s in steps))])
 if run_queue == "shared-prefix" and run.settings.prefix_cache:
     # the prefix cache shares full blocks only: a block longer than any two prompts' common start shares nothing
     prompts = sorted(r.prompt_ids for r in run.requests)
@@ -220,34 +217,23 @@ st.html(svg.line_chart_svg(list(range(len(run.steps))),
                             t("paged.held_mib"): [s.bytes_held / MIB for s in run.steps]},
                            t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g"),
                            title=t("paged.memory_alt"), zoom=1.5))
-st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
-                           t("serving.axis_step"), "ms", t("serving.step_ms"), number=lambda v: number(v, ",g"),
-                           title=t("serving.step_chart"), zoom=1.5))
+step_time_chart([s.ms for s in steps], "ms")
 
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
-st.subheader(t("paged.comparison"))
-if run.finished and state.paged_compared is None and wanted is not None:
-    # a budget the paged run takes may be too small for another variant (one padded slot): its sentence, no crash
-    others = guarded(lambda: [kv_runs.QueueRun(model, list(run.requests), v.settings) for v in compared[1:]])
-    names = [variant_name(v) for v in compared[1:]]
-    error = None if others is None else run_variants(others, names)
-    if error is not None:
-        st.error(error)
-    if others is not None and all(o.finished for o in others):  # what they measured and wrote, not their pools
-        # each compared run by its variant, named in the language of the draw (a switch renames the rows)
-        state.paged_compared = [(v, o.summary(), [r.new_ids for r in o.requests]) for v, o in zip(compared[1:], others)]
-if state.paged_compared is None:
-    st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
-    if run.finished:
-        st.button(t("action.compare"), key="paged_compare", icon=":material/compare_arrows:", on_click=ask_compare)
-else:
+# each compared run by its variant, named in the language of the draw (a switch renames the rows)
+compared_runs = comparison(
+    "paged", run, wanted, lambda: [kv_runs.QueueRun(model, list(run.requests), v.settings) for v in compared[1:]],
+    [variant_name(v) for v in compared[1:]],
+    lambda others: [(v, o.summary(), [r.new_ids for r in o.requests]) for v, o in zip(compared[1:], others)],
+    ask_compare)
+if compared_runs is not None:
     mine = [r.new_ids for r in run.requests]
 
     def ms(value: float | None) -> str:
         return "—" if value is None else decimal(value)
 
     rows = []
-    for variant, kv, tokens in [(live, run.summary(), mine)] + state.paged_compared:
+    for variant, kv, tokens in [(live, run.summary(), mine)] + compared_runs:
         rows.append([variant_name(variant), kv["max_concurrent"], decimal(kv["bytes_reserved_peak"] / MIB, 2),
                      decimal(kv["bytes_held_peak"] / MIB, 2), f"{decimal(100 * kv['waste_fraction'])} %",
                      number(kv["prefill_positions_computed"]), kv["shared_blocks"], kv["preemptions"],

@@ -16,6 +16,7 @@ from ui.controls import decimal_slider
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
+from ui.serving_panel import run_sentences, step_time_chart
 from ui.serving_run import asked_steps, machine, pass_costs, run_buttons, run_steps
 from ui.state import keep_across_pages
 from ui.widgets import table_html
@@ -115,9 +116,8 @@ callback_error_here()
 if server is None:
     st.info(t("serving.press_start"))
     st.stop()
-if stopped:
-    st.info(t("serving.stopped_in_step", step=len(server.steps), k=len(server.joining)) if server.joining
-            else t("serving.stopped", steps=len(server.steps)))
+run_sentences((t("serving.stopped_in_step", step=len(server.steps), k=len(server.joining)) if server.joining
+               else t("serving.stopped", steps=len(server.steps))) if stopped else None, False)
 if not server.steps:  # the first step was stopped or refused: nothing to draw yet
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
@@ -143,9 +143,7 @@ with st.container(horizontal=True):
     st.metric(t("serving.last_step"), f"{decimal(last.ms)} ms", help=t("serving.last_step_help", rows=last.rows,
                                                                         prefill=decimal(last.prefill_ms),
                                                                         decode=decimal(last.decode_ms)))
-st.html(svg.line_chart_svg(list(range(len(steps))), {t("serving.step_ms"): [s.ms for s in steps]},
-                           t("serving.axis_step"), t("serving.step_ms"), t("serving.step_ms"),
-                           number=lambda v: number(v, "g"), title=t("serving.step_chart"), zoom=1.5))
+step_time_chart([s.ms for s in steps], t("serving.step_ms"))
 
 
 def ms(value: float | None) -> str:

@@ -18,7 +18,8 @@ from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
 from ui.pool_view import budget_slider, draw_request_lanes
-from ui.serving_run import asked_steps, run_buttons, run_queue_steps, run_variants
+from ui.serving_panel import comparison, counts_row, run_sentences
+from ui.serving_run import asked_steps, run_buttons, run_queue_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.tier_view import (
@@ -141,13 +142,11 @@ if run is None:
     with why("tiers"):
         st.markdown(t("tiers.intro"))
     st.stop()
-if stopped:
-    st.info(t("paged.stopped", steps=len(run.steps)))
 run_mode = state.tiers_for[1]
 # any change a new Start would apply (the mode, the block size, the budget) is said
-if run_mode != mode or (run.settings.block_size, run.settings.budget_bytes) != (
-        block_size, int(float(state.tiers_budget_mb) * MIB)):
-    st.caption(t("paged.settings_next_run"))
+run_sentences(t("paged.stopped", steps=len(run.steps)) if stopped else None,
+              run_mode != mode or (run.settings.block_size, run.settings.budget_bytes) != (
+                  block_size, int(float(state.tiers_budget_mb) * MIB)))
 server = run.server
 
 # -- the key figure: the pool above the second tier, and where each request was; or the two workers' lanes ----------
@@ -164,16 +163,12 @@ with key_figure():
     else:
         st.subheader(t("tiers.workers"))
         draw_worker_lanes(server)
-with st.container(horizontal=True):
-    st.metric(t("serving.steps"), len(server.steps))
-    st.metric(t("paged.running_now"), len(server.running))
-    st.metric(t("paged.preemptions"), sum(len(s.preempted) for s in server.steps))
-    if run_mode == "tier":
-        st.metric(t("tiers.blocks_out"), number(server.offload.moves.blocks_out))
-        st.metric(t("tiers.blocks_back"), number(server.offload.moves.blocks_in))
-    else:
-        st.metric(t("tiers.transfers"), len(server.connector.transfers))
-        st.metric(t("tiers.bytes_received"), number(sum(x.bytes for x in server.connector.transfers)))
+counts_row([(t("serving.steps"), len(server.steps)), (t("paged.running_now"), len(server.running)),
+            (t("paged.preemptions"), sum(len(s.preempted) for s in server.steps))]
+           + ([(t("tiers.blocks_out"), number(server.offload.moves.blocks_out)),
+               (t("tiers.blocks_back"), number(server.offload.moves.blocks_in))] if run_mode == "tier" else
+              [(t("tiers.transfers"), len(server.connector.transfers)),
+               (t("tiers.bytes_received"), number(sum(x.bytes for x in server.connector.transfers)))]))
 with why("tiers"):
     st.markdown(t("tiers.intro"))
     if run_mode == "tier":
@@ -207,24 +202,16 @@ else:
     draw_transfers(server, model)
 
 # -- the comparison: the same queue in one process, on one tier -----------------------------------------------------
-st.subheader(t("paged.comparison"))
-if run.finished and state.tiers_compared is None and wanted is not None:
-    alone = dataclasses.replace(run.settings, offload=None, prefill_worker=None)
-    other = kv_runs.QueueRun(model, list(run.requests), alone)
-    name_key = "tiers.variant_alone_" + run_mode  # said in the language of the draw (a switch renames the row)
-    error = run_variants([other], [t(name_key)])
-    if error is not None:
-        st.error(error)
-    if other.finished:
-        state.tiers_compared = (name_key, other.summary(), [r.new_ids for r in other.requests])
-if state.tiers_compared is None:
-    st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
-    if run.finished:
-        st.button(t("action.compare"), key="tiers_compare", icon=":material/compare_arrows:", on_click=request,
-                  args=("end",))
-else:
+name_key = "tiers.variant_alone_" + run_mode  # said in the language of the draw (a switch renames the row)
+compared_run = comparison(
+    "tiers", run, wanted,
+    lambda: [kv_runs.QueueRun(model, list(run.requests),
+                              dataclasses.replace(run.settings, offload=None, prefill_worker=None))],
+    [t(name_key)], lambda others: (name_key, others[0].summary(), [r.new_ids for r in others[0].requests]),
+    lambda: request("end"))
+if compared_run is not None:
     mine = [r.new_ids for r in run.requests]
-    name_key, theirs, their_tokens = state.tiers_compared
+    name_key, theirs, their_tokens = compared_run
     rows = []
     for variant, kv, tokens in [(t("tiers.variant_" + run_mode), run.summary(), mine),
                                 (t(name_key), theirs, their_tokens)]:

@@ -11,7 +11,8 @@ from html import escape
 import streamlit as st
 
 from model.engine.generate import session_budget_bytes
-from model.serving.engine import Engine, PoolView
+from model.serving.engine import Engine
+from model.serving.memory import PoolView
 from ui import svg
 from ui.i18n import decimal, number, t
 from ui.widgets import legend_html

@@ -36,13 +36,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
-from model.serving.memory import check_memory, make_memory, memory_blocks, memory_layout
+from model.serving.memory import PoolView, check_memory, make_memory, memory_blocks, memory_layout
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
@@ -118,19 +117,6 @@ class StepRecord:
     @property
     def prefill_positions(self) -> int:
         return sum(s.stop - s.start for s in self.spans if s.kind != "decode")
-
-
-@dataclass(frozen=True)
-class PoolView:
-    """The pool as a page draws it, block by block (numpy arrays of n_blocks), and each request's tables."""
-    holder: np.ndarray    # the first request (lowest id) holding the block, −1 when free
-    refs: np.ndarray      # requests holding it
-    cached: np.ndarray    # the prefix cache can find it (held, or free and not handed out again yet)
-    sliding: np.ndarray   # a sliding group holds it
-    filled: np.ndarray    # positions it holds (its holders' computed positions in it), of block_size
-    block_size: int
-    tables: dict[int, list[list[int]]]   # per request, per group its block ids, −1 where its window let one go
-    windows: list[int | None]            # per group, its kind
 
 
 def smallest_budget(layout: PagedLayout, requests: list[Request]) -> int:
@@ -534,22 +520,4 @@ class Engine:
         return step
 
     def pool_view(self) -> PoolView:
-        n, size = self.cache.n_blocks, self.layout.block_size
-        holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
-        sliding = np.zeros(n, dtype=bool)
-        for seq in sorted(self.running, key=lambda s: s.id):
-            for group, table in zip(self.layout.groups, self.cache.tables.get(seq.id, [])):
-                for j, block in enumerate(table):
-                    if block is None:
-                        continue
-                    if holder[block] < 0:
-                        holder[block] = seq.id
-                    sliding[block] = group.window is not None
-                    filled[block] = max(filled[block], min(size, max(0, seq.computed - j * size)))
-        blocks = self.cache.pool.blocks
-        cached = np.array([(b.group, b.hash) in self.cache.pool.cached and self.cache.pool.cached[(b.group, b.hash)]
-                           == b.id for b in blocks], dtype=bool)
-        tables = {rid: [[-1 if b is None else b for b in table] for table in tables]
-                  for rid, tables in self.cache.tables.items()}
-        return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, size, tables,
-                        [g.window for g in self.layout.groups])
+        return self.cache.view(self.running)

@@ -17,7 +17,7 @@ from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings, StepRecord, check_paged
-from model.serving.memory import MEMORIES, check_memory, memory_slots
+from model.serving.memory import MEMORIES, check_memory, memory_layout, memory_slots
 from model.serving.paged import PagedLayout
 from model.serving.queues import compared_chunks
 from model.serving.request import Request
@@ -53,8 +53,10 @@ def longest(requests: list[Request]) -> int:
 
 
 def padded_slot_bytes(model: NativeModel, requests: list[Request]) -> int:
-    """What a padded slot reserves: the longest request's whole length (its prompt and every token it may write)."""
-    return model.info.cache_bytes_formula(longest(requests))
+    """What a padded slot reserves: the longest request's whole length (its prompt and every token it may write) in
+    every layer, a sliding one's too (a slot does not know windows: Gemma 3's is more than its cache formula)."""
+    layout = memory_layout(model.info, "padded", 0, longest(requests))
+    return len(layout.groups) * layout.block_bytes
 
 
 def default_budget(model: NativeModel, queue: str, requests: list[Request], block_size: int) -> int:

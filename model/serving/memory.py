@@ -16,8 +16,10 @@ tells the two engine memories apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from model.engine.runtime import ModelInfo
@@ -154,6 +156,29 @@ class BlockMemory(PagedCache):
                     self.pool.free([table[j]])
                     table[j] = None
 
+    def view(self, running: list[Request]) -> PoolView:
+        """The pool as a page draws it: per block its first holder, holders, whether the prefix cache finds it,
+        its kind and the positions it holds; each request's tables."""
+        n, size = self.n_blocks, self.layout.block_size
+        holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
+        sliding = np.zeros(n, dtype=bool)
+        for seq in sorted(running, key=lambda s: s.id):
+            for group, table in zip(self.layout.groups, self.tables.get(seq.id, [])):
+                for j, block in enumerate(table):
+                    if block is None:
+                        continue
+                    if holder[block] < 0:
+                        holder[block] = seq.id
+                    sliding[block] = group.window is not None
+                    filled[block] = max(filled[block], min(size, max(0, seq.computed - j * size)))
+        blocks = self.pool.blocks
+        cached = np.array([(b.group, b.hash) in self.pool.cached and self.pool.cached[(b.group, b.hash)]
+                           == b.id for b in blocks], dtype=bool)
+        tables = {rid: [[-1 if b is None else b for b in table] for table in tables]
+                  for rid, tables in self.tables.items()}
+        return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, size, tables,
+                        [g.window for g in self.layout.groups])
+
     def usage(self, running: list[Request]) -> tuple[int, int]:
         """(bytes of the blocks held, bytes of the positions they hold): a block holds its positions up to its
         owners' computed length; the rest of a last block is the waste."""
@@ -166,6 +191,19 @@ class BlockMemory(PagedCache):
                         filled[block_id] = max(filled.get(block_id, 0), min(size, request.computed - j * size))
         return (len(filled) * self.layout.block_bytes,
                 sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The pool as a page draws it, block by block (numpy arrays of n_blocks), and each request's tables."""
+    holder: np.ndarray    # the first request (lowest id) holding the block, −1 when free
+    refs: np.ndarray      # requests holding it
+    cached: np.ndarray    # the prefix cache can find it (held, or free and not handed out again yet)
+    sliding: np.ndarray   # a sliding group holds it
+    filled: np.ndarray    # positions it holds (its holders' computed positions in it), of block_size
+    block_size: int
+    tables: dict[int, list[list[int]]]   # per request, per group its block ids, −1 where its window let one go
+    windows: list[int | None]            # per group, its kind
 
 
 def memory_layout(info: ModelInfo, memory: str, block_size: int, longest: int) -> PagedLayout:

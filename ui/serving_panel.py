@@ -1,0 +1,61 @@
+"""What the serving pages (Serving, Paged KV cache, Tiers and workers) draw alike around their own picture: the
+sentences under the buttons (a run cut short; settings a new Start would apply), the row of counts, the chart of each
+step's time, and the comparison of a finished run with the same queue under other settings, run on a click where a
+Stop reaches it and kept until the next Start. Each page keeps only its own picture and its own table's columns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import streamlit as st
+
+from model.serving.kv_runs import QueueRun
+from ui import svg
+from ui.errors import guarded
+from ui.i18n import number, t
+from ui.serving_run import run_variants
+
+
+def run_sentences(stopped_text: str | None, changed: bool) -> None:
+    """A run cut short by Stop (its sentence, when given), and a change of settings a new Start would apply."""
+    if stopped_text is not None:
+        st.info(stopped_text)
+    if changed:
+        st.caption(t("paged.settings_next_run"))
+
+
+def counts_row(counts: Sequence[tuple[str, object]]) -> None:
+    """The run's counts side by side, each a label and its value."""
+    with st.container(horizontal=True):
+        for label, value in counts:
+            st.metric(label, value)
+
+
+def step_time_chart(ms: list[float], axis: str) -> None:
+    """Each step's time, ms, by step."""
+    st.html(svg.line_chart_svg(list(range(len(ms))), {t("serving.step_ms"): ms}, t("serving.axis_step"), axis,
+                               t("serving.step_ms"), number=lambda v: number(v, ",g"), title=t("serving.step_chart"),
+                               zoom=1.5))
+
+
+def comparison(prefix: str, run: QueueRun, wanted: str | None, others: Callable[[], list[QueueRun]],
+               names: list[str], kept: Callable[[list[QueueRun]], object], on_click: Callable[[], None]) -> object:
+    """The comparison under the subheader: once the run is finished and a click asked for it (`wanted`), the runs
+    `others()` makes (names[k]: what the Stop bar calls each) served to their end, and kept(those runs) stored in
+    state[prefix + "_compared"]; a refusal or a failure is its sentence, a Stop drops the run under way. Before
+    that, a sentence and the Compare button (on_click asks for it). Returns what is stored, or None."""
+    state = st.session_state
+    st.subheader(t("paged.comparison"))
+    if run.finished and state[prefix + "_compared"] is None and wanted is not None:
+        made = guarded(others)  # a budget the run takes may be too small for another setting: its sentence
+        error = None if made is None else run_variants(made, names)
+        if error is not None:
+            st.error(error)
+        if made is not None and all(o.finished for o in made):  # what they measured and wrote, not their pools
+            state[prefix + "_compared"] = kept(made)
+    if state[prefix + "_compared"] is None:
+        st.caption(t("paged.compare_again" if run.finished else "paged.compare_after"))
+        if run.finished:
+            st.button(t("action.compare"), key=prefix + "_compare", icon=":material/compare_arrows:",
+                      on_click=on_click)
+    return state[prefix + "_compared"]
