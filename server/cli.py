@@ -22,6 +22,17 @@ from server.openai_api import ApiSettings, build_app
 log = logging.getLogger("decode_lab.server")
 
 
+def at_least(least: int, kind=int):
+    """An option's type that refuses a number below `least` in argparse's one sentence (exit status 2)."""
+    def parse(text: str):
+        value = kind(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, not {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m model serve",
                                 description="An OpenAI-compatible API (completions, chat, streaming, metrics) on "
@@ -29,16 +40,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2", help="a native model: smollm2, gemma3, small, micro")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1; --host 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=at_least(1), default=8000, help="1 to 65535 (default 8000)")
     p.add_argument("--api-key", default=None, help="every endpoint but /health then needs Authorization: Bearer KEY")
-    p.add_argument("--max-waiting", type=int, default=256, help="requests waiting at most; more get 429")
-    p.add_argument("--max-tokens-limit", type=int, default=4096, help="a larger max_tokens is refused (400)")
-    p.add_argument("--max-body-kb", type=int, default=1024, help="a larger request body is refused (413)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch's CPU threads (default: DECODE_LAB_CPU_THREADS, else 1)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--budget-mb", type=float, default=256.0, help="the KV cache pool's bytes, in MiB")
-    p.add_argument("--chunk", type=int, default=None, help="prompt positions prefilled per step at most (off)")
+    p.add_argument("--max-waiting", type=at_least(1), default=256,
+                   help="requests waiting at most, at least 1 (default 256); more get 429")
+    p.add_argument("--max-tokens-limit", type=at_least(1), default=4096,
+                   help="at least 1 (default 4096): a larger max_tokens is refused (400)")
+    p.add_argument("--max-body-kb", type=at_least(1), default=1024,
+                   help="at least 1 (default 1024): a larger request body is refused (413)")
+    p.add_argument("--threads", type=at_least(1), default=None,
+                   help="torch's CPU threads, at least 1 (default: DECODE_LAB_CPU_THREADS, else 1)")
+    p.add_argument("--block-size", type=at_least(1), default=16,
+                   help="positions per KV block, a power of two within the context (default 16)")
+    p.add_argument("--budget-mb", type=at_least(0, float), default=256.0,
+                   help="the KV cache pool's MiB (default 256); too small for one request is refused")
+    p.add_argument("--chunk", type=at_least(16), default=None,
+                   help="prompt positions prefilled per step at most, 16 to the context (default: off)")
     p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--device", default="cpu")
     return p
@@ -65,10 +82,13 @@ class Server(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    if args.port > 65535:
+        cli.error(f"argument --port: must be at most 65535, not {args.port}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(message)s")
     if args.threads is not None:
-        torch.set_num_threads(max(1, args.threads))
+        torch.set_num_threads(args.threads)
     else:
         apply_cpu_threads()
     try:

@@ -426,3 +426,15 @@ def test_a_stopping_loop_takes_no_new_request(small):
         loop.submit(Submission([1, 5], 3, SamplingSettings(), lambda _e: None))
     loop.stop()
     assert loop.stopped
+
+
+def test_the_command_line_refuses_bad_settings_in_one_sentence(capsys):
+    """`python -m model serve` with a port of 0 or a block size the engine cannot use: exit status 2 and one
+    sentence on stderr, before any port is opened. Red when --port takes any int."""
+    from server.cli import main
+    with pytest.raises(SystemExit) as exit_status:
+        main(["--port", "0"])
+    assert exit_status.value.code == 2 and "--port: must be at least 1, not 0" in capsys.readouterr().err
+    assert main(["--model", "small", "--block-size", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("serve: The block size must be a power of 2") and "\n" not in err

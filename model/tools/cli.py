@@ -278,7 +278,8 @@ def add_sampling_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m model", description="Decode Lab engine")
+    p = argparse.ArgumentParser(prog="python -m model", description="Decode Lab engine",
+                                epilog="python -m model serve --help: the OpenAI-compatible API server (server/cli.py)")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("trace", help="run a prompt step by step and print every step")
