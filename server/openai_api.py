@@ -363,9 +363,7 @@ async def respond(run: Run, shape: Shape, model_name: str, want_logprobs: bool, 
     await run.start()
     head = {"id": f"{shape.prefix}-{run.rid}", "created": int(time.time()), "model": model_name}
     if stream:
-        return StreamingResponse(stream_events(run, shape, head, want_logprobs, include_usage),
-                                 media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return RunStream(run, stream_events(run, shape, head, want_logprobs, include_usage))
     collecting = asyncio.ensure_future(collect(run))
     try:
         while not collecting.done():
@@ -388,31 +386,44 @@ async def collect(run: Run) -> str:
     return "".join([delta async for delta, _ in run.deltas()])
 
 
+class RunStream(StreamingResponse):
+    """Server-sent events of one run. A client that goes away ends the response (Starlette listens for the
+    disconnect and cancels the stream): whatever ended it, a run still going is aborted then, its blocks freed at
+    once, even when the stream had not begun (a generator never started has no `finally` of its own to run)."""
+
+    def __init__(self, run: Run, events: AsyncIterator[bytes]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.run.abort_if_running()
+
+
 async def stream_events(run: Run, shape: Shape, head: dict, want_logprobs: bool,
                         include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events: a chunk per step's tokens, the finish, the usage when asked, then [DONE]. A client that
-    goes away cancels this generator (Starlette listens for the disconnect): its request is aborted in `finally`."""
+    """A chunk per step's tokens, the finish, the usage when asked, then [DONE]."""
     chunk = head | {"object": shape.chunk_obj}
     usage_field = {"usage": None} if include_usage else {}
     offset = 0
-    try:
-        if shape.first_chunk is not None:
-            yield sse(chunk | {"choices": [shape.first_chunk]} | usage_field)
-        async for delta, entries in run.deltas():
-            if delta or (entries and want_logprobs):
-                logprobs = shape.logprobs(entries, offset) if want_logprobs else None
-                yield sse(chunk | {"choices": [shape.chunk_choice(delta, logprobs, None)]} | usage_field)
-                offset += len(delta)
-        failed = run.failure()
-        if failed is not None:
-            yield sse(failed.body())
-        else:
-            yield sse(chunk | {"choices": [shape.chunk_choice("", None, run.finish_reason)]} | usage_field)
-            if include_usage:
-                yield sse(chunk | {"choices": [], "usage": run.usage})
-        yield sse("[DONE]")
-    finally:
-        run.abort_if_running()
+    if shape.first_chunk is not None:
+        yield sse(chunk | {"choices": [shape.first_chunk]} | usage_field)
+    async for delta, entries in run.deltas():
+        if delta or (entries and want_logprobs):
+            logprobs = shape.logprobs(entries, offset) if want_logprobs else None
+            yield sse(chunk | {"choices": [shape.chunk_choice(delta, logprobs, None)]} | usage_field)
+            offset += len(delta)
+    failed = run.failure()
+    if failed is not None:
+        yield sse(failed.body())
+    else:
+        yield sse(chunk | {"choices": [shape.chunk_choice("", None, run.finish_reason)]} | usage_field)
+        if include_usage:
+            yield sse(chunk | {"choices": [], "usage": run.usage})
+    yield sse("[DONE]")
 
 
 # -- the app ---------------------------------------------------------------------------------------------------------

@@ -265,7 +265,7 @@ def test_the_bound_counts_only_requests_not_yet_admitted(small):
 
 def test_a_client_leaving_mid_stream_frees_its_blocks_at_once(small):
     """The stream is closed after three chunks: the request is aborted (finish "abort" in the state) and every
-    block is free again, long before its 120 tokens would have run. Red without the abort in the stream's
+    block is free again, long before its 120 tokens would have run. Red without the abort in RunStream.__call__'s
     `finally`."""
     with serving(small, step_s=0.03) as served:
         with httpx.stream("POST", f"{served.url}/v1/completions", timeout=30,
