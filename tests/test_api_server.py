@@ -86,13 +86,16 @@ def test_streaming_gives_the_same_text_with_usage_and_done(api):
 
 def test_a_repeated_prompt_reports_its_cached_tokens(api, small):
     """usage.prompt_tokens_details.cached_tokens is the prefix cache's hit: 0 the first time, the full blocks the
-    second. Red when cached_tokens is left at 0."""
+    second, and /metrics' prefix_cache_hits_total counts it. Red when cached_tokens is left at 0."""
     prompt = prompts_of(small, [40])[0]
     first = client(api).completions.create(model="small", prompt=prompt, max_tokens=2, temperature=0)
     second = client(api).completions.create(model="small", prompt=prompt, max_tokens=2, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens >= 16
     assert first.choices[0].text == second.choices[0].text
+    hits = next(float(x.rsplit(" ", 1)[1]) for x in httpx.get(f"{api.url}/metrics").text.splitlines()
+                if x.startswith("decode_lab:prefix_cache_hits_total"))
+    assert hits >= second.usage.prompt_tokens_details.cached_tokens   # /metrics counts the same hit
 
 
 def test_a_stop_string_cuts_the_text_and_frees_the_request(api, small):
