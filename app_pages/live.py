@@ -9,7 +9,6 @@ the same request is written out for curl and for the openai client. A server tha
 
 import time
 import uuid
-from urllib.parse import urlsplit
 
 import streamlit as st
 
@@ -22,11 +21,13 @@ from ui.live_server import (
     URL_ENV,
     ServerDown,
     checked_url,
+    is_loopback,
     latency_groups,
     send,
     server_key,
     server_url,
     snippets,
+    students_address,
 )
 from ui.reruns import rerun_whole_page
 from ui.state import DEFAULT_PROMPTS, PROMPT_MODES, default_prompt, keep_across_pages
@@ -225,9 +226,11 @@ st.subheader(t("live.snippet"))
 model = state.get("live_model", "smollm2")
 endpoint = "completions" if model in state.live_no_chat else "chat/completions"
 try:
-    shown_url = checked_url(url)
+    server_address = checked_url(url)
 except ServerDown:
-    shown_url = DEFAULT_URL
+    server_address = DEFAULT_URL
+shown_url, own = students_address(server_address, view.browser_origin(),
+                                  lambda origin: view.origin_answers_api(origin, state.live_key))
 curl, python = snippets(shown_url, endpoint, model, state.live_prompt.strip() or default_prompt(model),
                         int(state.live_max_tokens))
 with st.container(key="live_snippets"):
@@ -236,6 +239,8 @@ with st.container(key="live_snippets"):
     st.markdown(t("live.snippet_python"))
     st.code(python, language="python")
 said = t("live.snippet_caption", base=as_code(shown_url + "/v1"))
-if urlsplit(shown_url).hostname in ("127.0.0.1", "localhost", "::1"):
+if own:
+    said += " " + t("live.snippet_own")
+elif is_loopback(shown_url):
     said += " " + t("live.snippet_local")
 st.caption(said)

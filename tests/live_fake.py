@@ -1,6 +1,7 @@
 """A stand-in for `python -m model serve` in the Live server page's tests: http.server on a thread of its own, answering
-GET /v1/engine/state with tests/live_state.json (or whatever a test puts in `state`), and POST /v1/chat/completions
-and /v1/completions with a short streamed answer whose id names request 5, the fixture's student request.
+GET /v1/engine/state with tests/live_state.json (or whatever a test puts in `state`), GET /v1/models, and POST
+/v1/chat/completions and /v1/completions with a short streamed answer whose id names request 5, the fixture's student
+request.
 
     with FakeServer() as fake:  # fake.url: http://127.0.0.1:PORT
         fake.chat = False       # chat refused as for a model without a chat format: the page falls back to text
@@ -41,6 +42,8 @@ class FakeServer:
                 self.wfile.write(body)
 
             def do_GET(self):
+                if self.path == "/v1/models":
+                    return self._send(200, b'{"object": "list", "data": [{"id": "small", "object": "model"}]}')
                 if self.path != "/v1/engine/state":
                     return self._send(404, b'{"error": {"message": "not found"}}')
                 if fake.status != 200:

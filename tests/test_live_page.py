@@ -17,7 +17,17 @@ from apptest import click, open_app
 from live_fake import FakeServer, fixture_state
 
 from model.texts import text
-from ui.live_server import ServerDown, fetch_state, latency_groups, parse_state, percentiles, send, snippets
+from ui.live_server import (
+    ServerDown,
+    answers_api,
+    fetch_state,
+    latency_groups,
+    parse_state,
+    percentiles,
+    send,
+    snippets,
+    students_address,
+)
 from ui.live_view import EVENTS_SHOWN, marked_blocks, shown_events
 from ui.svg import MINE_INK
 
@@ -166,6 +176,29 @@ def test_the_snippets_send_the_same_request():
     _, python = snippets("http://10.0.0.5:8000", "completions", "small", "con mèo", 8)
     compile(python, "snippet", "exec")
     assert "client.completions.create" in python and 'prompt="con mèo"' in python
+
+
+def test_the_snippets_use_the_address_a_laptop_reaches():
+    """A server on this machine's loopback is no address for a laptop; where the page's own address serves the API
+    too (./dev serve: /v1/ behind the same nginx), the snippets use that one."""
+    with FakeServer() as fake:
+        assert answers_api(fake.url) and not answers_api(closed_port_url())
+        fake.state = "{}"
+    asked = []
+
+    def answers(origin):
+        asked.append(origin)
+        return origin == "http://10.0.0.5:8501"
+
+    hall = "http://10.0.0.5:8501"
+    assert students_address("http://127.0.0.1:8000", hall, answers) == (hall, True)
+    assert students_address("http://127.0.0.1:8000", "http://10.0.0.6:8501", answers) == (
+        "http://127.0.0.1:8000", False)
+    assert students_address("http://10.0.0.7:8000", hall, answers) == ("http://10.0.0.7:8000", False)
+    assert students_address("http://127.0.0.1:8000", "http://localhost:8501", answers) == (
+        "http://127.0.0.1:8000", False)
+    assert students_address("http://127.0.0.1:8000", None, answers) == ("http://127.0.0.1:8000", False)
+    assert asked == [hall, "http://10.0.0.6:8501"]  # asked only where it could change the address
 
 
 # -- the page --------------------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -435,6 +437,34 @@ def send(url: str, api_key: str, model: str, prompt: str, user: str, max_tokens:
     threading.Thread(target=_send, args=(checked_url(url), api_key, model, max_tokens, sent, chat_first),
                      daemon=True, name="live-send").start()
     return sent
+
+
+# -- the address the students' laptops use ---------------------------------------------------------------------
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def is_loopback(url: str) -> bool:
+    return urlsplit(url).hostname in LOOPBACK
+
+
+def answers_api(base: str, api_key: str = "", timeout: float = STATE_TIMEOUT_S) -> bool:
+    """Whether GET {base}/v1/models answers as an OpenAI-compatible server does (a list of models)."""
+    request = urllib.request.Request(base.rstrip("/") + "/v1/models", headers=_headers(api_key))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return isinstance(json.loads(answer.read(MAX_STATE_BYTES)).get("data"), list)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def students_address(server: str, origin: str | None, answers: Callable[[str], bool]) -> tuple[str, bool]:
+    """The address for the snippets, and whether it is the page's own: a server the page reaches on this machine's
+    loopback is not where a laptop reaches it; where the address the browser opened the page at also serves the API
+    (./dev serve: nginx sends /v1/ to the API server), that one."""
+    if origin and is_loopback(server) and not is_loopback(origin) and answers(origin):
+        return origin, True
+    return server, False
 
 
 # -- the same request, for the students to copy ------------------------------------------------------------------

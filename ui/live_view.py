@@ -7,13 +7,14 @@ POLL_SHARED_S whatever the size of the class)."""
 from __future__ import annotations
 
 from html import escape
+from urllib.parse import urlsplit
 
 import numpy as np
 import streamlit as st
 
 from ui import svg
 from ui.i18n import decimal, number, t
-from ui.live_server import EngineState, LatencyRow, ServerDown, fetch_state
+from ui.live_server import EngineState, LatencyRow, ServerDown, answers_api, fetch_state
 from ui.pool_view import pool_tips, request_legend
 from ui.widgets import legend_html, table_html
 
@@ -32,6 +33,21 @@ def _poll(url: str, api_key: str) -> EngineState | ServerDown:
 def poll(url: str, api_key: str) -> EngineState | ServerDown:
     """The server's state as of at most POLL_SHARED_S ago, or why it could not be read."""
     return _poll(url.strip(), api_key.strip())
+
+
+@st.cache_resource(ttl=60, max_entries=16, show_spinner=False)
+def origin_answers_api(origin: str, api_key: str) -> bool:
+    """Whether the address the browser opened the page at serves the API too (asked once a minute)."""
+    return answers_api(origin, api_key)
+
+
+def browser_origin() -> str | None:
+    """scheme://host:port of the address the browser opened the page at, None where it is not known."""
+    url = st.context.url
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("http", "https") and parts.netloc else None
 
 
 def down_sentence(down: ServerDown, url: str) -> str:
