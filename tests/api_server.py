@@ -59,14 +59,14 @@ def wait_until(condition, timeout: float = 10.0, what: str = "a condition") -> N
 @contextmanager
 def serving(model, *, api_key: str | None = None, max_waiting: int = 256, budget_mb: float = 16,
             max_tokens_limit: int = 4096, body_limit: int = 1 << 16, prefix_cache: bool = True,
-            step_s: float = 0.0, start_loop: bool = True) -> Iterator[Served]:
+            step_s: float = 0.0, start_loop: bool = True, tokenizer=None) -> Iterator[Served]:
     engine_loop = EngineLoop(model, EngineSettings(block_size=16, budget_bytes=int(budget_mb * 2**20),
                                                    prefix_cache=prefix_cache, history=64), max_waiting)
     if step_s:
         slow_steps(engine_loop, step_s)
     info = model.info
-    app = build_app(engine_loop, model.tokenizer, ApiSettings(info.name, info.context_length, info.vocab_size,
-                                                              api_key, max_tokens_limit, body_limit))
+    settings = ApiSettings(info.name, info.context_length, info.vocab_size, api_key, max_tokens_limit, body_limit)
+    app = build_app(engine_loop, tokenizer or model.tokenizer, settings)
     port = free_port()
     server = Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
                                    timeout_graceful_shutdown=5), engine_loop)

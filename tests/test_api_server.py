@@ -441,3 +441,42 @@ def test_the_command_line_refuses_bad_settings_in_one_sentence(capsys):
     assert main(["--model", "small", "--block-size", "3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("serve: The block size must be a power of 2") and "\n" not in err
+
+
+class TemplatedWords:
+    """small's word tokenizer with a chat format of its own (each message's words, then the answer's start), so that
+    the chat endpoint runs in the quick lane without SmolLM2."""
+
+    chat_template = "words"
+
+    def __init__(self, tokenizer):
+        self.inner = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode_chat(self, messages):
+        return self.inner.encode(" ".join(m["content"] for m in messages))
+
+
+def test_chat_streams_deltas_with_the_role_first_and_chat_logprobs(small):
+    """The chat endpoint's shapes, as the openai client reads them: a message with the role, usage, logprobs as
+    `content` entries with bytes and top_logprobs; the stream's first delta the role, its deltas joining into the
+    message, include_usage's last chunk. Red when the stream's first chunk lacks the role."""
+    with serving(small, tokenizer=TemplatedWords(small.tokenizer)) as served:
+        c = client(served)
+        messages = [{"role": "user", "content": "con mèo"}]
+        whole = c.chat.completions.create(model="small", messages=messages, max_tokens=6, temperature=0,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+        assert whole.id.startswith("chatcmpl-") and whole.choices[0].message.role == "assistant"
+        assert whole.usage.prompt_tokens == 3 and whole.usage.completion_tokens == 6
+        entries = whole.choices[0].logprobs.content
+        assert len(entries) == 6 and all(len(e.top_logprobs) == 3 and e.bytes for e in entries)
+        assert all(e.logprob == pytest.approx(e.top_logprobs[0].logprob) for e in entries)  # greedy: the top one
+        chunks = list(c.chat.completions.create(model="small", messages=messages, max_tokens=6, temperature=0,
+                                                stream=True, stream_options={"include_usage": True},
+                                                extra_body={"ignore_eos": True}))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text == whole.choices[0].message.content
+        assert chunks[-1].usage.completion_tokens == 6 and chunks[-2].choices[0].finish_reason == "length"
