@@ -246,6 +246,7 @@ if compared_runs is not None:
                         t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
     st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue)))
 st.page_link(page("kv").path, label=t("kv.link"), icon=page("kv").icon)
+st.page_link(page("live").path, label=t("live.link"), icon=page("live").icon)
 with st.expander(t("paged.how")):
     st.markdown(t("paged.how_text"))
     exact = "paged.how_exact_gemma" if model.info.architecture == "gemma3_text" else "paged.how_exact"
