@@ -17,6 +17,8 @@ from functools import partial
 import streamlit as st
 
 from model.engine import generate
+from model.serving.kv_lessons import BOUNDED
+from ui.bounded_row import POLICIES
 from ui.classroom import key_figure, play_row, settings, why
 from ui.controls import (
     attention_scale,
@@ -26,7 +28,7 @@ from ui.controls import (
     sampling_controls,
 )
 from ui.errors import callback_error_here
-from ui.i18n import number, t
+from ui.i18n import labels, number, t
 from ui.models import page_start
 from ui.pages import page
 from ui.predict import guess_inputs, on_next_with_guess, reveal_html
@@ -49,6 +51,7 @@ from ui.widgets import (
     BACK_KEY,
     NEXT_KEY,
     box_html,
+    choice,
 )
 
 STEP_VIEW = "decode_step"  # the fragment that draws the current step
@@ -75,6 +78,9 @@ with settings("decode", expanded=started is None):
         st.toggle(t("decode.check_each_step"), key="check_each_step", help=t("decode.check_help"),
                   on_change=redraw_only, args=(STEP_VIEW,))
         probe_controls(info, redraw=STEP_VIEW)
+        choice(st.selectbox, t("decode.bounded"), POLICIES, key="decode_bounded", width=220,
+               format_func={"off": t("decode.bounded_off"), **labels("kv.policy_", BOUNDED)}.get,
+               help=t("decode.bounded_help"), on_change=lambda: redraw_only(STEP_VIEW))
         st.toggle(t("predict.toggle"), key="predict_on",  # the whole page: the guesses appear
                   help=t("predict.help", next=t("action.next")))
 if started is None:  # after Reset: the form above is the next action
@@ -156,7 +162,7 @@ def step_html(gen: generate.Generation, layer: int, head: int) -> str:
              else None)
     predicted = reveal_html(model, gen) if st.session_state.predict_on else ""
     return (step_view_html(live_step(model, gen, layer, head, check, checking, predicted,
-                                     st.session_state.attention_scale))
+                                     st.session_state.attention_scale, st.session_state.decode_bounded))
             + probes_html(model, gen, len(gen.steps) - 1, lens=st.session_state.logit_lens))
 
 

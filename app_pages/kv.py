@@ -21,6 +21,7 @@ from model.serving.kv_lessons import (
     along,
     cache_bytes,
     cache_quality,
+    default_bound,
     machine,
     sink_map,
 )
@@ -46,7 +47,7 @@ device, threads = machine(model)
 where = dict(model=info.name, dtype=info.dtype, device=device, threads=threads)
 store = st.session_state.setdefault("kv_measured", {})
 # the bound's settings survive a visit to another page; the window's first value fits the first model's context
-keep_across_pages({"kv_sinks": 4, "kv_window": max(1, min(60, info.context_length // 4 - 4))})
+keep_across_pages(dict(zip(("kv_sinks", "kv_window"), default_bound(info.context_length))))
 
 
 def measured(lesson: str, action, label: str):

@@ -18,6 +18,7 @@ from model.engine.sampling import most_probable
 from model.engine.tokenizer import joined_characters
 from model.recording.replay import TRACE_V1, RecordedTokens
 from ui import svg
+from ui.bounded_row import struck_out
 from ui.charts import LOG_FLOOR, attention_colours
 from ui.controls import cache_by_layer_kind
 from ui.i18n import decimal, number, scientific, t
@@ -170,9 +171,9 @@ def scale_ticks(scale: str) -> list[tuple[float, str]]:
 
 
 def live_attention_html(model: LoadedModel, gen: generate.Generation, layer: int, head: int,
-                        scale: str = "linear") -> str:
-    """The new token's attention row over the cache (a long one folded), the window's edge, the growing triangle
-    coloured on `scale`."""
+                        scale: str = "linear", bounded: str = "off") -> str:
+    """The new token's attention row over the cache (a long one folded; with a `bounded` policy, the positions that
+    cache would no longer hold struck out), the window's edge, the growing triangle coloured on `scale`."""
     info, tok, trace = model.info, model.tokenizer, gen.steps[-1]
     cached = [tok.token(i) for i in gen.ids[: trace.cache_len]]
     row = trace.weights(layer, head)[-1]  # (cache_len,): the newest query
@@ -181,12 +182,14 @@ def live_attention_html(model: LoadedModel, gen: generate.Generation, layer: int
         "decode.attention_folded", head=ROW_HEAD, top=ROW_TOP, tail=ROW_TAIL, folded=len(row) - len(keep),
         w=decimal(float(row.sum() - row[sorted(keep)].sum()), 2)), "dl-caption")
     window = info.layer_windows[layer] if info.layer_windows else None
+    struck, bounded_note = struck_out(model, gen, layer, row, bounded)
     history = generate.attention_history(gen, layer, head)
     edge = (paragraph_html(t("decode.window_edge", layer=layer, window=window, edge=trace.cache_len - window),
                            "dl-caption") if window is not None and trace.cache_len > window else "")
     return (paragraph_html(t("decode.attention_row", token=md_escape(tok.token(trace.input_ids[-1])),
                              n=trace.cache_len), "dl-caption")
-            + folded + attention_row_html(cached, row, keep) + edge
+            + folded + attention_row_html(cached, row, keep, struck)
+            + (paragraph_html(bounded_note, "dl-caption") if bounded_note else "") + edge
             + paragraph_html(t("decode.attention_history"), "dl-caption") + attention_kept_html(gen, layer, head)
             + svg.heatmap_html(history, [f"{p}:{shown(w)}" for p, w in enumerate(cached)], t("decode.attention"),
                                generate.attention_rows_kept(gen, layer, head), t("decode.row_not_kept"),
@@ -207,7 +210,7 @@ def live_check_html(check: generate.RecomputeCheck | None, checking: bool, trace
 
 def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: int,
               check: generate.RecomputeCheck | None, checking: bool, before_grid: str = "",
-              scale: str = "linear") -> StepView:
+              scale: str = "linear", bounded: str = "off") -> StepView:
     """The current step of this session's run."""
     info, tok = model.info, model.tokenizer
     trace, drawn = gen.steps[-1], gen.samples[-1]
@@ -228,7 +231,7 @@ def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: in
         tokens, ids, kinds, tok,
         summary_html(len(gen.steps) - 1, trace.phase, [tok.token(i) for i in trace.input_ids],
                      trace.positions[0], trace.cache_len, trace.ms, info.device, info.dtype),
-        live_attention_html(model, gen, layer, head, scale),
+        live_attention_html(model, gen, layer, head, scale, bounded),
         ([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
          list(drawn.top_status[:TOP_BARS])),
         {k: t("sampling." + k) for k in ("chosen", "kept", "cut_k", "cut_p", "other")}, choice,

@@ -143,9 +143,11 @@ def token_strip(tokens: list[str], ids: list[int], kinds: list[str], joined: lis
     st.html(token_strip_html(tokens, ids, kinds, joined))
 
 
-def attention_row_html(tokens: list[str], weights, keep: Collection[int] | None = None) -> str:
+def attention_row_html(tokens: list[str], weights, keep: Collection[int] | None = None,
+                       struck: Collection[int] = ()) -> str:
     """One query's attention over the cache as chips: each cached token tinted by the weight it gets. keep: only
-    these positions get a chip, each run of the others one dotted chip with its count and total weight."""
+    these positions get a chip, each run of the others one dotted chip with its count and total weight. struck:
+    positions drawn faded and struck out (a bounded cache no longer holds them)."""
     top = float(max(weights.max(), 1e-9))
     chips = []
     for shown_run, first, end in runs(len(tokens), keep):
@@ -158,7 +160,8 @@ def attention_row_html(tokens: list[str], weights, keep: Collection[int] | None 
             w = float(weights[position])
             level = w / top  # the largest weight is the darkest, so small rows still read
             ink = "#fff" if level > 0.55 else "#212529"
-            chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}" '
+            out = ";opacity:.35;text-decoration:line-through" if position in struck else ""
+            chips.append(f'<div class="att" style="background:rgba(31,95,191,{level:.2f});color:{ink}{out}" '
                          f'title="#{position}: {decimal(w, 4)}">{escape(shown(tokens[position]))}'
                          f'<small>{decimal(w, 2)}</small></div>')
     return '<div class="att-row">' + "".join(chips) + "</div>"

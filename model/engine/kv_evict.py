@@ -156,15 +156,21 @@ def sink_mass(model: NativeModel, ids: list[int], first: int = 1, skip: int = 4)
     return weights[:, :, skip:, :first].sum(dim=-1).mean(dim=-1).float()
 
 
-@torch.inference_mode()
+def fed_along(model: NativeModel, ids: list[int], cache):
+    """Each token of `ids` fed one a step through `cache` (a bounded cache re-run as it evicts, not replayed; H2O
+    scores its keys by the attention they received); yields the logits (vocab,) after each."""
+    watched = isinstance(cache, HeavyHitterCache)
+    for token in ids:
+        with torch.inference_mode():
+            x = torch.tensor([[token]], device=model.device)
+            out = model.module(x, cache, probe=Probe(attentions=watched))  # at the cache's length: a slot for sinks
+            if watched:
+                cache.observe(out.attentions)
+        yield out.logits[0, -1]
+
+
 def nll_along(model: NativeModel, ids: list[int], cache) -> list[float]:
-    """The negative log-likelihood of each token after the first, the text fed one token a step through `cache` (a
-    bounded cache re-run as it evicts, not replayed): what a perplexity-by-position curve draws."""
-    nlls, watched = [], isinstance(cache, HeavyHitterCache)  # H2O scores keys by the attention they received
-    for position in range(len(ids) - 1):
-        x = torch.tensor([[ids[position]]], device=model.device)
-        out = model.module(x, cache, probe=Probe(attentions=watched))  # at the cache's length: a slot for sinks
-        if watched:
-            cache.observe(out.attentions)
-        nlls.append(float(-torch.log_softmax(out.logits[0, -1].float(), dim=-1)[ids[position + 1]]))
-    return nlls
+    """The negative log-likelihood of each token after the first, the text fed through `cache` (fed_along): what a
+    perplexity-by-position curve draws."""
+    return [float(-torch.log_softmax(logits.float(), dim=-1)[token])
+            for logits, token in zip(fed_along(model, ids[:-1], cache), ids[1:])]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from model.engine.kernels import cpu_features
-from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_window, nll_along, sink_mass
+from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_window, fed_along, nll_along, sink_mass
 from model.engine.kv_heads import cache_formulas, mla_bytes_per_position
 from model.engine.kv_quant import bytes_per_position, with_kv_dtype
 from model.engine.runtime import NativeModel
@@ -71,6 +71,36 @@ def cache_quality(model: NativeModel) -> CacheQuality:
                         decode_step_times(models, ids))
 
 
+BOUNDED = ("sinks", "window", "heavy_hitters")  # the bounded caches compared with the full one
+
+
+def default_bound(context_length: int) -> tuple[int, int]:
+    """(sinks, window) the pages start from: 4 sinks and up to 60 latest positions, a quarter of the context in all
+    at most."""
+    return 4, max(1, min(60, context_length // 4 - 4))
+
+
+def bounded_cache(model: NativeModel, policy: str, sinks: int, window: int):
+    """A bounded cache of sinks + window positions a layer: StreamingLLM's sinks and latest ("sinks"), the same
+    budget of latest positions alone ("window"), or H2O's heavy hitters and latest ("heavy_hitters")."""
+    if policy == "sinks":
+        return SinkWindowCache(model, sinks, window)
+    if policy == "window":
+        return SinkWindowCache(model, 0, sinks + window)
+    return HeavyHitterCache(model, sinks, window)
+
+
+def kept_along(model: NativeModel, ids: list[int], policy: str, sinks: int, window: int) -> list[list[int]]:
+    """Per layer, the positions of `ids` a bounded cache (bounded_cache) holds once every one is fed through it: a
+    re-run of the tokens with that cache, not a replay of the full cache's attention. Refused as check_window
+    refuses (Gemma 3's sliding layers bound themselves)."""
+    check_window(model, sinks, window)
+    cache = bounded_cache(model, policy, sinks, window)
+    for _ in fed_along(model, ids, cache):
+        pass
+    return [cache.kept(layer) for layer in range(model.info.n_layers)]
+
+
 @dataclass(frozen=True)
 class Along:
     text: str                   # the held-out text's file
@@ -98,9 +128,7 @@ def along(model: NativeModel, sinks: int, window: int) -> Along:
     check_window(model, sinks, window)
     text = held_out(model.info.language)
     ids = text_ids(model, text.text, text.name)[:min(MAX_ALONG, model.info.context_length)]
-    caches = {"full": model.new_cache(), "sinks": SinkWindowCache(model, sinks, window),
-              "window": SinkWindowCache(model, 0, sinks + window),
-              "heavy_hitters": HeavyHitterCache(model, sinks, window)}
+    caches = {"full": model.new_cache()} | {policy: bounded_cache(model, policy, sinks, window) for policy in BOUNDED}
     nll = {name: np.array(nll_along(model, ids, cache)) for name, cache in caches.items()}
     kept = {name: [cache.kept(layer) for layer in range(model.info.n_layers)]
             for name, cache in caches.items() if name != "full"}
