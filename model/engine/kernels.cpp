@@ -39,6 +39,15 @@ constexpr int SPAN = 64;    // inputs summed in one run before the run's sum joi
                             // with a run's length, so runs of 64 err about as little as oneDNN's and MKL's sums
 constexpr int SPAN_INT = 256;  // int8's runs of whole numbers: 256 · 32767 · 127 < 2³¹
 
+// 16 numbers from / to memory at any alignment, one vector load or store (a std::memcpy of a vector was compiled as
+// a loop of two 32-byte copies to the stack and a 64-byte load back: a store-forwarding stall in every step of the
+// products' inner loop, which held the 6-row tile to about a third of the core's multiply-adds)
+typedef float f32x16_any __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t u32x16_any __attribute__((vector_size(64), aligned(4), may_alias));
+static inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16_any*>(p); }
+static inline u32x16 load16(const uint32_t* p) { return *reinterpret_cast<const u32x16_any*>(p); }
+static inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_any*>(p) = v; }
+
 static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
 static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
 
@@ -52,11 +61,9 @@ template <typename T> static inline T rounded(T v) {
 // y = out, or residual + out (a residual add: the same bits as torch's x + out)
 static inline void store(float* y, f32x16 out, const float* residual) {
   if (residual) {
-    f32x16 add;
-    std::memcpy(&add, residual, sizeof add);
-    out = add + out;
+    out = load16(residual) + out;
   }
-  std::memcpy(y, &out, sizeof out);
+  store16(y, out);
 }
 
 // float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next
@@ -69,7 +76,7 @@ static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, i
     f32x16 acc[R][J] = {};
     for (int64_t k = k0; k < k1; ++k) {
       f32x16 wk[J];
-      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + k * ldw + j * LANES, sizeof wk[j]);
+      for (int j = 0; j < J; ++j) wk[j] = load16(w + k * ldw + j * LANES);
       for (int r = 0; r < R; ++r) {
         const float xk = x[r * ldx + k];
         for (int j = 0; j < J; ++j) acc[r][j] += xk * wk[j];
@@ -95,7 +102,7 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
     f32x16 acc[R][J] = {};
     for (int64_t p = p0; p < p1; ++p) {
       u32x16 wk[J];
-      for (int j = 0; j < J; ++j) std::memcpy(&wk[j], w + p * ldw + j * LANES, sizeof wk[j]);
+      for (int j = 0; j < J; ++j) wk[j] = load16(w + p * ldw + j * LANES);
       for (int r = 0; r < R; ++r) {
         uint32_t xp;
         std::memcpy(&xp, x + r * ldx + 2 * p, 4);
@@ -115,8 +122,7 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
   if (K % 2) {  // the last input alone, its pair's second weight zero
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < J; ++j) {
-        u32x16 wk;
-        std::memcpy(&wk, w + pairs * ldw + j * LANES, sizeof wk);
+        const u32x16 wk = load16(w + pairs * ldw + j * LANES);
         sum[r][j] += bf16_value(x[r * ldx + K - 1]) * as_f32(wk << 16);
       }
   }
@@ -170,15 +176,23 @@ static void tile_int8(const int16_t* q, int64_t ldq, const int8_t* w, int64_t ld
   }
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) {
-      f32x16 scales;
-      std::memcpy(&scales, scale + j * LANES, sizeof scales);
+      const f32x16 scales = load16(scale + j * LANES);
       store(y + r * ldy + j * LANES, rounded(sum[r][j] * sx[r] * scales), residual ? residual + r * ldy + j * LANES : nullptr);
     }
 }
 
+// R rows from row r over panel g: the whole panel in one tile, or a short last panel a block at a time
+template <int R, typename Tile>
+static inline void panel_rows(const Tile& tile, int64_t r, int64_t g, int64_t in_panel) {
+  if (in_panel == BLOCKS) tile.template operator()<R, BLOCKS>(r, g, 0, in_panel);
+  else for (int64_t j = 0; j < in_panel; ++j) tile.template operator()<R, 1>(r, g, j, in_panel);
+}
+
 // Every tile of one product: the panels shared among `threads` threads; within a panel the rows ROWS at a time (the
-// panel's weights stay in the cache while its rows pass), the rest a row, and a short last panel a block, at a time
-// (the same sums in the same order). tile(R, J, row, panel, block) runs one tile.
+// panel's weights stay in the cache while its rows pass), the last rows < ROWS in one tile of their number (each row's
+// sums are the same whatever R: a tile of 4 rows reads the panel once where 4 tiles of one row read it 4 times, which
+// at a batched decode's 1-5 rows left over cost about as much as the 6-row tiles), and a short last panel a block at a
+// time (the same sums in the same order). tile(R, J, row, panel, block) runs one tile.
 template <typename Tile>
 static void each_tile(int64_t rows, int64_t blocks, int threads, const Tile& tile) {
   const int64_t panels = (blocks + BLOCKS - 1) / BLOCKS;
@@ -186,14 +200,13 @@ static void each_tile(int64_t rows, int64_t blocks, int threads, const Tile& til
   for (int64_t g = 0; g < panels; ++g) {
     const int64_t in_panel = std::min<int64_t>(BLOCKS, blocks - g * BLOCKS);
     for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-      const int64_t n = std::min<int64_t>(ROWS, rows - r0);
-      if (in_panel == BLOCKS && n == ROWS) {
-        tile.template operator()<ROWS, BLOCKS>(r0, g, 0, in_panel);
-        continue;
-      }
-      for (int64_t r = r0; r < r0 + n; ++r) {
-        if (in_panel == BLOCKS) tile.template operator()<1, BLOCKS>(r, g, 0, in_panel);
-        else for (int64_t j = 0; j < in_panel; ++j) tile.template operator()<1, 1>(r, g, j, in_panel);
+      switch (std::min<int64_t>(ROWS, rows - r0)) {
+        case 6: panel_rows<6>(tile, r0, g, in_panel); break;
+        case 5: panel_rows<5>(tile, r0, g, in_panel); break;
+        case 4: panel_rows<4>(tile, r0, g, in_panel); break;
+        case 3: panel_rows<3>(tile, r0, g, in_panel); break;
+        case 2: panel_rows<2>(tile, r0, g, in_panel); break;
+        default: panel_rows<1>(tile, r0, g, in_panel); break;
       }
     }
   }
@@ -280,8 +293,7 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps
     f32x16 lanes = {};
     int64_t k = 0;
     for (; k + LANES <= n; k += LANES) {
-      f32x16 v;
-      std::memcpy(&v, row + k, sizeof v);
+      const f32x16 v = load16(row + k);
       lanes += v * v;
     }
     float sum = lanes_sum(lanes);
@@ -301,9 +313,7 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   f32x16 lanes = {};
   int64_t i = 0;
   for (; i + LANES <= n; i += LANES) {
-    f32x16 x, y;
-    std::memcpy(&x, a + i, sizeof x);
-    std::memcpy(&y, b + i, sizeof y);
+    const f32x16 x = load16(a + i), y = load16(b + i);
     lanes += x * y;
   }
   float sum = lanes_sum(lanes);
@@ -330,11 +340,10 @@ static void attend_head(const float* qh, const float* kh, const float* vh, int64
     f32x16 sum[BLOCKS] = {};
     for (int64_t s = 0; s < S; ++s)
       for (int j = 0; j < BLOCKS; ++j) {
-        f32x16 vs;
-        std::memcpy(&vs, vh + s * kv_s + i0 + j * LANES, sizeof vs);
+        const f32x16 vs = load16(vh + s * kv_s + i0 + j * LANES);
         sum[j] += w[s] * vs;
       }
-    std::memcpy(o + i0, sum, sizeof sum);
+    for (int j = 0; j < BLOCKS; ++j) store16(o + i0 + j * LANES, sum[j]);
   }
   std::fill(o + i0, o + d, 0.0f);
   for (int64_t s = 0; s < S; ++s)
@@ -421,11 +430,7 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t I, int64_t ld, float* 
     float* out = y + r * I;
     int64_t i = 0;
     for (; i + LANES <= I; i += LANES) {
-      f32x16 g, u;
-      std::memcpy(&g, gate + i, sizeof g);
-      std::memcpy(&u, up + i, sizeof u);
-      const f32x16 o = silu_times(g, u);
-      std::memcpy(out + i, &o, sizeof o);
+      store16(out + i, silu_times(load16(gate + i), load16(up + i)));
     }
     if (i < I) {
       f32x16 g = {}, u = {};
