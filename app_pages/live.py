@@ -116,8 +116,9 @@ def pool_part() -> None:
             st.metric(t("live.waiting"), number(len(snapshot.waiting)))
             st.metric(t("live.blocks_held"), f"{number(held)} / {number(snapshot.n_blocks)}")
             st.metric(t("live.free_cached"), number(view.free_cached(snapshot)))
-            st.metric(t("live.preemptions", steps=len(snapshot.steps)), number(preempted))
-            st.metric(t("live.hits", steps=len(snapshot.steps)), number(hits))
+            last = len(snapshot.steps)  # a server that has run no step yet has no "last steps"
+            st.metric(t("live.preemptions", steps=last) if last else t("live.preemptions_none"), number(preempted))
+            st.metric(t("live.hits", steps=last) if last else t("live.hits_none"), number(hits))
     with why("live-pool"):
         st.caption(t("live.pool_caption" if view.drawn_by_block(snapshot) else "live.bar_caption",
                      blocks=number(snapshot.n_blocks), size=number(snapshot.block_size),
@@ -180,7 +181,10 @@ def rest_part() -> None:
         st.html(view.queue_html(snapshot, mine(snapshot)))
     with right:
         st.subheader(t("live.events"))
-        st.html(view.events_html(snapshot))
+        if snapshot.steps:
+            st.html(view.events_html(snapshot))
+        else:
+            st.caption(t("live.no_steps"))
     st.subheader(t("live.lanes", steps=len(snapshot.steps)))
     if snapshot.steps:
         st.html(view.lanes_html(snapshot))

@@ -294,3 +294,20 @@ def test_the_frame_of_a_students_blocks_is_a_colour_of_its_own():
     from ui import svg
 
     assert svg.MARK_INK == "#c92a2a" and svg.MINE_INK not in svg.LANE_COLOURS
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_server_that_has_served_nothing_says_so(lang, monkeypatch):
+    """Just started: no step, no request, every block free; no "last 0 steps" anywhere."""
+    with FakeServer() as fake:
+        data = fake.state
+        data.update(steps=[], finished=[], running=[], waiting=[], requests={}, tables={}, uptime_s=3.0)
+        data["pool"] = {"holder": [-1] * 20, "refs": [0] * 20, "cached": [False] * 20, "filled": [0] * 20}
+        at = open_live(lang, fake.url, monkeypatch)
+        assert not at.error and not at.exception
+        metrics = {m.label: m.value for m in at.metric}
+        assert metrics[text("live.preemptions_none", lang)] == "0" and metrics[text("live.hits_none", lang)] == "0"
+        assert metrics[text("live.blocks_held", lang)] == "0 / 20"
+        captions = [c.value for c in at.caption]
+        assert captions.count(text("live.no_steps", lang)) == 2 and text("live.no_finished", lang) in captions
+        assert not any(" 0 " in m.label for m in at.metric)
