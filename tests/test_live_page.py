@@ -261,8 +261,9 @@ def test_a_sent_prompt_is_answered_and_its_request_framed(monkeypatch):
 
 
 def test_a_pool_too_large_to_draw_block_by_block_is_a_bar_and_says_so(monkeypatch):
-    """`python -m model serve --model small` takes 256 MiB: 8,192 blocks, drawn as one bar, where no block is framed:
-    the caption and the answer say the bar, not the squares."""
+    """`python -m model serve --model small` takes 256 MiB: 8,192 blocks, drawn as one bar (past 512: a grid sent to
+    every student at every step), where no block is framed: the caption and the answer say the bar, not the
+    squares."""
     with FakeServer() as fake:
         data = fake.state
         extra = 8192 - data["n_blocks"]
@@ -274,7 +275,8 @@ def test_a_pool_too_large_to_draw_block_by_block_is_a_bar_and_says_so(monkeypatc
         assert text("live.bar_caption", "en").format(blocks="8,192", size=16, bytes="32,768") in captions
         assert not any(c.startswith("Each square") for c in captions)
         bodies = "".join(h.proto.body for h in at.html)
-        assert text("live.legend_mine", "en") not in bodies and "The pool has 8,192 blocks, too many" in bodies
+        assert text("live.legend_mine", "en") not in bodies
+        assert text("paged.pool_summary", "en").format(blocks="8,192", most=512) in bodies
 
 
 def test_an_answer_from_before_the_server_started_marks_nothing(monkeypatch):

@@ -19,6 +19,9 @@ from ui.pool_view import pool_tips, request_legend
 from ui.widgets import legend_html, table_html
 
 POLL_SHARED_S = 0.4  # a snapshot serves every session that asks within this long
+# the most blocks drawn one by one: a grid of 512 is about 150 KB of SVG, sent to every student at each step of a
+# busy server (an unchanged picture is sent as a hash only: Streamlit's message cache); past it, one bar
+LIVE_GRID_BLOCKS = 512
 EVENTS_SHOWN = 8
 
 
@@ -71,11 +74,11 @@ def marked_blocks(state: EngineState, mine: set[int]) -> np.ndarray:
 
 def drawn_by_block(state: EngineState) -> bool:
     """Whether the pool is drawn block by block (else one bar, where no block can be framed)."""
-    return state.n_blocks <= svg.MAX_GRID_BLOCKS
+    return state.n_blocks <= LIVE_GRID_BLOCKS
 
 
 def pool_html(state: EngineState, mine: set[int]) -> str:
-    """The pool block by block (one bar past svg.MAX_GRID_BLOCKS), and its legend."""
+    """The pool block by block (one bar past LIVE_GRID_BLOCKS), and its legend."""
     free = int((state.holder < 0).sum())
     alt = t("paged.pool_alt", blocks=state.n_blocks, free=free)
     if not drawn_by_block(state):
@@ -83,7 +86,7 @@ def pool_html(state: EngineState, mine: set[int]) -> str:
         picture = svg.pool_bar_svg(state.holder, {r: t("paged.tip_request", request=r, blocks=number(n))
                                                   for r, n in held.items()},
                                    t("paged.tip_free_many", blocks=number(free)), alt)
-        summary = t("paged.pool_summary", blocks=number(state.n_blocks), most=number(svg.MAX_GRID_BLOCKS))
+        summary = t("paged.pool_summary", blocks=number(state.n_blocks), most=number(LIVE_GRID_BLOCKS))
         picture += f'<p class="dl-caption">{escape(summary)}</p>'
     else:
         picture = svg.block_grid_svg(state.holder, state.refs, state.cached, np.zeros(state.n_blocks, dtype=bool),
