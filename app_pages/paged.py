@@ -81,6 +81,14 @@ def variant_name(variant: kv_runs.Variant) -> str:
     return t("paged.variant_" + variant.name, chunk=variant.chunk)
 
 
+def same_tokens(tokens: list[list[int]], mine: list[list[int]]) -> str:
+    """Whether a compared run wrote this run's tokens: all, none, or how many of its requests did."""
+    same = sum(a == b for a, b in zip(tokens, mine))
+    if same == len(mine):
+        return t("paged.same")
+    return t("paged.some_same", same=same, n=len(mine)) if same else t("paged.not_same")
+
+
 def offered() -> bool:
     """Whether the block size, the queue and the budget are values the widgets offer. A click's callback runs before
     the page puts back a forged one (a websocket message can send any string: "abc", "16.0")."""
@@ -239,12 +247,14 @@ if compared_runs is not None:
                      number(kv["prefill_positions_computed"]), kv["shared_blocks"], kv["preemptions"],
                      ms(kv["ttft_ms_p50"]), ms(kv["itl_ms_from_start"]["p99"]), ms(kv["itl_ms_from_start"]["max"]),
                      ms(kv["ttft_ms_joined_p50"]), decimal(kv["tokens_per_s"]),
-                     t("paged.same" if tokens == mine else "paged.not_same")])
+                     same_tokens(tokens, mine)])
     st.html(table_html([t("paged.col_variant"), t("paged.col_at_once"), t("paged.col_reserved"), t("paged.col_held"),
                         t("paged.col_waste"), t("paged.col_prefill"), t("paged.col_shared"), t("paged.col_preempted"),
                         t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
                         t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
-    st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue)))
+    st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue))
+               + (" " + t("paged.fp8_caption") if any(v.settings.kv_dtype == "fp8" for v, _, _ in compared_runs)
+                  else ""))
 st.page_link(page("kv").path, label=t("kv.link"), icon=page("kv").icon)
 st.page_link(page("live").path, label=t("live.link"), icon=page("live").icon)
 with st.expander(t("paged.how")):

@@ -45,10 +45,20 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     click(at, "paged_run_button")
     assert run.finished and at.button(key="paged_next").disabled
     compared = at.session_state["paged_compared"]
-    assert [variant.name for variant, _, _ in compared] == ["padded"]
+    assert [variant.name for variant, _, _ in compared] == ["padded", "paged_fp8"]
     page = html(at)
-    # the table: this run and padded, each with its tokens the same as this run's
+    # the table: this run and padded, each with its tokens the same as this run's; the fp8 pool's compared request by
+    # request, its larger pool holding more at once
     assert page.count(f"<td>{text('paged.same', lang)}</td>") == 2
+    fp8_kv, fp8_tokens = compared[1][1], compared[1][2]
+    same = sum(a == b for a, b in zip(fp8_tokens, [r.new_ids for r in run.requests]))
+    said = (text("paged.some_same", lang).format(same=same, n=len(run.requests)) if 0 < same < len(run.requests)
+            else text("paged.same" if same else "paged.not_same", lang))
+    assert f"<td>{said}</td>" in page and text("paged.fp8_caption", lang) in " ".join(c.value for c in at.caption)
+    mine_kv = run.summary()
+    assert fp8_kv["kv_dtype"] == "fp8" and 4 * fp8_kv["block_bytes"] == mine_kv["block_bytes"]  # a byte a number
+    assert fp8_kv["pool_blocks"] == mine_kv["budget_bytes"] // fp8_kv["block_bytes"] >= 4 * mine_kv["pool_blocks"]
+    assert fp8_kv["max_concurrent"] > mine_kv["max_concurrent"]
     assert f"<td>{text('paged.variant_paged', lang)}</td>" in page and "mini-table" in page
     padded = compared[0][1]
     assert padded["layout"] == "padded" and run.summary()["max_concurrent"] > padded["max_concurrent"]

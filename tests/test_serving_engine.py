@@ -94,3 +94,41 @@ def test_one_scheduler_for_both_memories_the_same_plan_at_every_step(small):
     assert max(s.bytes_reserved for s in padded.steps) > max(s.bytes_reserved for s in paged.steps)
     padded.close()
     paged.close()
+
+
+def test_an_fp8_pool_holds_four_times_the_blocks_and_reads_back_within_e4m3s_rounding(small):
+    """The same budget in fp8 holds 4× a float32 model's blocks; what a pass writes reads back within e4m3's relative
+    step (2^-3 of the number, its 3 mantissa bits) times its layer's scale, the scales set by the first write and
+    kept. Made red by a read that forgets the scale (numbers off by the scale's factor)."""
+    import torch
+
+    from model.serving.paged import FP8_MAX
+
+    budget = 2**20
+    plain = Engine(small, [], EngineSettings(budget_bytes=budget))
+    fp8 = Engine(small, [], EngineSettings(budget_bytes=budget, kv_dtype="fp8"))
+    assert fp8.cache.n_blocks == 4 * plain.cache.n_blocks and fp8.cache.keys.element_size() == 1
+    request = fp8.add_request(prompts_of(small, [20])[0], 2, ignore_eos=True)
+    fp8.step()
+    k_scale, v_scale = fp8.cache.scales[0]
+    torch.manual_seed(0)
+    k = torch.randn(small.info.n_kv_heads, 3, small.info.d_head)
+    blocks, offsets = torch.tensor([fp8.cache.tables[request.id][0][0]] * 3), torch.tensor([0, 1, 2])
+    fp8.cache.write(0, blocks, offsets, k, k)
+    back, _ = fp8.cache.read(0, blocks[:1], torch.float32)
+    expected = k.clamp(-FP8_MAX * float(k_scale), FP8_MAX * float(k_scale))
+    assert torch.allclose(back[:, 0, :3], expected, rtol=2**-3, atol=float(k_scale) * 2**-9)
+    assert fp8.cache.scales[0] == (k_scale, v_scale)  # not set again
+
+
+def test_a_pool_in_fewer_bits_is_fp8_and_takes_no_prefill_worker(small):
+    from model.serving.kv_runs import KVSettings, QueueRun
+    from model.serving.queues import built_in_queue
+
+    requests = built_in_queue(small, "mixed")
+    with pytest.raises(InputError) as refused:
+        Engine(small, requests, EngineSettings(budget_bytes=2**20, kv_dtype="int8"))
+    assert refused.value.code == "pool_kv_dtype"
+    with pytest.raises(InputError) as refused:
+        QueueRun(small, requests, KVSettings("paged", 16, 2**20, kv_dtype="fp8", prefill_worker="small"))
+    assert refused.value.code == "pool_kv_dtype_workers"

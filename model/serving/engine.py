@@ -41,7 +41,7 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
-from model.serving.memory import PoolView, check_memory, make_memory, memory_blocks, memory_layout
+from model.serving.memory import PoolView, check_memory, make_memory, memory_blocks, memory_layout, pool_dtype
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
@@ -55,6 +55,7 @@ MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow
 @dataclass(frozen=True)
 class EngineSettings:
     memory: str = "paged"             # "paged": blocks of block_size | "padded": a slot per request (memory.py)
+    kv_dtype: str = "float32"         # what the pool holds: "float32" (the model's own K and V) | "fp8" (e4m3)
     block_size: int = 16
     budget_bytes: int = 64 * 2**20
     prefix_cache: bool = False
@@ -139,7 +140,7 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
     check_memory(settings.memory, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
-                 offload=settings.offload, prefill_worker=False)
+                 offload=settings.offload, prefill_worker=False, kv_dtype=settings.kv_dtype)
     size, context = settings.block_size, model.info.context_length
     if size < 1 or size & (size - 1) or size > context:
         raise InputError("paged_block_size", size=size, context=context)
@@ -148,7 +149,7 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
     for request in requests:
         if len(request.prompt_ids) >= context:
             raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
-    layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests))
+    layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests), settings.kv_dtype)
     least = smallest_budget(layout, requests) if requests else layout.block_bytes
     if settings.budget_bytes < least:
         raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
@@ -174,8 +175,9 @@ class Engine:
         check_paged(model, settings, requests)
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = memory_layout(model.info, settings.memory, settings.block_size,
-                                    longest_held(model.info, requests))
-        self.cache = make_memory(model.info, layout=self.layout, dtype=model.kv_dtype, device=model.device,
+                                    longest_held(model.info, requests), settings.kv_dtype)
+        self.cache = make_memory(model.info, layout=self.layout, device=model.device,
+                                 dtype=pool_dtype(settings.kv_dtype, model.kv_dtype),
                                  n_blocks=memory_blocks(model.info, settings.memory, self.layout,
                                                         settings.budget_bytes))
         self.requests = {r.id: r for r in requests}

@@ -40,12 +40,13 @@ class KVSettings:
     tier_bytes: int | None = None
     prefill_worker: str | None = None  # the model's name for a prefill worker of its own (disaggregated.py); None: one
                                        # process
+    kv_dtype: str = "float32"          # what the pool holds (memory.POOL_DTYPES)
 
     @property
     def paged(self) -> EngineSettings:
-        return EngineSettings(memory=self.layout, block_size=self.block_size, budget_bytes=self.budget_bytes,
-                              prefix_cache=self.prefix_cache, chunk=self.chunk, offload=self.offload,
-                              tier_folder=self.tier_folder, tier_bytes=self.tier_bytes)
+        return EngineSettings(memory=self.layout, kv_dtype=self.kv_dtype, block_size=self.block_size,
+                              budget_bytes=self.budget_bytes, prefix_cache=self.prefix_cache, chunk=self.chunk,
+                              offload=self.offload, tier_folder=self.tier_folder, tier_bytes=self.tier_bytes)
 
 
 def longest(requests: list[Request]) -> int:
@@ -79,12 +80,13 @@ class Variant:
 
 
 def variants(queue: str, context_length: int, block_size: int, budget_bytes: int) -> list[Variant]:
-    """What a built-in queue is there to compare, the first the one switched on: mixed, paged against padded;
-    shared-prefix, the prefix cache against none; long-join, chunks of the smaller compared size, no chunks, chunks
-    of the larger (queues.compared_chunks)."""
+    """What a built-in queue is there to compare, the first the one switched on: mixed, paged against padded and
+    against a pool in fp8 (the same budget, more blocks); shared-prefix, the prefix cache against none; long-join,
+    chunks of the smaller compared size, no chunks, chunks of the larger (queues.compared_chunks)."""
     paged = KVSettings("paged", block_size, budget_bytes)
     if queue == "mixed":
-        return [Variant("paged", paged), Variant("padded", dataclasses.replace(paged, layout="padded"))]
+        return [Variant("paged", paged), Variant("padded", dataclasses.replace(paged, layout="padded")),
+                Variant("paged_fp8", dataclasses.replace(paged, kv_dtype="fp8"))]
     if queue == "shared-prefix":
         return [Variant("prefix", dataclasses.replace(paged, prefix_cache=True)), Variant("no_prefix", paged)]
     small, large = compared_chunks(context_length)
@@ -103,7 +105,8 @@ class QueueRun:
         self.requests = [dataclasses.replace(r).restart() for r in requests]
         self.crossover: Crossover | None = None
         check_memory(settings.layout, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
-                     offload=settings.offload, prefill_worker=settings.prefill_worker is not None)
+                     offload=settings.offload, prefill_worker=settings.prefill_worker is not None,
+                     kv_dtype=settings.kv_dtype)
         engine = settings.paged
         if settings.offload is not None:
             check_paged(model, engine, self.requests)
@@ -150,7 +153,7 @@ class QueueRun:
         itls = [gap for r in self.requests for gap in r.itl_ms]
         joined = [r.ttft_ms for r in self.requests if r.arrival_step > 0 and r.ttft_ms is not None]
         return {
-            "layout": settings.layout, "block_size": server.layout.block_size,
+            "layout": settings.layout, "kv_dtype": settings.kv_dtype, "block_size": server.layout.block_size,
             "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
             "pool_blocks": server.cache.n_blocks, "block_bytes": server.layout.block_bytes,
             "slots": memory_slots(settings.layout, server.layout, server.cache.n_blocks),

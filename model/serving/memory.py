@@ -16,6 +16,7 @@ tells the two engine memories apart.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,7 +26,7 @@ import torch
 from model.engine.runtime import ModelInfo
 from model.errors import InputError
 from model.serving.blocks import block_hash
-from model.serving.paged import ALIGN, PagedCache, PagedLayout, first_seen
+from model.serving.paged import ALIGN, FP8, PagedCache, PagedLayout, first_seen
 from model.serving.request import Request
 from model.serving.slots import SlotCache
 
@@ -206,16 +207,32 @@ class PoolView:
     windows: list[int | None]            # per group, its kind
 
 
-def memory_layout(info: ModelInfo, memory: str, block_size: int, longest: int) -> PagedLayout:
+POOL_DTYPES = ("float32", "fp8")  # what a pool holds: the model's own K and V, or e4m3 (paged.FP8)
+
+
+def memory_layout(info: ModelInfo, memory: str, block_size: int, longest: int,
+                  kv_dtype: str = "float32") -> PagedLayout:
     """paged: blocks of block_size positions; padded: one block of the longest request's whole length (its prompt
-    and every token it may write)."""
-    return PagedLayout.of(info, longest if memory == "padded" else block_size)
+    and every token it may write); an fp8 pool's numbers a byte each (its two scales a layer are not in a block)."""
+    layout = PagedLayout.of(info, longest if memory == "padded" else block_size)
+    return dataclasses.replace(layout, bytes_per_element=1) if kv_dtype == "fp8" else layout
+
+
+def pool_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The tensor dtype of a pool of `kv_dtype` ("float32": the model's own keys' dtype)."""
+    return FP8 if kv_dtype == "fp8" else model_dtype
 
 
 def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload: str | None,
-                 prefill_worker: bool) -> None:
+                 prefill_worker: bool, kv_dtype: str = "float32") -> None:
     """What the padded baseline does not have, refused in one sentence: it shares no block (no prefix cache), holds
-    a whole request from its admission (no chunks to make room for) and moves none out."""
+    a whole request from its admission (no chunks to make room for) and moves none out. A pool in fewer bits holds
+    float32 or fp8 (KIVI's int8 keeps a float residual per group, which blocks do not hold), and takes no prompt
+    from a prefill worker (the worker sends float keys and values)."""
+    if kv_dtype not in POOL_DTYPES:
+        raise InputError("pool_kv_dtype", kv_dtype=kv_dtype, offered=", ".join(POOL_DTYPES))
+    if kv_dtype != "float32" and prefill_worker:
+        raise InputError("pool_kv_dtype_workers")
     if memory == "padded":
         if prefill_worker:
             raise InputError("padded_no_workers")

@@ -35,6 +35,8 @@ from model.serving.blocks import BlockPool
 # narrower one): under torch's softmax (the paths off the kernels), hits of 8 and 9 positions, which a 12-position
 # prompt's prefill had computed in its softmax's tail, rounded SmolLM2's logits 5e-5 away from the solo run's
 ALIGN = 16
+FP8 = torch.float8_e4m3fn  # an fp8 pool's numbers (vLLM's --kv-cache-dtype fp8)
+FP8_MAX = 448.0            # e4m3's largest finite number
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,32 @@ class PagedCache:
         self.pool = BlockPool(n_blocks)
         self.tables: dict[int, list[list[int | None]]] = {}
         self.where = {layer: (g, i) for g, group in enumerate(layout.groups) for i, layer in enumerate(group.layers)}
+        # an fp8 pool: per layer, K's and V's scale, set by the layer's first write and kept (vLLM's
+        # calculate_kv_scales: the first forward's largest |x| over e4m3's largest number)
+        self.scales: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if dtype == FP8 else None
+
+    def write(self, layer: int, blocks: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """New positions' K and V (n_kv, N, d_head) of `layer` into their blocks at their offsets (fp8: scaled, each
+        number clamped to e4m3's range)."""
+        i = self.where[layer][1]
+        if self.scales is not None:
+            k_scale, v_scale = self.scales.setdefault(layer, tuple(
+                x.abs().amax().float().clamp_min(1e-12) / FP8_MAX for x in (k, v)))
+            k, v = ((x.float() / scale).clamp(-FP8_MAX, FP8_MAX) for x, scale in ((k, k_scale), (v, v_scale)))
+        self.keys[i][:, blocks, offsets] = k.to(self.keys.dtype)
+        self.values[i][:, blocks, offsets] = v.to(self.values.dtype)
+
+    def read(self, layer: int, ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `layer` in blocks `ids`, (n_kv, len(ids), block_size, d_head), in `dtype` (fp8: times their
+        scales)."""
+        i = self.where[layer][1]
+        keys, values = self.keys[i][:, ids], self.values[i][:, ids]
+        if self.scales is None:
+            return keys, values
+        k_scale, v_scale = self.scales[layer]
+        return (keys.float() * k_scale).to(dtype), (values.float() * v_scale).to(dtype)
+
 
     @property
     def nbytes_reserved(self) -> int:
@@ -181,16 +209,15 @@ class PagedPass:
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], ...]:
         """The new positions' K, V (1, n_kv, N, d_head) into their blocks; returns per row its request's keys and
         values (1, n_kv, positions, d_head), from the first block its rows read: what row_keys index."""
-        group, i = self.cache.where[layer]
+        group = self.cache.where[layer][0]
         window = self.cache.layout.groups[group].window
-        keys, values = self.cache.keys[i], self.cache.values[i]
-        keys[:, self.write_blocks[group], self.offsets] = k[0]     # (n_kv, N, d_head)
-        values[:, self.write_blocks[group], self.offsets] = v[0]
+        self.cache.write(layer, self.write_blocks[group], self.offsets, k[0], v[0])  # (n_kv, N, d_head)
+        n_kv, d_head = k.shape[1], k.shape[-1]
         gathered: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for request in dict.fromkeys(row.request for row in self.rows):
             low, high = self.spans[(request, window)]
             ids = torch.tensor(self.cache.tables[request][group][low:high], device=k.device)
-            n_kv, d_head = keys.shape[0], keys.shape[-1]
-            gathered[request] = tuple(store[:, ids].view(1, n_kv, -1, d_head) for store in (keys, values))
+            gathered[request] = tuple(store.view(1, n_kv, -1, d_head)
+                                      for store in self.cache.read(layer, ids, k.dtype))
         return (tuple(gathered[row.request][0] for row in self.rows),
                 tuple(gathered[row.request][1] for row in self.rows))

@@ -13,6 +13,7 @@ from model.engine.sampling import MAX_SEED
 from model.errors import InputError
 from model.serving.engine import MIN_CHUNK
 from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
+from model.serving.memory import POOL_DTYPES
 from model.serving.quality import MAX_TOKENS as MAX_QUALITY_TOKENS
 from model.serving.quality import MIN_TOKENS as MIN_QUALITY_TOKENS
 from model.serving.queues import QUEUES
@@ -422,6 +423,11 @@ def parser() -> argparse.ArgumentParser:
     sb.add_argument("--disaggregate", action="store_true",
                     help="with --kv paged: prompts prefilled by a second process (the prefill worker) and sent over "
                          "torch.distributed, decoded here; the same queue is also served in one process to compare")
+    sb.add_argument("--kv-dtype", default=None, choices=POOL_DTYPES,
+                    help="with --queue: what the pool holds: float32, the model's own keys and values (default), or "
+                         "fp8 (e4m3, a byte a number, one scale a layer for K and one for V set by the first pass, as "
+                         "vLLM's --kv-cache-dtype fp8 with calculated scales): the same budget holds more blocks; the "
+                         "queue is then served again on a float32 pool and its tokens compared request by request")
     sb.add_argument("--tier-dir", default=None,
                     help="with --offload disk: the folder of the tier's file, deleted at the end (default: the "
                          "system's temporary folder)")

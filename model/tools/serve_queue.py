@@ -24,7 +24,7 @@ from model.tools.options import check_option
 
 # the step sweep's options, which a served queue does not take, and a served queue's, which the sweep does not
 SWEEP_ONLY = ("--batch", "--context", "--dtype", "--steps")
-QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk", "--offload", "--tier-dir")
+QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk", "--offload", "--tier-dir", "--kv-dtype")
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -46,7 +46,8 @@ def queue_settings(args, requests, model: NativeModel) -> KVSettings:
     budget = (default_budget(model, args.queue, requests, block_size) if args.kv_budget_mb is None
               else int(args.kv_budget_mb * 2**20))
     return KVSettings(args.kv or "paged", block_size, budget, args.prefix_cache, args.chunk, args.offload,
-                      args.tier_dir, prefill_worker=args.model if args.disaggregate else None)
+                      args.tier_dir, prefill_worker=args.model if args.disaggregate else None,
+                      kv_dtype=args.kv_dtype or "float32")
 
 
 def run_queue(args) -> dict:
@@ -80,19 +81,29 @@ def run_queue(args) -> dict:
         summary["transfer"]["one_process"] = {
             "ttft_ms_p50": one["ttft_ms_p50"], "itl_ms": one["itl_ms"], "tokens_per_s": one["tokens_per_s"],
             "same_tokens": [r.new_ids for r in run.requests] == [r.new_ids for r in alone.requests]}
+    if kv.kv_dtype != "float32":  # the same queue in a pool of the model's own K and V, request by request
+        full = QueueRun(model, requests, dataclasses.replace(kv, kv_dtype="float32")).run()
+        theirs = full.summary()
+        summary["float32_pool"] = {
+            "same_tokens": sum(a.new_ids == b.new_ids for a, b in zip(run.requests, full.requests)),
+            "requests": len(requests), "max_concurrent": theirs["max_concurrent"],
+            "pool_blocks": theirs["pool_blocks"], "preemptions": theirs["preemptions"],
+            "tokens_per_s": theirs["tokens_per_s"]}
+        full.close()
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_kv_heads": info.n_kv_heads, "d_head": info.d_head,
                   "sliding_window": info.window, "device": info.device, "dtype": info.dtype},
         "queue": args.queue,
         "requests": run.request_rows(),
-        "kv": {k: summary[k] for k in ("layout", "block_size", "budget_bytes", "max_concurrent", "bytes_reserved_peak",
-                                       "bytes_held_peak", "waste_fraction", "shared_blocks",
+        "kv": {k: summary[k] for k in ("layout", "kv_dtype", "block_size", "budget_bytes", "max_concurrent",
+                                       "bytes_reserved_peak", "bytes_held_peak", "waste_fraction", "shared_blocks",
                                        "prefill_positions_computed", "preemptions", "prefix_cache", "chunk",
                                        "pool_blocks", "block_bytes", "slots", "offload")},
         "steps": summary["steps"], "tokens": summary["tokens"], "tokens_per_s": summary["tokens_per_s"],
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
         "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
         "transfer": summary["transfer"],
+        "float32_pool": summary.get("float32_pool"),
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
@@ -107,9 +118,11 @@ def ms(value: float | None) -> str:
 
 def print_report(report: dict) -> None:
     kv, m = report["kv"], report["model"]
-    layout = (f"paged, blocks of {kv['block_size']} ({kv['pool_blocks']} blocks of {kv['block_bytes']:,} B)"
-              + (", prefix cache" if kv["prefix_cache"] else "") + (f", chunks of {kv['chunk']}" if kv["chunk"] else "")
-              if kv["layout"] == "paged" else f"padded, {kv['slots']} slot(s)")
+    layout = (f"padded, {kv['slots']} slot(s)" if kv["slots"] is not None else
+              f"paged, blocks of {kv['block_size']} ({kv['pool_blocks']} blocks of {kv['block_bytes']:,} B)"
+              + (", prefix cache" if kv["prefix_cache"] else "")
+              + (f", chunks of {kv['chunk']}" if kv["chunk"] else ""))
+    layout += ", fp8 pool" if kv["kv_dtype"] == "fp8" else ""
     print(f"model {m['name']} on {m['device']}, queue {report['queue']} ({len(report['requests'])} requests), "
           f"KV cache {layout}, budget {kv['budget_bytes'] / 2**20:.2f} MiB")
     print(f"{'id':>3}{'arrives':>8}{'prompt':>7}{'tokens':>7}{'TTFT ms':>9}{'ITL p50':>8}{'p95':>7}{'p99':>7}{'max':>7}"
@@ -134,6 +147,11 @@ def print_report(report: dict) -> None:
         print_offload(kv["offload"], kv["block_bytes"])
     if report["transfer"] is not None:
         print_transfer(report["transfer"], report["ttft_ms_p50"], report["itl_ms"])
+    full = report["float32_pool"]
+    if full is not None:
+        print(f"the same queue on a float32 pool: {full['pool_blocks']} blocks, at once at most "
+              f"{full['max_concurrent']}, preemptions {full['preemptions']}; {full['same_tokens']} of "
+              f"{full['requests']} requests wrote the same tokens")
     print(report["conditions"])
 
 
