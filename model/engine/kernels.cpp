@@ -321,12 +321,16 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// One query head over S keys and values at stride kv_s: out (d), weights (S)
-static void attend_head(const float* qh, const float* kh, const float* vh, int64_t S, int64_t kv_s, int64_t d,
-                        float scale, float* o, float* w) {
+// One query head over S keys and values, key and value s at kh + at(s) and vh + at(s): out (d), weights (S). Where
+// they lie changes no sum: a cache's contiguous buffer (attend_head) and a paged pool read through a block table
+// (attend_paged) give the same bits
+extern "C++" {  // a template, within the extern "C" block
+template <typename At>
+static void attend_head_at(const float* qh, const float* kh, const float* vh, int64_t S, const At& at, int64_t d,
+                           float scale, float* o, float* w) {
   float most = -INFINITY;
   for (int64_t s = 0; s < S; ++s) {
-    w[s] = dot(qh, kh + s * kv_s, d) / scale;
+    w[s] = dot(qh, kh + at(s), d) / scale;
     most = std::max(most, w[s]);
   }
   float total = 0.0f;
@@ -338,16 +342,22 @@ static void attend_head(const float* qh, const float* kh, const float* vh, int64
   int64_t i0 = 0;
   for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
     f32x16 sum[BLOCKS] = {};
-    for (int64_t s = 0; s < S; ++s)
-      for (int j = 0; j < BLOCKS; ++j) {
-        const f32x16 vs = load16(vh + s * kv_s + i0 + j * LANES);
-        sum[j] += w[s] * vs;
-      }
+    for (int64_t s = 0; s < S; ++s) {
+      const float* vs = vh + at(s) + i0;
+      for (int j = 0; j < BLOCKS; ++j) sum[j] += w[s] * load16(vs + j * LANES);
+    }
     for (int j = 0; j < BLOCKS; ++j) store16(o + i0 + j * LANES, sum[j]);
   }
   std::fill(o + i0, o + d, 0.0f);
   for (int64_t s = 0; s < S; ++s)
-    for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[s * kv_s + i];
+    for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[at(s) + i];
+}
+}  // extern "C++"
+
+// One query head over S keys and values at stride kv_s: out (d), weights (S)
+static void attend_head(const float* qh, const float* kh, const float* vh, int64_t S, int64_t kv_s, int64_t d,
+                        float scale, float* o, float* w) {
+  attend_head_at(qh, kh, vh, S, [kv_s](int64_t s) { return s * kv_s; }, d, scale, o, w);
 }
 
 // Every head of rows 0 .. B − 1, row b over keys first[b] .. end[b] − 1 (first null: all S) -> out (B, heads · d),
@@ -395,6 +405,38 @@ void attend_spans(const float* q, int64_t B, int64_t heads, int64_t T, int64_t d
         attend_head(q + b * q_b + h * q_h + t * q_t, k + at, v + at, end[t] - first[t], kv_s, d, scale,
                     out + ((b * T + t) * heads + h) * d, w + first[t]);
       }
+}
+
+// Attention of a flattened pass's N queries (model/serving/paged.py: prompt chunks and decode rows side by side), each
+// over its own request's keys read in place through its block table, no copy: query t (q at strides q_h per head, q_t
+// per query) reads positions first[t] .. end[t] − 1 of table row[t]; tables holds rows of `width` block ids, position
+// p in block tables[row · width + p / block_size] at offset p % block_size; k and v are one layer's stores (kv heads,
+// n_blocks, block_size, d), contiguous. Each query head as attend_head attends it over a contiguous copy of the same
+// keys (attend_one's decode step, attend_spans' prefill): the same bits. out (N, heads · d)
+void attend_paged(const float* q, int64_t N, int64_t heads, int64_t d, int64_t q_h, int64_t q_t, const float* k,
+                  const float* v, int64_t kv_heads, int64_t n_blocks, int64_t block_size, const int64_t* tables,
+                  int64_t width, const int64_t* row, const int64_t* first, const int64_t* end, float scale, float* out,
+                  int threads) {
+  const int64_t groups = heads / kv_heads, kv_h = n_blocks * block_size * d, block = block_size * d;
+  int64_t longest = 1;
+  for (int64_t t = 0; t < N; ++t) longest = std::max(longest, end[t] - first[t]);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    std::vector<float> w(longest);
+#pragma omp for collapse(2) schedule(dynamic, 8)
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t* table = tables + row[t] * width;
+        const int64_t from = first[t];
+        const auto at = [=](int64_t s) {
+          const int64_t p = from + s;
+          return table[p / block_size] * block + (p % block_size) * d;
+        };
+        const int64_t kv = (h / groups) * kv_h;
+        attend_head_at(q + h * q_h + t * q_t, k + kv, v + kv, end[t] - from, at, d, scale, out + (t * heads + h) * d,
+                       w.data());
+      }
+  }
 }
 
 // SiLU(gate) · up of each row of gate_up (rows, 2I at row stride ld: gate, then up), into y (rows, I): gate / (1 +

@@ -57,6 +57,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
                              ctypes.c_float, _ptr, _ptr),
               "attend_spans": (_ptr, _i64, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
                                _i64, _ptr, _ptr, ctypes.c_float, _ptr, _ptr, _int),
+              "attend_paged": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _ptr, _i64, _ptr, _ptr,
+                               _ptr, ctypes.c_float, _ptr, _int),
               "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "decode_out": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
               "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
@@ -447,6 +449,24 @@ def attend_spans(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: torch
                            v.data_ptr(), n_kv, S, k.stride(0), k.stride(1), k.stride(2), first.data_ptr(),
                            end.data_ptr(), scale, out.data_ptr(), weights.data_ptr(), torch.get_num_threads())
     return out, weights
+
+
+@profiled("attend_paged")
+def attend_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, row: torch.Tensor,
+                 first: torch.Tensor, end: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q·kᵀ / scale)·v for a flattened pass's N queries, float32, in one op (kernels.cpp), each query over
+    positions first[t] .. end[t] − 1 of its request's keys read in place through its block table (no gather copy),
+    each as attend_head attends a contiguous copy of them: the bits of attend_one's decode step and attend_spans'
+    prefill. q (1, n_heads, N, d_head) (d_head's numbers side by side); k and v one layer's stores (n_kv, n_blocks,
+    block_size, d_head), contiguous; tables (requests, width) int64 block ids by position // block_size; row, first,
+    end (N,) int64: each query's row of tables and its span of positions -> out (1, N, n_heads·d_head)."""
+    _, n_heads, N, d_head = q.shape
+    n_kv, n_blocks, block_size = k.shape[0], k.shape[1], k.shape[2]
+    out = q.new_empty(1, N, n_heads * d_head)
+    kernels().attend_paged(q.data_ptr(), N, n_heads, d_head, q.stride(1), q.stride(2), k.data_ptr(), v.data_ptr(),
+                           n_kv, n_blocks, block_size, tables.data_ptr(), tables.shape[1], row.data_ptr(),
+                           first.data_ptr(), end.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
+    return out
 
 
 # -- a decode step's layer ----------------------------------------------------------------------------------------

@@ -171,6 +171,20 @@ class RowKeys:
         return list(itertools.accumulate(self.queries, initial=-1))[1:]
 
 
+@dataclass(frozen=True)
+class BlockKeys:
+    """One layer's keys and values of a flattened pass read in place through the requests' block tables
+    (model/serving/paged.py, on the decode kernels: float32 on a CPU): what the pass's append gives for k and v in
+    place of a copy per row. Query t of the pass reads positions first[t] .. end[t] − 1 of its request, row[t] of
+    `tables` (block ids by position // block_size): exactly the keys its solo run's pass reads."""
+    keys: torch.Tensor      # (n_kv, n_blocks, block_size, d_head): the layer's store
+    values: torch.Tensor
+    tables: torch.Tensor    # (requests, width) int64
+    row: torch.Tensor       # (N,) int64
+    first: torch.Tensor     # (N,) int64
+    end: torch.Tensor       # (N,) int64
+
+
 def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float, fused: bool = False):
     """softmax(Q·Kᵀ / scale + mask)·V, written out so that the weights exist to show.
     q (B, n_heads, T, d_head), k and v (B, n_kv, S, d_head) -> out (B, T, n_heads·d_head), weights (B, n_heads, T, S).
@@ -246,7 +260,13 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
     """attend for a flattened pass (RowKeys.queries): q (1, n_heads, N, d_head), N = Σ queries, and per row its own
     keys and values k[r], v[r] (1, n_kv, S_r, d_head), of which it reads first[r] .. end[r] − 1, exactly those its
     solo run's pass reads, masked as there: a prompt's chunk as rows of its prompt's one prefill, a decode over its
-    keys alone. -> out (1, N, n_heads·d_head), no weights (no view draws such a pass)."""
+    keys alone. -> out (1, N, n_heads·d_head), no weights (no view draws such a pass). With k a BlockKeys (the pass
+    on the decode kernels) every row's queries in one op over the keys where they lie (kernels.attend_paged), each
+    query over the span its row's mask would leave it, as attend_one and attend_spans attend them: the same bits, no
+    copy of a row's keys and no Python call per row."""
+    if isinstance(k, BlockKeys):
+        q = q if q.stride(-1) == 1 else q.contiguous()
+        return kernels.attend_paged(q, k.keys, k.values, k.tables, k.row, k.first, k.end, scale), None
     out = q.new_empty(1, q.shape[2], q.shape[1] * q.shape[3])
     at = 0
     for n, start, first, end, k_row, v_row in zip(rows.queries, rows.starts, rows.first, rows.end, k, v):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.engine.llama import RowKeys
+from model.engine.llama import BlockKeys, RowKeys
 from model.engine.runtime import ModelInfo
 from model.serving.blocks import BlockPool
 
@@ -221,3 +221,44 @@ class PagedPass:
                                       for store in self.cache.read(layer, ids, k.dtype))
         return (tuple(gathered[row.request][0] for row in self.rows),
                 tuple(gathered[row.request][1] for row in self.rows))
+
+
+class PagedPassInPlace(PagedPass):
+    """A PagedPass whose layers read their keys where they lie, through the tables (BlockKeys for
+    kernels.attend_paged, via llama.attend_flat), instead of a gathered copy per request: for a model that attends in
+    the decode kernels over a float32 pool on a CPU (runner.reads_in_place). Each query reads exactly the span of
+    positions its row's mask leaves it, so its bits are those of the copy's path (attend_one for a decode row,
+    attend_spans for a prompt's chunk)."""
+
+    def __init__(self, cache: PagedCache, rows: list[Row], device: torch.device):
+        super().__init__(cache, rows, device)
+        layout = cache.layout
+        owners = [row.request for row in rows for _ in range(row.queries)]
+        requests = list(dict.fromkeys(owners))
+        index = {request: i for i, request in enumerate(requests)}
+        self.query_row = torch.tensor([index[owner] for owner in owners], dtype=torch.int64, device=device)
+        # per group each request's table, padded to one width; None (a block a sliding window passed) as 0, never read
+        width = max(len(cache.tables[request][g]) for request in requests for g in range(len(layout.groups)))
+        self.tables = [torch.tensor([[0 if b is None else b for b in cache.tables[request][g]]
+                                     + [0] * (width - len(cache.tables[request][g])) for request in requests],
+                                    dtype=torch.int64, device=device) for g in range(len(layout.groups))]
+        # per kind each query's positions: a prompt's chunk causal (within the window), a decode row its keys
+        self.query_spans: dict[int | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        for window in {g.window for g in layout.groups}:
+            first, end = [], []
+            for row in rows:
+                row_first = 0 if row.masked else first_seen(window, row.start)
+                for p in range(row.start, row.end):
+                    first.append(max(row_first, first_seen(window, p)))
+                    end.append(min(row.keys_end, p + 1))
+            self.query_spans[window] = (torch.tensor(first, dtype=torch.int64, device=device),
+                                        torch.tensor(end, dtype=torch.int64, device=device))
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[BlockKeys, BlockKeys]:
+        """The new positions' K, V (1, n_kv, N, d_head) into their blocks; returns the layer's stores and the tables
+        as one BlockKeys (for k and v alike), nothing copied."""
+        group, i = self.cache.where[layer]
+        self.cache.write(layer, self.write_blocks[group], self.offsets, k[0], v[0])  # (n_kv, N, d_head)
+        read = BlockKeys(self.cache.keys[i], self.cache.values[i], self.tables[group], self.query_row,
+                         *self.query_spans[self.cache.layout.groups[group].window])
+        return read, read

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from model.engine.llama import DecoderOnly
-from model.serving.paged import PagedCache, PagedPass, Row
+from model.serving.paged import PagedCache, PagedPass, PagedPassInPlace, Row
 
 
 def prompt_alone(cache: PagedCache, n: int) -> list[Row]:
@@ -22,11 +22,19 @@ def prompt_alone(cache: PagedCache, n: int) -> list[Row]:
     return [Row(0, 0, n, True, n)]
 
 
+def reads_in_place(module: DecoderOnly, cache: PagedCache) -> bool:
+    """Whether a pass reads its keys where they lie (PagedPassInPlace): the model attends in the decode kernels
+    (pack_linears) and the pool is float32 on a CPU, what kernels.attend_paged reads."""
+    attention = module.model.layers[0].self_attn
+    return (bool(getattr(attention, "fused", False)) and cache.keys.dtype == torch.float32
+            and cache.keys.device.type == "cpu")
+
+
 def run_rows(module: DecoderOnly, cache: PagedCache, rows: list[Row], ids: torch.Tensor,
              after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
     """The rows' token ids (1, N) through the model over `cache` (their blocks allocated): per row the logits of
     its last position, (rows, vocab). after_layer(i) runs once block i has; a caller may stop the pass there by
     raising, and the same pass can run again whole (it writes the same positions)."""
-    paged = PagedPass(cache, rows, ids.device)
+    paged = (PagedPassInPlace if reads_in_place(module, cache) else PagedPass)(cache, rows, ids.device)
     return module(ids, paged, positions=paged.positions, keys=paged.row_keys, last_logits_only=True,
                   after_layer=after_layer).logits[0]
