@@ -30,6 +30,7 @@ from ui.classroom import key_figure, localised, settings, why
 from ui.errors import error_sentence, guarded
 from ui.i18n import decimal, number, scientific, t
 from ui.models import current_model
+from ui.serving_run import StopBar
 from ui.state import keep_across_pages
 from ui.widgets import table_html
 
@@ -51,14 +52,16 @@ keep_across_pages(dict(zip(("kv_sinks", "kv_window"), default_bound(info.context
 
 
 def measured(lesson: str, action, label: str):
-    """The lesson's run for this model: done at open for the small models, else when its button is pressed; a
-    refusal is said once, in a sentence."""
+    """The lesson's run for this model: done at open for the small models, else when its button is pressed, in the
+    page's script under a Stop button and a bar (a click on Stop, or anything else, ends it at the next redraw and
+    nothing is kept); action(progress) tells the share done. A refusal is said once, in a sentence."""
     key = (lesson, info.name, info.device)
     if key not in store and native and (info.name in MEASURE_AT_OPEN
                                         or st.button(t(label), key=f"kv_measure_{lesson}", type="primary",
                                                      icon=":material/science:")):
-        with st.spinner(t("kv.measuring")):
-            store[key] = guarded(action)
+        bar = StopBar(f"kv_stop_{lesson}", t("kv.measuring"))
+        store[key] = guarded(lambda: action(lambda done: bar.draw(done, t("kv.measuring"))))
+        bar.clear()
     return store.get(key)
 
 
@@ -96,7 +99,7 @@ with key_figure():
     left, right = st.columns([3, 2])
     left.plotly_chart(localised(bars_figure()), key="kv_chart_bytes")
     with right:
-        measured_quality = measured("quality", lambda: cache_quality(model), "kv.measure_quality")
+        measured_quality = measured("quality", lambda progress: cache_quality(model, progress), "kv.measure_quality")
         if measured_quality is not None:
             quality, steps = measured_quality.quality, measured_quality.steps
             st.html(table_html(
@@ -131,7 +134,8 @@ except InputError as bad:
 if refusal is not None:
     st.info(refusal)
 else:
-    run = measured(f"along_{sinks}_{window}", lambda: along(model, int(sinks), int(window)), "kv.measure_along")
+    run = measured(f"along_{sinks}_{window}", lambda progress: along(model, int(sinks), int(window), progress),
+                   "kv.measure_along")
     if run is not None:
         picture, table = st.columns([3, 2])
         bound = run.sinks + run.window
@@ -157,7 +161,7 @@ with why("kv_along"):
 
 # -- 3. the attention sink -------------------------------------------------------------------------------------------
 st.subheader(t("kv.lesson_sinks"))
-sink = measured("sinks", lambda: sink_map(model), "kv.measure_sinks")
+sink = measured("sinks", lambda progress: sink_map(model), "kv.measure_sinks")
 if sink is not None:
     picture, table = st.columns([3, 2])
     layers, heads = sink.mass.shape

@@ -45,3 +45,15 @@ def test_the_decode_row_strikes_out_what_the_bounded_cache_lost(lang):
     assert html.count("line-through") == n - 3
     said = text("decode.bounded_row", lang).split("{")[0]
     assert said in html and not at.exception
+
+
+def test_the_kv_pages_measurements_tell_their_progress_to_the_end(small):
+    """The KV page runs each measurement under a Stop button, redrawing a bar from these shares (a click ends the
+    run at a redraw): each run's shares rise, and reach 1.0 only at its end. Made red by a count of passes too small
+    (the bar full before the end) or a run that never says it is done."""
+    from model.serving.kv_lessons import along, cache_quality
+
+    for run in (lambda progress: along(small, 4, 28, progress), lambda progress: cache_quality(small, progress)):
+        shares = []
+        run(shares.append)
+        assert shares and shares[-1] == 1.0 and shares == sorted(shares) and shares[-2] < 1.0

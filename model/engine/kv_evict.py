@@ -12,6 +12,8 @@ sink_mass measures the sink itself: the attention weight each layer and head put
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from model.engine.cache import LayerBytes
@@ -169,8 +171,12 @@ def fed_along(model: NativeModel, ids: list[int], cache):
         yield out.logits[0, -1]
 
 
-def nll_along(model: NativeModel, ids: list[int], cache) -> list[float]:
+def nll_along(model: NativeModel, ids: list[int], cache, tick: Callable[[], None] | None = None) -> list[float]:
     """The negative log-likelihood of each token after the first, the text fed through `cache` (fed_along): what a
-    perplexity-by-position curve draws."""
-    return [float(-torch.log_softmax(logits.float(), dim=-1)[token])
-            for logits, token in zip(fed_along(model, ids[:-1], cache), ids[1:])]
+    perplexity-by-position curve draws. tick() runs after each token (a caller that may stop there)."""
+    nlls = []
+    for logits, token in zip(fed_along(model, ids[:-1], cache), ids[1:]):
+        nlls.append(float(-torch.log_softmax(logits.float(), dim=-1)[token]))
+        if tick is not None:
+            tick()
+    return nlls

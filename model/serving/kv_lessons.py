@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,16 @@ from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_windo
 from model.engine.kv_heads import cache_formulas, mla_bytes_per_position
 from model.engine.kv_quant import bytes_per_position, with_kv_dtype
 from model.engine.runtime import NativeModel
-from model.serving.quality import Quality, StepTime, decode_step_times, held_out, measure_quality, text_ids
+from model.serving.quality import (
+    CHUNK,
+    Quality,
+    StepTime,
+    decode_step_times,
+    held_out,
+    measure_quality,
+    text_ids,
+    windows,
+)
 from model.serving.timing import percentile
 
 # the papers the page cites, by arXiv number (passed into its sentences, where a number would be read as one)
@@ -61,14 +71,33 @@ class CacheQuality:
         return percentile(self.steps.ms[kv_dtype], 50)
 
 
-def cache_quality(model: NativeModel) -> CacheQuality:
+def cache_quality(model: NativeModel, progress: Callable[[float], None] | None = None) -> CacheQuality:
     """Perplexity, mean KL to the model's own cache and greedy agreement per cache dtype, on the held-out text of
-    the model's language (its file in Quality.text), and the decode step's time with each cache."""
+    the model's language (its file in Quality.text), and the decode step's time with each cache. progress(share
+    done) runs between the passes (a caller that may stop there)."""
     text = held_out(model.info.language)
     ids = text_ids(model, text.text, text.name)
     models = {"float32": model} | {d: with_kv_dtype(model, d) for d in QUANTIZED}
-    return CacheQuality(measure_quality(models, model.info.name, text.name, ids, text.prompts),
-                        decode_step_times(models, ids))
+    passes = sum(-(-(end - start) // CHUNK) for start, end, _ in windows(len(ids), model.info.context_length))
+    quality = measure_quality(models, model.info.name, text.name, ids, text.prompts,
+                              counting(progress, len(models) * (passes + 1)))
+    steps = decode_step_times(models, ids)
+    if progress is not None:  # the passes counted above are about all; the timed steps end it
+        progress(1.0)
+    return CacheQuality(quality, steps)
+
+
+def counting(progress: Callable[[float], None] | None, total: int) -> Callable[[], None] | None:
+    """A tick() that tells progress the share of `total` ticks done so far."""
+    if progress is None:
+        return None
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        progress(min(1.0, done[0] / total))
+
+    return tick
 
 
 BOUNDED = ("sinks", "window", "heavy_hitters")  # the bounded caches compared with the full one
@@ -122,14 +151,16 @@ class Along:
         return math.exp(float(tail.mean())) if len(tail) else math.nan
 
 
-def along(model: NativeModel, sinks: int, window: int) -> Along:
+def along(model: NativeModel, sinks: int, window: int, progress: Callable[[float], None] | None = None) -> Along:
     """The four runs over the first min(MAX_ALONG, context) tokens of the held-out text (H2O keeps the text's
-    positions, so a run never passes the context); check_window refuses a model with sliding layers."""
+    positions, so a run never passes the context); check_window refuses a model with sliding layers. progress(share
+    done) runs after each token of each run (a caller that may stop there)."""
     check_window(model, sinks, window)
     text = held_out(model.info.language)
     ids = text_ids(model, text.text, text.name)[:min(MAX_ALONG, model.info.context_length)]
     caches = {"full": model.new_cache()} | {policy: bounded_cache(model, policy, sinks, window) for policy in BOUNDED}
-    nll = {name: np.array(nll_along(model, ids, cache)) for name, cache in caches.items()}
+    tick = counting(progress, len(caches) * (len(ids) - 1))
+    nll = {name: np.array(nll_along(model, ids, cache, tick)) for name, cache in caches.items()}
     kept = {name: [cache.kept(layer) for layer in range(model.info.n_layers)]
             for name, cache in caches.items() if name != "full"}
     return Along(text.name, sinks, window, nll, kept)
