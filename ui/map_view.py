@@ -131,7 +131,7 @@ def _popover(cell: dict[str, Any], lang: str, labels: dict[str, str]) -> str:
         f"<p>{escape(text[part])}</p></section>"
         for part in PARTS
     )
-    # "Open the live view:" said once before the pages' names (5B links seven pages: a card must fit 1280×720);
+    # "Open the live view:" said once before the pages' names (5B links nine pages: a card must fit 1280×720);
     # each link's accessible name still says it whole
     links = "".join(
         f'<a class="dlm-live" href="{escape(live_href(page.url, lang, anchor))}" target="_self" '
@@ -287,7 +287,7 @@ CSS = """
 .dlm-arrow-label.faint{opacity:.3;}
 .dlm-pop{border:none;padding:0;background:transparent;max-width:none;max-height:none;overflow:visible;color:var(--ink);}
 .dlm-pop::backdrop{background:rgba(10,12,16,.45);}
-.dlm-pop-box{width:min(760px,calc(100vw - 32px));max-height:calc(100vh - 40px);overflow:auto;background:#fff;
+.dlm-pop-box{width:min(880px,calc(100vw - 32px));max-height:calc(100vh - 40px);overflow:auto;background:#fff;
  border-radius:14px;border-top:10px solid var(--band);box-shadow:0 18px 48px rgba(0,0,0,.35);padding:14px 20px 18px;
  font-size:0.9375rem;line-height:1.45;}
 .dlm-pop-head{position:relative;padding-right:44px;margin-bottom:6px;}
