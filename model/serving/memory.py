@@ -230,7 +230,7 @@ def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload:
     float32 or fp8 (KIVI's int8 keeps a float residual per group, which blocks do not hold), and takes no prompt
     from a prefill worker (the worker sends float keys and values)."""
     if kv_dtype not in POOL_DTYPES:
-        raise InputError("pool_kv_dtype", kv_dtype=kv_dtype, offered=", ".join(POOL_DTYPES))
+        raise InputError("pool_kv_dtype", kv_dtype=kv_dtype)
     if kv_dtype != "float32" and prefill_worker:
         raise InputError("pool_kv_dtype_workers")
     if memory == "padded":
