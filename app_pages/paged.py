@@ -18,7 +18,7 @@ from ui.i18n import decimal, labels, number, t
 from ui.models import page_start
 from ui.pages import page
 from ui.pool_view import budget_slider, draw_pool, draw_request_lanes, request_legend
-from ui.serving_panel import comparison, counts_row, run_sentences, step_time_chart
+from ui.serving_panel import comparison, counts_row, run_sentences, step_time_chart, time_split_table
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
@@ -226,6 +226,7 @@ st.html(svg.line_chart_svg(list(range(len(run.steps))),
                            t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g"),
                            title=t("paged.memory_alt"), zoom=1.5))
 step_time_chart([s.ms for s in steps], "ms")
+time_split_table(run.summary()["time_ms"])
 
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
 # each compared run by its variant, named in the language of the draw (a switch renames the rows)

@@ -18,7 +18,7 @@ from ui.errors import callback_error_here, guarded
 from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
 from ui.pool_view import budget_slider, draw_request_lanes
-from ui.serving_panel import comparison, counts_row, run_sentences
+from ui.serving_panel import comparison, counts_row, run_sentences, time_split_table
 from ui.serving_run import asked_steps, run_buttons, run_queue_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
@@ -200,6 +200,9 @@ else:
         if server.connector.pairing.host_copies and model.device.type == "cuda":
             st.caption(t("tiers.one_gpu"))
     draw_transfers(server, model)
+
+if server.steps:
+    time_split_table(run.summary()["time_ms"])
 
 # -- the comparison: the same queue in one process, on one tier -----------------------------------------------------
 name_key = "tiers.variant_alone_" + run_mode  # said in the language of the draw (a switch renames the row)

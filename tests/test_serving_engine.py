@@ -132,3 +132,17 @@ def test_a_pool_in_fewer_bits_is_fp8_and_takes_no_prefill_worker(small):
     with pytest.raises(InputError) as refused:
         QueueRun(small, requests, KVSettings("paged", 16, 2**20, kv_dtype="fp8", prefill_worker="small"))
     assert refused.value.code == "pool_kv_dtype_workers"
+
+
+def test_where_the_clock_went_adds_up_to_the_clock(small):
+    """kv_runs.time_split's parts (the pages' table, serve-bench's line) sum to the engine's clock, each step's
+    pass counted once, in the prefill part exactly when the step prefilled. Made red by a step counted in both."""
+    from model.serving.kv_runs import KVSettings, QueueRun
+    from model.serving.queues import built_in_queue
+
+    run = QueueRun(small, built_in_queue(small, "long-join"), KVSettings("paged", 16, 2**20, chunk=16)).run()
+    split = run.summary()["time_ms"]
+    assert sum(split.values()) == pytest.approx(run.server.clock_ms)
+    prefilled = sum(s.forward_ms for s in run.steps if any(p.kind == "prefill" for p in s.spans))
+    assert split["forward_prefill_steps"] == pytest.approx(prefilled) and split["forward_decode_steps"] > 0
+    run.close()

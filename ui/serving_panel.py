@@ -12,8 +12,9 @@ import streamlit as st
 from model.serving.kv_runs import QueueRun
 from ui import svg
 from ui.errors import guarded
-from ui.i18n import number, t
+from ui.i18n import decimal, number, t
 from ui.serving_run import run_variants
+from ui.widgets import table_html
 
 
 def run_sentences(stopped_text: str | None, changed: bool) -> None:
@@ -36,6 +37,17 @@ def step_time_chart(ms: list[float], axis: str) -> None:
     st.html(svg.line_chart_svg(list(range(len(ms))), {t("serving.step_ms"): ms}, t("serving.axis_step"), axis,
                                t("serving.step_ms"), number=lambda v: number(v, ",g"), title=t("serving.step_chart"),
                                zoom=1.5))
+
+
+def time_split_table(split: dict[str, float]) -> None:
+    """Where the run's clock went (kv_runs.time_split): each part's ms and share, the parts that took any time."""
+    total = sum(split.values())
+    if not total:
+        return
+    st.html(table_html([t("serving.time_part"), "ms", t("serving.time_share")],
+                       [[t("serving.time_" + part), decimal(ms), f"{decimal(100 * ms / total)} %"]
+                        for part, ms in split.items() if ms]))
+    st.caption(t("serving.time_caption"))
 
 
 def comparison(prefix: str, run: QueueRun, wanted: str | None, others: Callable[[], list[QueueRun]],

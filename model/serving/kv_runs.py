@@ -174,6 +174,7 @@ class QueueRun:
             "itl_ms_from_start": itl_percentiles([gap for r in self.requests if r.arrival_step == 0
                                                   for gap in r.itl_ms]),
             "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
+            "time_ms": time_split(samples),
             "offload": self.offload_summary(),
             "transfer": self.transfer_summary(),
         }
@@ -218,6 +219,17 @@ class QueueRun:
         return [{"id": r.id, "arrival_step": r.arrival_step, "prompt_ids": r.prompt_ids, "tokens": r.new_ids,
                  "ttft_ms": r.ttft_ms, "itl_ms": itl_percentiles(r.itl_ms), "stop_reason": r.stop_reason,
                  "preemptions": r.preemptions} for r in self.requests]
+
+
+def time_split(steps: list[StepRecord]) -> dict[str, float]:
+    """Where a run's clock went, ms: the model's passes of the steps that prefilled (prompt chunks, recomputes;
+    decodes beside them) and of the steps that only decoded, choosing the tokens, moving blocks to and from a tier,
+    and waiting for and receiving prompts from a prefill worker."""
+    prefilling = [any(span.kind in ("prefill", "recompute") for span in s.spans) for s in steps]
+    return {"forward_prefill_steps": sum(s.forward_ms for s, p in zip(steps, prefilling) if p),
+            "forward_decode_steps": sum(s.forward_ms for s, p in zip(steps, prefilling) if not p),
+            "draws": sum(s.draw_ms for s in steps), "tier": sum(s.tier_ms for s in steps),
+            "received": sum(s.received_ms for s in steps)}
 
 
 def itl_percentiles(gaps: list[float]) -> dict[str, float | None]:

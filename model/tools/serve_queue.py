@@ -103,6 +103,7 @@ def run_queue(args) -> dict:
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
         "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
         "transfer": summary["transfer"],
+        "time_ms": summary["time_ms"],
         "float32_pool": summary.get("float32_pool"),
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
@@ -139,6 +140,10 @@ def print_report(report: dict) -> None:
     itl = report["itl_ms"]
     print(f"{report['tokens']} tokens in {report['steps']} steps, {report['tokens_per_s']:.1f} tokens/s; TTFT p50 "
           f"{ms(report['ttft_ms_p50'])} ms; ITL p50 {ms(itl['p50'])}, p99 {ms(itl['p99'])}, max {ms(itl['max'])} ms")
+    split = report["time_ms"]
+    total = sum(split.values()) or 1.0
+    print("where the clock went: " + ", ".join(f"{name.replace('_', ' ')} {ms:,.0f} ms ({ms / total:.0%})"
+                                               for name, ms in split.items() if ms))
     start, joined = report["itl_ms_from_start"], report["ttft_ms_joined_p50"]
     if joined is not None and start["p99"] is not None:
         print(f"requests there from the start: ITL p99 {ms(start['p99'])}, max {ms(start['max'])} ms; those that "
