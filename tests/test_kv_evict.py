@@ -83,3 +83,21 @@ def test_quality_kv_window_runs_the_three_caches(tmp_path, capsys):
 def test_bad_kv_window_is_one_sentence(capsys, value, said):
     assert main(["quality", "--model", "small", "--kv-window", value]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_kv_policy_chooses_the_bounded_caches_and_h2o_stops_at_the_context(capsys):
+    """--kv-policy runs the full cache and the named ones; H2O keeps the text's positions, so on small (context 128)
+    over the held-out text its run stops at the context as the full cache's does (it raised an IndexError at
+    position 128: red with H2O fed the whole text)."""
+    assert main(["quality", "--model", "small", "--kv-window", "4,28", "--kv-policy", "heavy_hitters", "--json"]) == 0
+    runs = {r["policy"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    assert list(runs) == ["full", "heavy_hitters"] and runs["heavy_hitters"]["positions"] == runs["full"]["positions"]
+    assert runs["full"]["positions"] == 127
+
+
+@pytest.mark.parametrize("args, said", [(["--kv-window", "4,28", "--kv-policy", "sinks,sinks"], "each once"),
+                                        (["--kv-window", "4,28", "--kv-policy", "lru"], "it is lru"),
+                                        (["--kv-policy", "sinks"], "goes with --kv-window")])
+def test_bad_kv_policy_is_one_sentence(capsys, args, said):
+    assert main(["quality", "--model", "small", *args]) == 2
+    assert said in capsys.readouterr().err

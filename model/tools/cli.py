@@ -466,6 +466,10 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--kv-window", default=None,
                    help="S,W: the attention sink measured and a bounded cache (S first positions kept with the W "
                         "latest, StreamingLLM) re-run along the text against the window alone and the full cache")
+    q.add_argument("--kv-policy", default=None,
+                   help="with --kv-window: the bounded caches run beside the full one, comma-separated: sinks "
+                        "(StreamingLLM's S + W), window (the S + W latest alone), heavy_hitters (H2O: the W latest "
+                        "and the S older ones that received the most attention) (default: all three)")
     q.add_argument("--text", default=None,
                    help=f"a UTF-8 text file to score, {MIN_QUALITY_TOKENS:,} to {MAX_QUALITY_TOKENS:,} tokens of the "
                         "model's tokenizer (default: the project's held-out text in the model's language, "

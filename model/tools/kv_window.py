@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 
-from model.engine.kv_evict import HeavyHitterCache, SinkWindowCache, check_window, nll_along, sink_mass
+from model.engine.kv_evict import check_window, nll_along, sink_mass
 from model.errors import InputError
+from model.serving.kv_lessons import BOUNDED, bounded_cache
 
 SEGMENT = 64
 MAX_ALONG = 384  # tokens fed one a step in each of the four runs: six times a 4 + 60 bound
@@ -26,14 +27,26 @@ def parse_window(value: str) -> tuple[int, int]:
     return sinks, window
 
 
-def measure_window(model, ids: list[int], sinks: int, window: int) -> dict:
+def parse_policies(value: str | None) -> tuple[str, ...]:
+    """--kv-policy: bounded caches among kv_lessons.BOUNDED, comma-separated, each once (default: all three)."""
+    if value is None:
+        return BOUNDED
+    policies = tuple(part.strip() for part in value.split(","))
+    for policy in policies:
+        if policy not in BOUNDED or policies.count(policy) > 1:
+            raise InputError("kv_policy", value=value, offered=",".join(BOUNDED))
+    return policies
+
+
+def measure_window(model, ids: list[int], sinks: int, window: int, policies: tuple[str, ...] = BOUNDED) -> dict:
     check_window(model, sinks, window)
     along = ids[:MAX_ALONG]
     full_len = min(len(along), model.info.context_length)
-    runs = {"full": nll_along(model, along[:full_len], model.new_cache()),
-            "sinks": nll_along(model, along, SinkWindowCache(model, sinks, window)),
-            "window": nll_along(model, along, SinkWindowCache(model, 0, sinks + window)),
-            "heavy_hitters": nll_along(model, along, HeavyHitterCache(model, sinks, window))}
+    # H2O keeps the text's positions (as the full cache does), so its run stops at the context too; sinks and the
+    # window re-assign positions inside the cache and run the whole text
+    runs = {"full": nll_along(model, along[:full_len], model.new_cache())} | {
+        policy: nll_along(model, along[:full_len] if policy == "heavy_hitters" else along,
+                          bounded_cache(model, policy, sinks, window)) for policy in policies}
     bound = sinks + window
 
     def perplexity(nlls: list[float]) -> float | None:

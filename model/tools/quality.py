@@ -18,7 +18,7 @@ from model.engine.lowbit import check_dtype, with_weights
 from model.errors import InputError
 from model.serving.quality import CHUNK, STEP_REPEATS, decode_step_times, held_out, measure_quality, text_ids
 from model.serving.timing import percentile
-from model.tools.kv_window import measure_window, parse_window, print_window
+from model.tools.kv_window import measure_window, parse_policies, parse_window, print_window
 from model.tools.options import check_list, read_bounded
 from model.tools.serve_bench import cpu_line, parse_list
 
@@ -40,6 +40,8 @@ def read_text(path: str) -> str:
 def run_cli(args) -> int:
     if args.kv_window is not None:
         return run_window(args)
+    if args.kv_policy is not None:
+        raise InputError("kv_policy_alone")
     kv_dtypes = None if args.kv_dtype is None else parse_list(args.kv_dtype, str.strip, "--kv-dtype")
     if kv_dtypes is not None:
         check_list("--kv-dtype", kv_dtypes)
@@ -111,11 +113,12 @@ def print_report(report: dict) -> None:
 def run_window(args) -> int:
     """--kv-window S,W: the sink and the bounded cache (model/tools/kv_window.py), float32 weights."""
     sinks, window = parse_window(args.kv_window)
+    policies = parse_policies(args.kv_policy)
     base = load_model(args.model, args.device, operator=True)
     text = held_out(base.info.language)
     name = args.text if args.text is not None else text.name
     ids = text_ids(base, read_text(args.text) if args.text is not None else text.text, name)
-    report = {"model": base.info.name, "text": name} | measure_window(base, ids, sinks, window)
+    report = {"model": base.info.name, "text": name} | measure_window(base, ids, sinks, window, policies)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
