@@ -66,15 +66,20 @@ static inline void store(float* y, f32x16 out, const float* residual) {
   store16(y, out);
 }
 
-// float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next
+// float32: sum[r][j] += x[r][k] · W[j][k]; w points at block 0 of the tile, ldw numbers from one input to the next.
+// ahead (or null): K cache lines from there are asked into L2 (one a step of k) while the tile computes, a part of the
+// next panel: a decode step's few rows then read the next panel from memory while they multiply this one (the panel's
+// later tiles read it from L2 and left the memory idle: at 16 rows the products took the time of the reads plus that
+// of the multiply-adds)
 template <int R, int J>
 static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy,
-                     const float* residual) {
+                     const float* residual, const char* ahead = nullptr) {
   f32x16 sum[R][J] = {};
   for (int64_t k0 = 0; k0 < K; k0 += SPAN) {
     const int64_t k1 = std::min(K, k0 + SPAN);
     f32x16 acc[R][J] = {};
     for (int64_t k = k0; k < k1; ++k) {
+      if (ahead) __builtin_prefetch(ahead + k * 64, 0, 2);
       f32x16 wk[J];
       for (int j = 0; j < J; ++j) wk[j] = load16(w + k * ldw + j * LANES);
       for (int r = 0; r < R; ++r) {
@@ -229,10 +234,16 @@ void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t
                 const float* residual, int threads) {
   const Panels panels{K * LANES};
   const int64_t ldy = blocks * LANES;
+  const int64_t n_panels = (blocks + BLOCKS - 1) / BLOCKS;
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
     const int64_t at = r * ldy + (g * BLOCKS + j) * LANES;
+    // the tile's part of the next panel: the panel's i-th row tile asks for its i-th K lines; not at one row, whose
+    // tile streams the panels anyway (it measured slower with)
+    const int64_t part = (r / ROWS) * K * LANES, next = std::min<int64_t>(BLOCKS, blocks - (g + 1) * BLOCKS) * K * LANES;
+    const bool fetch = rows > 1 && J == BLOCKS && g + 1 < n_panels && part < next;
     tile_f32<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K, y + at, ldy,
-                   residual ? residual + at : nullptr);
+                   residual ? residual + at : nullptr,
+                   fetch ? reinterpret_cast<const char*>(w + panels.start(g + 1) + part) : nullptr);
   });
 }
 
