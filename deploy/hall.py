@@ -176,6 +176,15 @@ def healthy(port: int, path: str = "/_stcore/health") -> bool:
         return False
 
 
+def spawn(command: list[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A child of the hall in the project's folder, its output appended to log_path, the classroom switches off in
+    its environment (and extra_env set), ended with the hall."""
+    env = {k: v for k, v in os.environ.items() if k not in CLASSROOM_OFF} | (extra_env or {})
+    with log_path.open("ab") as log:
+        return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+
+
 class Replica:
     def __init__(self, number: int, port: int, log_dir: Path, api_url: str | None = None):
         self.number, self.port, self.api_url = number, port, api_url
@@ -184,15 +193,11 @@ class Replica:
         self.restarts = 0
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in CLASSROOM_OFF}
-        if self.api_url is not None:
-            env["DECODE_LAB_SERVER_URL"] = self.api_url
         command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                    "--server.port", str(self.port), "--server.address", "127.0.0.1",
                    "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        self.proc = spawn(command, self.log_path,
+                          None if self.api_url is None else {"DECODE_LAB_SERVER_URL": self.api_url})
         print(f"replica {self.number}: pid {self.proc.pid} on 127.0.0.1:{self.port}", flush=True)
 
     def log_tail(self) -> str:
@@ -213,12 +218,8 @@ class ApiServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in CLASSROOM_OFF}
-        command = [sys.executable, "-m", "model", "serve", "--model", self.model, "--host", "127.0.0.1",
-                   "--port", str(self.port)]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        self.proc = spawn([sys.executable, "-m", "model", "serve", "--model", self.model, "--host", "127.0.0.1",
+                           "--port", str(self.port)], self.log_path)
         print(f"api: pid {self.proc.pid} serving {self.model} on {self.url}", flush=True)
 
     def log_tail(self) -> str:

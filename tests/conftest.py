@@ -14,6 +14,7 @@ system Chromium, viewport 1440×900. Both skip the test when Chromium or Playwri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -111,36 +112,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _healthy(url: str) -> bool:
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 within 2 s."""
     try:
-        with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+        with urllib.request.urlopen(url, timeout=2) as r:
             return r.status == 200
     except OSError:
         return False
 
 
-@pytest.fixture(scope="session")
-def app_server():
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile(prefix="streamlit-", suffix=".log", delete=False)
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app.py",
-        "--server.headless", "true",
-        "--server.port", str(port),
-        "--server.address", "127.0.0.1",
-        "--browser.gatherUsageStats", "false",
-        "--server.fileWatcherType", "none",
-    ]  # fmt: skip
+@contextlib.contextmanager
+def served(cmd: list[str], health_url: str, timeout_s: float, what: str):
+    """`cmd` started in the project's folder (its output to a temporary log), waited for until `health_url` answers
+    200 (else the test fails with the log's tail), then stopped: terminated, killed after 10 s."""
+    log = tempfile.NamedTemporaryFile(prefix="served-", suffix=".log", delete=False)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not _healthy(base):
+        deadline = time.monotonic() + timeout_s
+        while not answers(health_url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = Path(log.name).read_text(errors="replace")[-3000:]
-                pytest.fail(f"the app server did not start (exit code {proc.poll()}):\n{tail}")
+                pytest.fail(f"{what} did not start (exit code {proc.poll()}):\n{tail}")
             time.sleep(0.3)
-        yield base
+        yield
     finally:
         proc.terminate()
         try:
@@ -150,6 +144,20 @@ def app_server():
             proc.wait()
         log.close()
         os.unlink(log.name)
+
+
+def app_on(port: int) -> list[str]:
+    """The app served on a loopback port, headless, no usage statistics, no file watcher."""
+    return [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+
+
+@pytest.fixture(scope="session")
+def app_server():
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with served(app_on(port), base + "/_stcore/health", SERVER_START_TIMEOUT_S, "the app server"):
+        yield base
 
 
 @pytest.fixture(scope="session")

@@ -4,16 +4,11 @@ its answer. The page polls twice a second, so these tests wait for what they loo
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import _free_port, served
 from live_fake import FakeServer
 
 from model.texts import text
@@ -62,36 +57,11 @@ def test_the_pool_of_a_busy_server_is_on_the_first_screen(app_server, browser_pa
 def real_server():
     """`python -m model serve --model small` on a free port, with a pool of 1 MiB (32 blocks: drawn block by
     block)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile(prefix="serve-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "model", "serve", "--model", "small", "--port", str(port),
-                             "--budget-mb", "1"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ})
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=1) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the server did not start:\n" + Path(log.name).read_text(errors="replace")[-3000:])
-            time.sleep(0.3)
+    with served([sys.executable, "-m", "model", "serve", "--model", "small", "--port", str(port), "--budget-mb", "1"],
+                url + "/health", SERVER_START_S, "the server"):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
-        os.unlink(log.name)
 
 
 def test_the_real_server_answers_a_prompt_sent_from_the_page(app_server, browser_page, artifacts, real_server):

@@ -2,9 +2,6 @@
 
 import dataclasses
 import re
-import subprocess
-import sys
-import time
 from html import unescape
 from pathlib import Path
 
@@ -216,23 +213,12 @@ def test_the_pages_live_in_app_pages_not_pages():
 @pytest.fixture
 def fresh_app_server():
     """A server of its own, so that the test's deep link is the very first request it ever serves."""
-    from conftest import ROOT, SERVER_START_TIMEOUT_S, _free_port, _healthy
+    from conftest import SERVER_START_TIMEOUT_S, _free_port, app_on, served
 
-    base = f"http://127.0.0.1:{_free_port()}"
-    port = base.rsplit(":", 1)[1]
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-                             "--server.port", port, "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while not _healthy(base):
-            assert proc.poll() is None and time.monotonic() < deadline, "the app server did not start"
-            time.sleep(0.3)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with served(app_on(port), base + "/_stcore/health", SERVER_START_TIMEOUT_S, "the app server"):
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.browser
