@@ -395,6 +395,24 @@ class PrefillConnector:
             self._alone("died", engine)
         return (time.perf_counter() - t0) * 1000
 
+    def load(self, cache: PagedCache, seq: Request) -> None:
+        """A prompt prefilled by the worker into blocks of its own (the scheduler checked they are free): per group,
+        blocks for every position it has, a sliding group's places before the first position received left empty,
+        and the received keys and values written at their positions."""
+        kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
+        layout = cache.layout
+        size, n = layout.block_size, seq.prompt_len
+        tables = cache.tables_of(seq)
+        for g, (table, group_kv) in enumerate(zip(tables, kv)):
+            first = n - group_kv.shape[3]
+            table.extend(None if (j + 1) * size <= first else cache.pool.allocate(g)
+                         for j in range(layout.blocks(len(seq.tokens))))
+            at = torch.arange(first, n)
+            blocks = torch.tensor([table[p // size] for p in at.tolist()], device=cache.keys.device)
+            offsets = (at % size).to(cache.keys.device)
+            cache.keys[:, :, blocks, offsets] = group_kv[0].to(cache.keys.device)
+            cache.values[:, :, blocks, offsets] = group_kv[1].to(cache.keys.device)
+
     def reset(self) -> None:
         """The worker ended (a new one starts at the next step), the transfers forgotten."""
         self.close()

@@ -370,7 +370,7 @@ class Engine:
             if seq.kv_at == "remote":
                 if seq.received_kv is None or self.layout.request_blocks(len(seq.tokens)) > self.cache.pool.n_free:
                     break  # its prompt not here yet, or its blocks not free
-                self._receive(seq)
+                self.connector.load(self.cache, seq)
                 self.waiting.popleft()
                 self.running.append(seq)
                 admitted.append(seq.id)
@@ -410,23 +410,6 @@ class Engine:
             if budget is not None:
                 budget -= stop - seq.computed
         return Plan(spans, admitted, preempted, cached, tier, self._moved_ms() - moved_ms)
-
-    def _receive(self, seq: Request) -> None:
-        """A prompt prefilled elsewhere into blocks of its own: per group, blocks for every position it has, a
-        sliding group's places before the first position received left empty, and the received keys and values
-        written at their positions."""
-        kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
-        size, n = self.layout.block_size, seq.prompt_len
-        tables = self.cache.tables_of(seq)
-        for g, (table, group_kv) in enumerate(zip(tables, kv)):
-            first = n - group_kv.shape[3]
-            table.extend(None if (j + 1) * size <= first else self.cache.pool.allocate(g)
-                         for j in range(self.layout.blocks(len(seq.tokens))))
-            at = torch.arange(first, n)
-            blocks = torch.tensor([table[p // size] for p in at.tolist()], device=self.cache.keys.device)
-            offsets = (at % size).to(self.cache.keys.device)
-            self.cache.keys[:, :, blocks, offsets] = group_kv[0].to(self.cache.keys.device)
-            self.cache.values[:, :, blocks, offsets] = group_kv[1].to(self.cache.keys.device)
 
     def _moved_ms(self) -> float:
         return 0.0 if self.offload is None else self.offload.moves.ms_out + self.offload.moves.ms_in
