@@ -363,6 +363,60 @@ static void attend_head_at(const float* qh, const float* kh, const float* vh, in
   for (int64_t s = 0; s < S; ++s)
     for (int64_t i = i0; i < d; ++i) o[i] += w[s] * vh[at(s) + i];
 }
+// The G query heads that read one kv head, over the same S keys and values at kh + at(s), vh + at(s): each head's
+// numbers exactly as attend_head_at computes that head alone (the same operations in the same order, head by head),
+// but each key and value read once for the G heads and the G heads' sums side by side, independent chains whose
+// latencies overlap (alone, one head's dot product is a chain of d / 16 multiply-adds and its weighted sum of S).
+// q: head g at q + g · q_h; out: head g at o + g · d; w: G × S scratch
+template <int G, typename At>
+static void attend_group_at(const float* q, int64_t q_h, const float* kh, const float* vh, int64_t S, const At& at,
+                            int64_t d, float scale, float* o, float* w) {
+  float most[G];
+  for (int g = 0; g < G; ++g) most[g] = -INFINITY;
+  for (int64_t s = 0; s < S; ++s) {
+    const float* ks = kh + at(s);
+    f32x16 lanes[G] = {};
+    int64_t i = 0;
+    for (; i + LANES <= d; i += LANES) {
+      const f32x16 y = load16(ks + i);
+      for (int g = 0; g < G; ++g) lanes[g] += load16(q + g * q_h + i) * y;
+    }
+    for (int g = 0; g < G; ++g) {
+      float sum = lanes_sum(lanes[g]);
+      for (int64_t r = i; r < d; ++r) sum += q[g * q_h + r] * ks[r];
+      w[g * S + s] = sum / scale;
+      most[g] = std::max(most[g], w[g * S + s]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* wg = w + g * S;
+    float total = 0.0f;
+    for (int64_t s = 0; s < S; ++s) {
+      wg[s] = std::exp(wg[s] - most[g]);
+      total += wg[s];
+    }
+    for (int64_t s = 0; s < S; ++s) wg[s] /= total;
+  }
+  int64_t i0 = 0;
+  for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {
+    f32x16 sum[G][BLOCKS] = {};
+    for (int64_t s = 0; s < S; ++s) {
+      const float* vs = vh + at(s) + i0;
+      f32x16 vv[BLOCKS];
+      for (int j = 0; j < BLOCKS; ++j) vv[j] = load16(vs + j * LANES);
+      for (int g = 0; g < G; ++g)
+        for (int j = 0; j < BLOCKS; ++j) sum[g][j] += w[g * S + s] * vv[j];
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < BLOCKS; ++j) store16(o + g * d + i0 + j * LANES, sum[g][j]);
+  }
+  for (int g = 0; g < G; ++g) {
+    float* og = o + g * d;
+    std::fill(og + i0, og + d, 0.0f);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t i = i0; i < d; ++i) og[i] += w[g * S + s] * vh[at(s) + i];
+  }
+}
 }  // extern "C++"
 
 // One query head over S keys and values at stride kv_s: out (d), weights (S)
@@ -423,7 +477,8 @@ void attend_spans(const float* q, int64_t B, int64_t heads, int64_t T, int64_t d
 // per query) reads positions first[t] .. end[t] − 1 of table row[t]; tables holds rows of `width` block ids, position
 // p in block tables[row · width + p / block_size] at offset p % block_size; k and v are one layer's stores (kv heads,
 // n_blocks, block_size, d), contiguous. Each query head as attend_head attends it over a contiguous copy of the same
-// keys (attend_one's decode step, attend_spans' prefill): the same bits. out (N, heads · d)
+// keys (attend_one's decode step, attend_spans' prefill): the same bits; the query heads of one kv head together
+// (attend_group_at). out (N, heads · d)
 void attend_paged(const float* q, int64_t N, int64_t heads, int64_t d, int64_t q_h, int64_t q_t, const float* k,
                   const float* v, int64_t kv_heads, int64_t n_blocks, int64_t block_size, const int64_t* tables,
                   int64_t width, const int64_t* row, const int64_t* first, const int64_t* end, float scale, float* out,
@@ -433,20 +488,30 @@ void attend_paged(const float* q, int64_t N, int64_t heads, int64_t d, int64_t q
   for (int64_t t = 0; t < N; ++t) longest = std::max(longest, end[t] - first[t]);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<float> w(longest);
-#pragma omp for collapse(2) schedule(dynamic, 8)
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t* table = tables + row[t] * width;
-        const int64_t from = first[t];
-        const auto at = [=](int64_t s) {
-          const int64_t p = from + s;
-          return table[p / block_size] * block + (p % block_size) * d;
-        };
-        const int64_t kv = (h / groups) * kv_h;
-        attend_head_at(q + h * q_h + t * q_t, k + kv, v + kv, end[t] - from, at, d, scale, out + (t * heads + h) * d,
-                       w.data());
+    std::vector<float> w(std::min<int64_t>(groups, 4) * longest);
+    std::vector<int64_t> where(longest);  // the query's keys' offsets in a store, found once for all its heads
+#pragma omp for schedule(dynamic, 2)
+    for (int64_t t = 0; t < N; ++t) {
+      const int64_t* table = tables + row[t] * width;
+      const int64_t from = first[t], S = end[t] - from;
+      for (int64_t s = 0, p = from; s < S; ++s, ++p) where[s] = table[p / block_size] * block + (p % block_size) * d;
+      const int64_t* offsets = where.data();
+      const auto at = [offsets](int64_t s) { return offsets[s]; };
+      for (int64_t g = 0; g < kv_heads; ++g) {  // the query heads g · groups .. (g + 1) · groups − 1 of kv head g
+        const int64_t kv = g * kv_h, h = g * groups;
+        const float* qg = q + h * q_h + t * q_t;
+        float* og = out + (t * heads + h) * d;
+        switch (groups) {
+          case 1: attend_group_at<1>(qg, q_h, k + kv, v + kv, S, at, d, scale, og, w.data()); break;
+          case 2: attend_group_at<2>(qg, q_h, k + kv, v + kv, S, at, d, scale, og, w.data()); break;
+          case 3: attend_group_at<3>(qg, q_h, k + kv, v + kv, S, at, d, scale, og, w.data()); break;
+          case 4: attend_group_at<4>(qg, q_h, k + kv, v + kv, S, at, d, scale, og, w.data()); break;
+          default:
+            for (int64_t i = 0; i < groups; ++i)
+              attend_head_at(qg + i * q_h, k + kv, v + kv, S, at, d, scale, og + i * d, w.data());
+        }
       }
+    }
   }
 }
 
