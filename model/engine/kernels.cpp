@@ -618,19 +618,37 @@ void decode_in(const Layer* L, const float* x, int64_t rows, const float* cos, c
 
 // qkv from decode_in; k and v (rows, kv_heads, S, d_head) at strides kv_b, kv_h, kv_s, row r reading keys
 // first[r] .. end[r] − 1 -> weights (rows, heads, S), 0 outside a row's keys; out (rows, hidden), the block's output
-void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
-                int64_t kv_b, int64_t kv_h, int64_t kv_s, const int64_t* first, const int64_t* end, int64_t S,
-                float* weights, float* out, int threads) {
-  const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d;
-  std::vector<float> attended(rows * L->heads * d), normed(rows * L->hidden), gate_up(rows * 2 * L->intermediate),
-      act(rows * L->intermediate);
-  attend_rows(qkv, rows, L->heads, d, width, d, k, v, L->kv_heads, S, kv_b, kv_h, kv_s, first, end, L->scale,
-              attended.data(), weights);
-  product(L->o, attended.data(), rows, L->heads * d, out, x, threads);
+// The layer after its attention: h = x + attended · Woᵀ; out = h + silu_mul(norm_out(h) · Wguᵀ) · Wdownᵀ
+static void layer_rest(const Layer* L, const float* x, int64_t rows, const float* attended, float* out, int threads) {
+  std::vector<float> normed(rows * L->hidden), gate_up(rows * 2 * L->intermediate), act(rows * L->intermediate);
+  product(L->o, attended, rows, L->heads * L->d_head, out, x, threads);
   rms_norm(out, rows, L->hidden, L->norm_out, L->eps, int(L->plus_one), normed.data());
   product(L->gate_up, normed.data(), rows, L->hidden, gate_up.data(), nullptr, threads);
   silu_mul(gate_up.data(), rows, L->intermediate, 2 * L->intermediate, act.data());
   product(L->down, act.data(), rows, L->intermediate, out, out, threads);
+}
+
+void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
+                int64_t kv_b, int64_t kv_h, int64_t kv_s, const int64_t* first, const int64_t* end, int64_t S,
+                float* weights, float* out, int threads) {
+  const int64_t d = L->d_head, width = (L->heads + 2 * L->kv_heads) * d;
+  std::vector<float> attended(rows * L->heads * d);
+  attend_rows(qkv, rows, L->heads, d, width, d, k, v, L->kv_heads, S, kv_b, kv_h, kv_s, first, end, L->scale,
+              attended.data(), weights);
+  layer_rest(L, x, rows, attended.data(), out, threads);
+}
+
+// decode_out for a flattened pass over a paged pool (llama.Block.pass_in_place): the rows' queries (in qkv, from
+// decode_in) attended as attend_paged attends them, through the tables, then the rest of the layer as decode_out
+// has it; no attention weights
+void decode_out_paged(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
+                      int64_t n_blocks, int64_t block_size, const int64_t* tables, int64_t width, const int64_t* row,
+                      const int64_t* first, const int64_t* end, float* out, int threads) {
+  const int64_t d = L->d_head;
+  std::vector<float> attended(rows * L->heads * d);
+  attend_paged(qkv, rows, L->heads, d, d, (L->heads + 2 * L->kv_heads) * d, k, v, L->kv_heads, n_blocks, block_size,
+               tables, width, row, first, end, L->scale, attended.data(), threads);
+  layer_rest(L, x, rows, attended.data(), out, threads);
 }
 
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds

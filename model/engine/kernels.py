@@ -61,6 +61,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
                                _ptr, ctypes.c_float, _ptr, _int),
               "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "decode_out": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
+              "decode_out_paged": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
+                                   _int),
               "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
               "bf16_instructions": (), "int8_instructions": ()}
 
@@ -531,6 +533,21 @@ def decode_out(decode: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch
                          k.stride(0), k.stride(1), k.stride(2), first.data_ptr(), end.data_ptr(), S,
                          weights.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out, weights
+
+
+@profiled("decode_out_paged")
+def decode_out_paged(decode: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     tables: torch.Tensor, row: torch.Tensor, first: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """decode_out for a flattened pass's N rows (x (N, 1, hidden), qkv from decode_in) over a paged pool: the
+    attention as attend_paged's (k and v one layer's stores, tables, row, first and end as there), then the rest of
+    the layer -> the block's output (N, 1, hidden)."""
+    layer = decode.layer
+    out = torch.empty_like(x)
+    kernels().decode_out_paged(ctypes.byref(layer), x.data_ptr(), x.shape[0], qkv.data_ptr(), k.data_ptr(),
+                               v.data_ptr(), k.shape[1], k.shape[2], tables.data_ptr(), tables.shape[1],
+                               row.data_ptr(), first.data_ptr(), end.data_ptr(), out.data_ptr(),
+                               torch.get_num_threads())
+    return out
 
 
 @profiled("silu_mul")

@@ -550,6 +550,9 @@ class Block(nn.Module):
         if (self.decode_layer is not None and x.shape[1] == 1 and x.dtype == torch.float32 and cache is not None
                 and not heads_off and (keys is None or (isinstance(keys, RowKeys) and keys.queries is None))):
             return self.decode(x, cos, sin, keys, cache, layer)
+        if (self.decode_layer is not None and getattr(cache, "reads_in_place", False) and x.dtype == torch.float32
+                and not heads_off):
+            return self.pass_in_place(x, cos, sin, cache, layer)
         attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, keys, cache, layer, heads_off)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))
@@ -566,6 +569,21 @@ class Block(nn.Module):
         first, end = key_spans(keys, x.shape[0], k.shape[2])
         out, weights = kernels.decode_out(self.decode_layer, x, qkv, k, v, first, end)
         return out, weights, (q, k, v)
+
+    def pass_in_place(self, x, cos, sin, cache, layer):
+        """forward for a flattened pass over a paged pool whose keys are read in place (paged.PagedPassInPlace): the
+        pass's N positions as decode_in's rows, their keys and values written into their blocks, then decode_out's
+        rest of the layer after attend_paged's attention; the ops Block.decode runs, so the bits of forward's."""
+        attn, N = self.self_attn, x.shape[1]
+        rows = x.contiguous().view(N, 1, -1)
+        qkv = kernels.decode_in(self.decode_layer, rows, cos, sin)               # (N, 1, n_heads + 2·n_kv, d_head)
+        heads = qkv.view(N, -1, attn.head_dim)
+        k, v = (heads[:, start:start + attn.n_kv_heads].transpose(0, 1)[None]  # (1, n_kv, N, d_head)
+                for start in (attn.n_heads, attn.n_heads + attn.n_kv_heads))
+        read, _ = cache.append(layer, k, v)
+        out = kernels.decode_out_paged(self.decode_layer, rows, qkv, read.keys, read.values, read.tables, read.row,
+                                       read.first, read.end)
+        return out.view(1, N, -1), None, None
 
     def decode_weights(self) -> kernels.DecodeLayer | None:
         """decode_layer for this block's packed weights, None where a product is bfloat16 or leaves a block part

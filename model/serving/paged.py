@@ -10,7 +10,11 @@ table.
   for Gemma 3 both give groups of 3. Each request holds one block table per group.
 - A pass (PagedPass) writes each new position's K and V into its block, then gives each row its keys and values
   gathered from its table's blocks (a copy, (1, n_kv, positions, d_head), the layout of a solo cache's buffer), and
-  llama.attend_flat attends each row over exactly the keys its solo run's pass attends over.
+  llama.attend_flat attends each row over exactly the keys its solo run's pass attends over. Where the model attends
+  in the decode kernels over a float32 pool on a CPU (runner.reads_in_place), PagedPassInPlace copies nothing: every
+  query of the pass is attended in one op over its keys where they lie, read through its table
+  (kernels.attend_paged), and a Llama layer runs as two calls of the kernels around the pass's writes
+  (llama.Block.pass_in_place: decode_in, decode_out_paged), the ops of a decode step's layer.
 - Bit for bit (float32 on a CPU, the packed linears): every query is attended in the decode kernels over exactly the
   keys it sees, in the kernels' own order of sums (kernels.attend_spans), as its solo run's pass attends it, so a row
   has the same bits whatever rows, chunks or prefix hits are beside it, on any CPU. A prompt's chunk (chunked
@@ -253,6 +257,8 @@ class PagedPassInPlace(PagedPass):
                     end.append(min(row.keys_end, p + 1))
             self.query_spans[window] = (torch.tensor(first, dtype=torch.int64, device=device),
                                         torch.tensor(end, dtype=torch.int64, device=device))
+
+    reads_in_place = True  # llama.Block.pass_in_place: a Llama layer then runs in the decode kernels' two calls
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[BlockKeys, BlockKeys]:
         """The new positions' K, V (1, n_kv, N, d_head) into their blocks; returns the layer's stores and the tables
