@@ -41,7 +41,15 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
-from model.serving.memory import PoolView, check_memory, make_memory, memory_blocks, memory_layout, pool_dtype
+from model.serving.memory import (
+    PoolView,
+    check_memory,
+    make_memory,
+    memory_blocks,
+    memory_layout,
+    pool_dtype,
+    too_small,
+)
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
@@ -152,8 +160,7 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
     layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests), settings.kv_dtype)
     least = smallest_budget(layout, requests) if requests else layout.block_bytes
     if settings.budget_bytes < least:
-        raise InputError("paged_budget", budget_number=round(settings.budget_bytes / 2**20, 2),
-                         least_number=mib_up(least))
+        raise too_small(settings.memory, settings.budget_bytes, mib_up(least))
     for request in requests:
         check_settings_or_refuse(request.settings)
     if settings.offload is not None:

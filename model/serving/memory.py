@@ -240,6 +240,12 @@ def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload:
             raise InputError("padded_no_paging")
 
 
+def too_small(memory: str, budget_bytes: int, least_mib: float) -> InputError:
+    """The refusal of a budget under what the queue's longest request holds: one padded slot of it, or its blocks."""
+    return InputError("padded_budget" if memory == "padded" else "paged_budget",
+                      budget_number=round(budget_bytes / 2**20, 2), least_number=least_mib)
+
+
 def memory_blocks(info: ModelInfo, memory: str, layout: PagedLayout, budget_bytes: int) -> int:
     """The blocks the budget holds: padded, whole slots (a block per layer group each), MAX_SLOTS at most, refused
     under one."""
