@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -50,3 +51,13 @@ def server_options(assignments: list[str]) -> list[str]:
 
 def p50_p95(values: list[float]) -> tuple[float, float]:
     return percentile(values, 50), percentile(values, 95)
+
+
+def ab_parser() -> argparse.ArgumentParser:
+    """The options of a before/after benchmark (kernels_ab, queue_ab): the two versions, the model, torch's threads."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--threads", type=int, default=1)
+    return parser

@@ -7,7 +7,6 @@ build's median and the ratio before ÷ after per rows (a ratio > 1: the second b
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import subprocess
 import tempfile
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+from conditions import ab_parser
 
 from model.engine import kernels, llama
 from model.engine.loading import load_model
@@ -27,13 +27,9 @@ def build(source: str, folder: Path) -> object:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("before")
-    parser.add_argument("after")
-    parser.add_argument("--model", default="smollm2")
+    parser = ab_parser()
     parser.add_argument("--rows", default="1,2,4,6,8,12,16,64,512")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_model(args.model, "cpu", operator=True)

@@ -9,13 +9,14 @@ tokens.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+
+from conditions import ab_parser
 
 
 def served(tree: str, args) -> dict:
@@ -32,14 +33,10 @@ def served(tree: str, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("before")
-    parser.add_argument("after")
-    parser.add_argument("--model", default="smollm2")
+    parser = ab_parser()
     parser.add_argument("--queue", default="mixed")
     parser.add_argument("--budget-mb", type=float, default=200)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     ratios, cpu_ratios = [], []
     for pair in range(args.pairs):
