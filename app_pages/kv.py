@@ -27,7 +27,7 @@ from model.serving.kv_lessons import (
 )
 from ui import charts
 from ui.classroom import key_figure, localised, settings, why
-from ui.errors import error_sentence, guarded
+from ui.errors import guarded
 from ui.i18n import decimal, number, scientific, t
 from ui.models import current_model
 from ui.serving_run import StopBar
@@ -130,7 +130,8 @@ try:
     check_window(model, int(sinks), int(window))
     refusal = None
 except InputError as bad:
-    refusal = t("kv.sliding", model=info.name) if bad.code == "kv_window_sliding" else error_sentence(bad)
+    refusal = (t("kv.sliding", model=info.name) if bad.code == "kv_window_sliding" else
+               t("decode.bounded_range", s=int(sinks), w=int(window), context=info.context_length))
 if refusal is not None:
     st.info(refusal)
 else:

@@ -101,3 +101,10 @@ def test_kv_policy_chooses_the_bounded_caches_and_h2o_stops_at_the_context(capsy
 def test_bad_kv_policy_is_one_sentence(capsys, args, said):
     assert main(["quality", "--model", "small", *args]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_window_smaller_than_the_sinks_is_refused(small):
+    """Issue 53's bad input: a window smaller than the sinks. Red with W ≥ 1 the only bound."""
+    with pytest.raises(InputError, match="no fewer than S"):
+        check_window(small, 8, 4)
+    check_window(small, 4, 4)

@@ -98,3 +98,15 @@ def test_the_bounds_settings_survive_a_visit_to_another_page():
     at.switch_page("app_pages/kv.py").run()
     assert (at.number_input(key="kv_sinks").value, at.number_input(key="kv_window").value) == (2, 20)
     assert not at.exception
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_a_window_smaller_than_the_sinks_is_a_sentence_on_the_page(lang):
+    """S = 8, W = 4: the page says why, in the page's words (not the command line's --kv-window)."""
+    at = open_app("app_pages/kv.py", lang=lang, model_name="small", device="cpu", prompt_mode="text")
+    at.number_input(key="kv_sinks").set_value(8).run()
+    at.number_input(key="kv_window").set_value(4).run()
+    from model.texts import text
+
+    said = text("decode.bounded_range", lang).format(s=8, w=4, context=128)
+    assert said in [i.value for i in at.info] and not at.exception

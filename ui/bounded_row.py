@@ -60,7 +60,7 @@ def struck_out(model: LoadedModel, gen: Generation, layer: int, row, policy: str
     except InputError as refused:
         if refused.code == "kv_window_sliding":
             return set(), t("decode.bounded_sliding", model=model.info.name)
-        return set(), t("decode.bounded_range", total=sinks + window, context=model.info.context_length)
+        return set(), t("decode.bounded_range", s=sinks, w=window, context=model.info.context_length)
     held = set(held_positions(model, gen.ids[:n], policy, sinks, window)[layer])
     out = set(range(n)) - held
     said = dict(policy=t("kv.policy_" + policy), s=sinks, w=window, n=n, layer=layer)

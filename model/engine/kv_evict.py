@@ -141,9 +141,10 @@ class HeavyHitterCache(BoundedCache):
 
 
 def check_window(model: NativeModel, sinks: int, window: int) -> None:
-    """A window of at least one position and sinks within the model's context; a model with sliding layers (Gemma
+    """A window of at least one position and no fewer than the sinks (a bound mostly sinks keeps almost no recent
+    text), sinks within the model's context; a model with sliding layers (Gemma
     3) is refused: its sliding layers bound their own cache already, and its full ones turn with another base."""
-    if window < 1 or sinks < 0 or sinks + window >= model.info.context_length:
+    if window < max(1, sinks) or sinks < 0 or sinks + window >= model.info.context_length:
         raise InputError("kv_window_range", sinks=sinks, window=window, context=model.info.context_length)
     if any(w is not None for w in model.info.layer_windows):
         raise InputError("kv_window_sliding", model=model.info.name)
