@@ -142,8 +142,9 @@ class PagedCache:
         number clamped to e4m3's range)."""
         i = self.where[layer][1]
         if self.scales is not None:
-            k_scale, v_scale = self.scales.setdefault(layer, tuple(
-                x.abs().amax().float().clamp_min(1e-12) / FP8_MAX for x in (k, v)))
+            if layer not in self.scales:  # the first write only: the scales are kept, not measured each pass
+                self.scales[layer] = tuple(x.abs().amax().float().clamp_min(1e-12) / FP8_MAX for x in (k, v))
+            k_scale, v_scale = self.scales[layer]
             k, v = ((x.float() / scale).clamp(-FP8_MAX, FP8_MAX) for x, scale in ((k, k_scale), (v, v_scale)))
         self.keys[i][:, blocks, offsets] = k.to(self.keys.dtype)
         self.values[i][:, blocks, offsets] = v.to(self.values.dtype)
