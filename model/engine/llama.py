@@ -277,11 +277,24 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
     return out, None
 
 
+# From how many rows a product is faster in bfloat16 on oneDNN's AMX tiles than in the kernels (llama.on_tiles),
+# per the kernels' dtype: SmolLM2's product shapes at one thread on a Xeon with AMX, torch's bfloat16 product against
+# the kernels' time. bfloat16 weights: 1.6–3.7× at 1 row, 0.88–1.02× at 8, 0.49–0.60× at 16, 0.28–0.36× at 32
+# (1,112 GFLOP/s at 1,024 rows, the kernels 106). float32 weights, the inputs rounded to bfloat16 first: 0.88–1.0× at
+# 8 rows, 0.75–1.35× at 16 (the kernels read the float32 weights once for up to 16 rows), 0.37–0.48× at 64 rows;
+# and at fewer than 64 a Llama layer also loses the decode kernels' two calls (Block.forward_ops instead).
+TILE_ROWS = {torch.bfloat16: 8, torch.float32: 64}
+
+
 class PackedWeight:
     """The weights of one product in the decode kernels' layout (model/engine/kernels.py): one Linear's matrix, or
     several stacked along the outputs (q, k and v; gate and up) so that one product reads them all, in float32,
     bfloat16 or int8 (a scale per output); a view into the model's arena. The shared model holds its linears' weights
     only here (pack_linears): a dense matrix is made from it when something needs one (dense_weight)."""
+
+    # with_tile_products: the stacked matrix dense, (sum of outputs, inputs) bfloat16, which products of TILE_ROWS
+    # rows or more multiply on torch's own product (oneDNN, on AMX tiles where the CPU has them)
+    tiles: torch.Tensor | None = None
 
     def __init__(self, weights: list[torch.Tensor], dtype: torch.dtype, arena: kernels.Arena):
         stacked = weights[0] if len(weights) == 1 else torch.cat(weights)
@@ -301,6 +314,8 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
+        if self.tiles is not None and x.numel() >= TILE_ROWS[self.dtype] * self.inputs:  # on_tiles
+            return F.linear(x.to(self.tiles.dtype), self.tiles).to(x.dtype)
         y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
         return y[..., :sum(self.outputs)] if self.padded else y
 
@@ -427,6 +442,32 @@ def is_packed(model: nn.Module) -> bool:
     return bool(linears) and all(module.packed is not None for module in linears)
 
 
+def with_tile_products(model: nn.Module) -> nn.Module:
+    """A copy of a packed model (float32 or bfloat16) whose products of TILE_ROWS rows or more take their inputs in
+    bfloat16 and multiply on torch's product (oneDNN: AMX tiles on a CPU that has them, ~10× the kernels at a
+    prefill's rows), fewer rows staying in the kernels; a Llama layer of that many rows then runs torch's ops, not the
+    decode kernels' two calls. A row's numbers depend on how many rows share its product, so a request's logits are
+    its solo run's within bfloat16 rounding, no longer bit for bit. The copy shares the packed weights (nothing of
+    them copied) and holds a dense bfloat16 copy beside them; the model given is not changed."""
+    weights = packed_weights(model)
+    memo = {id(weight.matrix): weight.matrix for weight in weights}
+    memo.update({id(weight): copy.copy(weight) for weight in weights})  # its own object, the same matrix
+    copied = copy.deepcopy(model, memo)
+    for weight in weights:
+        memo[id(weight)].tiles = kernels.unpack(weight.matrix, 0, sum(weight.outputs)).to(torch.bfloat16)
+    return copied
+
+
+def on_tiles(linear: Linear, x: torch.Tensor) -> bool:
+    """Whether x's rows (…, inputs) multiply on the tiles in this Linear's product."""
+    packed = linear.packed
+    return packed is not None and packed.tiles is not None and x.numel() >= TILE_ROWS[packed.dtype] * packed.inputs
+
+
+def has_tile_products(model: nn.Module) -> bool:
+    return any(weight.tiles is not None for weight in packed_weights(model))
+
+
 def packed_weights(model: nn.Module) -> list[PackedWeight]:
     """The model's packed products, each once."""
     return list({id(m.packed): m.packed for m in model.modules() if isinstance(m, Linear) and m.packed}.values())
@@ -547,12 +588,17 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, keys, cache, layer, heads_off=()):
+        if self.decode_layer is not None and on_tiles(self.self_attn.o_proj, x):  # torch's ops, products on tiles
+            return self.forward_ops(x, cos, sin, keys, cache, layer, heads_off)
         if (self.decode_layer is not None and x.shape[1] == 1 and x.dtype == torch.float32 and cache is not None
                 and not heads_off and (keys is None or (isinstance(keys, RowKeys) and keys.queries is None))):
             return self.decode(x, cos, sin, keys, cache, layer)
         if (self.decode_layer is not None and getattr(cache, "reads_in_place", False) and x.dtype == torch.float32
                 and not heads_off):
             return self.pass_in_place(x, cos, sin, cache, layer)
+        return self.forward_ops(x, cos, sin, keys, cache, layer, heads_off)
+
+    def forward_ops(self, x, cos, sin, keys, cache, layer, heads_off=()):
         attn_out, weights, qkv = self.self_attn(self.input_layernorm(x), cos, sin, keys, cache, layer, heads_off)
         x = x + attn_out
         x = x + self.mlp(self.post_attention_layernorm(x))

@@ -28,7 +28,8 @@ import dataclasses
 
 import torch
 
-from model.engine.llama import dense_copy, is_packed, pack_linears, packed_weights
+from model.engine.kernels import cpu_features
+from model.engine.llama import dense_copy, is_packed, pack_linears, packed_weights, with_tile_products
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 
@@ -41,28 +42,44 @@ def check_dtype(dtype: str) -> None:
         raise InputError("unknown_dtype", option="--dtype", dtype=dtype, known=", ".join(DTYPES))
 
 
-def with_weights(model: NativeModel, dtype: str) -> NativeModel:
+def with_weights(model: NativeModel, dtype: str, tiles: bool = False) -> NativeModel:
     """The model with its weights in `dtype` ("float32": the model itself; otherwise a converted copy, the
-    shared model untouched)."""
+    shared model untouched). `tiles` (float32 or bfloat16, on a CPU with AMX-BF16; refused in one sentence
+    elsewhere): a copy whose products of llama.TILE_ROWS rows or more run in bfloat16 on oneDNN's AMX tiles
+    (llama.with_tile_products: faster for a prefill or a large batch, not bit for bit)."""
     check_dtype(dtype)
     if not isinstance(model, NativeModel):
         raise InputError("lowbit_needs_native", model=model.info.name, dtype=dtype)
-    if dtype == "float32":
+    if tiles:
+        check_tiles(model, dtype)
+    module = model.module
+    if dtype != "float32":
+        packed = is_packed(module)
+        if dtype == "int8" and not packed:
+            if model.device.type != "cpu":
+                raise InputError("int8_needs_cpu", device=model.device.type)
+            raise InputError("int8_no_kernels")
+        module = repacked(module, getattr(torch, dtype)) if packed else dense_copy(module).to(torch.bfloat16)
+    if tiles:
+        module = with_tile_products(module)
+    if module is model.module:
         return model
-    packed = is_packed(model.module)
-    if dtype == "int8" and not packed:
-        if model.device.type != "cpu":
-            raise InputError("int8_needs_cpu", device=model.device.type)
-        raise InputError("int8_no_kernels")
-    if packed:
-        module = repacked(model.module, getattr(torch, dtype))
-    else:
-        module = dense_copy(model.module).to(torch.bfloat16)
     converted = NativeModel(model.info.name, module, model.tokenizer, model.device, model.info.language)
     converted.facts = model.facts
     if dtype == "int8":  # the parameters left (norms) and the cache stay float32: the name says the products
         converted.info = dataclasses.replace(converted.info, dtype="int8")
     return converted
+
+
+def check_tiles(model: NativeModel, dtype: str) -> None:
+    """Tile products are for a float32 or bfloat16 model the kernels pack, on a CPU that lists AMX-BF16 (elsewhere
+    torch's bfloat16 product has no tiles to run on and is no faster than the kernels)."""
+    if dtype == "int8":
+        raise InputError("tiles_not_int8")
+    if not isinstance(model, NativeModel) or not is_packed(model.module):
+        raise InputError("tiles_need_kernels")
+    if not cpu_features().amx_bf16:
+        raise InputError("tiles_need_amx")
 
 
 def repacked(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -395,7 +395,8 @@ def parser() -> argparse.ArgumentParser:
                          f"{','.join(map(str, BENCH_CONTEXTS))}, those below the model's context, else its context - "
                          "1); a batch's KV cache at a context within DECODE_LAB_SESSION_MB")
     sb.add_argument("--dtype", default=None,
-                    help=f"float32, bfloat16, int8, comma-separated, each once (default: {DEFAULT_DTYPES})")
+                    help=f"float32, bfloat16, int8, comma-separated, each once (default: {DEFAULT_DTYPES}); with "
+                         "--queue, the one dtype of the served model's weights (default: float32)")
     sb.add_argument("--steps", type=int, default=None,
                     help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS} (default: "
                          f"{DEFAULT_BENCH_STEPS})")
@@ -428,6 +429,11 @@ def parser() -> argparse.ArgumentParser:
                          "fp8 (e4m3, a byte a number, one scale a layer for K and one for V set by the first pass, as "
                          "vLLM's --kv-cache-dtype fp8 with calculated scales): the same budget holds more blocks; the "
                          "queue is then served again on a float32 pool and its tokens compared request by request")
+    sb.add_argument("--tiles", action="store_true",
+                    help="with --queue, on a CPU with AMX-BF16: the products of many rows (a prefill; 8 rows or more "
+                         "with --dtype bfloat16, 64 with float32) in bfloat16 on oneDNN's AMX tiles, torch's own "
+                         "product: faster, and each request's logits then within bfloat16 rounding of its solo "
+                         "run's, not bit for bit")
     sb.add_argument("--tier-dir", default=None,
                     help="with --offload disk: the folder of the tier's file, deleted at the end (default: the "
                          "system's temporary folder)")

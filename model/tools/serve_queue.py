@@ -2,7 +2,8 @@
 what it measured (model/serving/kv_runs.py).
 
 python -m model serve-bench --model M --queue mixed|shared-prefix|long-join --kv padded|paged [--block-size N]
-    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--disaggregate] [--json]
+    [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--disaggregate]
+    [--dtype float32|bfloat16|int8 [--tiles]] [--json]
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import json
 import torch
 
 from model.engine.generate import session_budget_bytes
+from model.engine.llama import has_tile_products
 from model.engine.loading import load_model
+from model.engine.lowbit import check_dtype, with_weights
 from model.engine.runtime import NativeModel
 from model.engine.sampling import MAX_SEED, SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
@@ -23,7 +26,7 @@ from model.serving.queues import built_in_queue, queue_size
 from model.tools.options import check_option
 
 # the step sweep's options, which a served queue does not take, and a served queue's, which the sweep does not
-SWEEP_ONLY = ("--batch", "--context", "--dtype", "--steps")
+SWEEP_ONLY = ("--batch", "--context", "--steps")
 QUEUE_ONLY = ("--kv", "--block-size", "--kv-budget-mb", "--chunk", "--offload", "--tier-dir", "--kv-dtype")
 DEFAULT_BLOCK_SIZE = 16
 
@@ -36,7 +39,7 @@ def given(args, options: tuple[str, ...]) -> list[str]:
 def check_not_queue_options(args) -> None:
     """The step sweep refuses a served queue's options (each needs --queue)."""
     stray = (given(args, QUEUE_ONLY) + (["--prefix-cache"] if args.prefix_cache else [])
-             + (["--disaggregate"] if args.disaggregate else []))
+             + (["--disaggregate"] if args.disaggregate else []) + (["--tiles"] if args.tiles else []))
     if stray:
         raise InputError("queue_option_alone", option=stray[0])
 
@@ -58,9 +61,12 @@ def run_queue(args) -> dict:
     check_option("--seed", args.seed, 0, MAX_SEED - (queue_size(args.queue) - 1))  # request i: seed + i
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p, args.seed)
     check_settings_or_refuse(settings)
+    dtype = args.dtype or "float32"
+    check_dtype(dtype)
     model = load_model(args.model, args.device, operator=True)
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
+    model = with_weights(model, dtype, tiles=args.tiles)
     if args.chunk is not None:
         check_option("--chunk", args.chunk, MIN_CHUNK, model.info.context_length)
     requests = [dataclasses.replace(r, settings=dataclasses.replace(settings, seed=settings.seed + r.id))
@@ -92,7 +98,8 @@ def run_queue(args) -> dict:
         full.close()
     return {
         "model": {"name": info.name, "n_layers": info.n_layers, "n_kv_heads": info.n_kv_heads, "d_head": info.d_head,
-                  "sliding_window": info.window, "device": info.device, "dtype": info.dtype},
+                  "sliding_window": info.window, "device": info.device, "dtype": info.dtype,
+                  "tiles": has_tile_products(model.module)},
         "queue": args.queue,
         "requests": run.request_rows(),
         "kv": {k: summary[k] for k in ("layout", "kv_dtype", "block_size", "budget_bytes", "max_concurrent",
@@ -107,6 +114,7 @@ def run_queue(args) -> dict:
         "float32_pool": summary.get("float32_pool"),
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
+                      f"{info.dtype} weights{' with tile products' if args.tiles else ''}, "
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
                       "forward and draws, with --offload its moves to and from the tier, with --disaggregate its waits "
                       "for and receipt of prompts from the prefill worker, measured); request i draws with seed + i",
@@ -124,7 +132,8 @@ def print_report(report: dict) -> None:
               + (", prefix cache" if kv["prefix_cache"] else "")
               + (f", chunks of {kv['chunk']}" if kv["chunk"] else ""))
     layout += ", fp8 pool" if kv["kv_dtype"] == "fp8" else ""
-    print(f"model {m['name']} on {m['device']}, queue {report['queue']} ({len(report['requests'])} requests), "
+    print(f"model {m['name']} ({m['dtype']}{', tile products' if m['tiles'] else ''}) on {m['device']}, "
+          f"queue {report['queue']} ({len(report['requests'])} requests), "
           f"KV cache {layout}, budget {kv['budget_bytes'] / 2**20:.2f} MiB")
     print(f"{'id':>3}{'arrives':>8}{'prompt':>7}{'tokens':>7}{'TTFT ms':>9}{'ITL p50':>8}{'p95':>7}{'p99':>7}{'max':>7}"
           f"{'preempted':>10}  stop")
@@ -199,6 +208,10 @@ def check_option_pairs(args) -> None:
         raise InputError("option_needs", option="--block-size", needs="--kv paged")
     if args.kv == "padded" and args.disaggregate:
         raise InputError("padded_no_workers")
+    if args.dtype is not None and "," in args.dtype:
+        raise InputError("queue_one_dtype", dtype=args.dtype)
+    if args.disaggregate and (args.dtype not in (None, "float32") or args.tiles):  # the worker loads float32
+        raise InputError("option_needs", option="--disaggregate", needs="--dtype float32")
     if args.tier_dir is not None and args.offload != "disk":
         raise InputError("option_needs", option="--tier-dir", needs="--offload disk")
     if args.tier_dir is not None and not args.tier_dir.strip():
