@@ -136,8 +136,9 @@ def run_vllm(python: Path, model_path: str, jobs: list[dict], dtype: str, thread
 
 
 def decode_lab_command(queue: str, dtype: str, tiles: bool) -> list[str]:
+    # --at-start: vLLM's offline generate call has every request from the start, so Decode Lab's does too
     command = ["serve-bench", "--model", MODEL, "--queue", queue, "--kv", "paged", "--kv-budget-mb", str(KV_BUDGET_MB),
-               "--dtype", dtype]
+               "--dtype", dtype, "--at-start"]
     if queue == "shared-prefix":
         command.append("--prefix-cache")  # vLLM's prefix caching is on by default
     return command + (["--tiles"] if tiles else [])

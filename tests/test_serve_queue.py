@@ -41,6 +41,15 @@ def test_the_json_of_a_served_queue_holds_every_request_and_the_kv_object(run_cl
     assert kv["bytes_held_peak"] <= kv["bytes_reserved_peak"] <= kv["budget_bytes"]
 
 
+def test_at_start_every_request_arrives_at_the_first_step_and_the_long_one_is_admitted_there(run_cli):  # noqa: F811
+    """--at-start (vs_vllm.py's, as vLLM's offline generate has every request at once): the long-join queue's long
+    prompt arrives at step 0, not LONG_JOIN_STEP, and a budget for all of them admits it in the first step."""
+    report = served(run_cli, "--queue", "long-join", "--at-start", "--dtype", "float32")
+    assert [r["arrival_step"] for r in report["requests"]] == [0] * (queues.LONG_JOIN_SHORT + 1)
+    assert report["requests"][-1]["ttft_ms"] == report["requests"][0]["ttft_ms"]  # one step's prefill for all
+    assert "every request there from the first step" in report["conditions"]
+
+
 def test_the_prefix_cache_computes_fewer_prefill_positions_and_the_same_tokens(run_cli):  # noqa: F811
     """small has no chat template: 12 prompts after the same 48 filler ids, one arriving a step; with the cache
     each later one finds its first 48 positions (three blocks of 16) and prefills the rest."""

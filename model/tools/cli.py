@@ -429,6 +429,9 @@ def parser() -> argparse.ArgumentParser:
                          "fp8 (e4m3, a byte a number, one scale a layer for K and one for V set by the first pass, as "
                          "vLLM's --kv-cache-dtype fp8 with calculated scales): the same budget holds more blocks; the "
                          "queue is then served again on a float32 pool and its tokens compared request by request")
+    sb.add_argument("--at-start", action="store_true",
+                    help="with --queue: every request there from the first step, its arrival step set aside (as an "
+                         "offline engine's generate call has them all at once)")
     sb.add_argument("--tiles", action="store_true",
                     help="with --queue, on a CPU with AMX-BF16: the products of many rows (a prefill; 8 rows or more "
                          "with --dtype bfloat16, 64 with float32) in bfloat16 on oneDNN's AMX tiles, torch's own "

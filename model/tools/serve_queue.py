@@ -3,7 +3,7 @@ what it measured (model/serving/kv_runs.py).
 
 python -m model serve-bench --model M --queue mixed|shared-prefix|long-join --kv padded|paged [--block-size N]
     [--kv-budget-mb X] [--prefix-cache] [--chunk N] [--offload disk|host [--tier-dir DIR]] [--disaggregate]
-    [--dtype float32|bfloat16|int8 [--tiles]] [--json]
+    [--dtype float32|bfloat16|int8 [--tiles]] [--at-start] [--json]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def given(args, options: tuple[str, ...]) -> list[str]:
 def check_not_queue_options(args) -> None:
     """The step sweep refuses a served queue's options (each needs --queue)."""
     stray = (given(args, QUEUE_ONLY) + (["--prefix-cache"] if args.prefix_cache else [])
-             + (["--disaggregate"] if args.disaggregate else []) + (["--tiles"] if args.tiles else []))
+             + (["--disaggregate"] if args.disaggregate else []) + (["--tiles"] if args.tiles else [])
+             + (["--at-start"] if args.at_start else []))
     if stray:
         raise InputError("queue_option_alone", option=stray[0])
 
@@ -69,7 +70,8 @@ def run_queue(args) -> dict:
     model = with_weights(model, dtype, tiles=args.tiles)
     if args.chunk is not None:
         check_option("--chunk", args.chunk, MIN_CHUNK, model.info.context_length)
-    requests = [dataclasses.replace(r, settings=dataclasses.replace(settings, seed=settings.seed + r.id))
+    requests = [dataclasses.replace(r, settings=dataclasses.replace(settings, seed=settings.seed + r.id),
+                                    arrival_step=0 if args.at_start else r.arrival_step)
                 for r in built_in_queue(model, args.queue)]
     kv = queue_settings(args, requests, model)
     if args.kv_budget_mb is None and kv.budget_bytes > session_budget_bytes():
@@ -115,6 +117,7 @@ def run_queue(args) -> dict:
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
                       f"{info.dtype} weights{' with tile products' if args.tiles else ''}, "
+                      f"{'every request there from the first step, ' if args.at_start else ''}"
                       f"{torch.get_num_threads()} thread(s) on {info.device}; times on the engine's clock (each step's "
                       "forward and draws, with --offload its moves to and from the tier, with --disaggregate its waits "
                       "for and receipt of prompts from the prefill worker, measured); request i draws with seed + i",
