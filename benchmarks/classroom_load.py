@@ -25,16 +25,15 @@ from loadtest.ws_client import StreamlitServer, open_decode_session, prompts_for
 from model.engine import generate
 from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
-from ui.state import DEFAULTS
 
 SOLO_CLICKS = 10
 
 
 def solo_ids(model, prompt: str, nexts: int) -> list[int]:
-    """The tokens one session alone would show after prefill and `nexts` Next clicks, with the page's defaults."""
-    settings = SamplingSettings(temperature=DEFAULTS["temperature"], top_k=None, top_p=DEFAULTS["top_p"],
-                                seed=DEFAULTS["seed"])
-    gen = generate.start(model, generate.encode_prompt(model, prompt).ids, settings, DEFAULTS["max_new_tokens"], ())
+    """The tokens one session alone would show after prefill and `nexts` Next clicks, with the page's defaults
+    (greedy, DEFAULT_NEW_TOKENS: tests/test_state.py holds ui/state.py's DEFAULTS to them)."""
+    gen = generate.start(model, generate.encode_prompt(model, prompt).ids, SamplingSettings(),
+                         generate.DEFAULT_NEW_TOKENS, ())
     for _ in range(nexts):
         generate.step(model, gen)
     return gen.ids
