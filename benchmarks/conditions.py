@@ -13,14 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the project, when a benchmark runs outside the venv's editable install
 
+from model.engine.kernels import cpu_name  # noqa: E402
 from model.serving.timing import percentile  # noqa: E402
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def code_version(app_root: Path) -> str:

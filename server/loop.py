@@ -10,7 +10,6 @@ for /v1/engine/state, the counters of /metrics, and the bound on the waiting que
 from __future__ import annotations
 
 import logging
-import platform
 import queue
 import threading
 import time
@@ -19,10 +18,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
-from pathlib import Path
 
 import torch
 
+from model.engine.kernels import cpu_name
 from model.engine.sampling import SamplingSettings
 from model.errors import InputError
 from model.serving.engine import Engine, EngineSettings, StepRecord
@@ -91,17 +90,6 @@ class Tracker:
     token_times: list[float] = field(default_factory=list)
     concurrent: int | None = None     # requests running when its first token came
     fresh: bool = True                # not admitted yet: it counts against --max-waiting
-
-
-def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else platform's guess: printed beside every timing."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class EngineLoop:

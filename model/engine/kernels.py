@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,17 @@ class MachineProducts:
 
 def machine_products() -> MachineProducts:
     return MachineProducts(cpu_features(), bf16_products(), int8_products())
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else platform's guess: printed beside every timing."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @functools.cache
