@@ -7,7 +7,7 @@ import streamlit as st
 from model.engine.llama import is_packed
 from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
-from model.serving import analysis, timing, workload
+from model.serving import analysis, kv_runs, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
 from ui import serving_views as views
 from ui import svg
@@ -16,7 +16,7 @@ from ui.controls import decimal_slider
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
-from ui.serving_panel import run_sentences, step_time_chart
+from ui.serving_panel import run_sentences, step_time_chart, time_split_table
 from ui.serving_run import asked_steps, machine, pass_costs, run_buttons, run_steps
 from ui.state import keep_across_pages
 from ui.widgets import table_html
@@ -116,18 +116,17 @@ callback_error_here()
 if server is None:
     st.info(t("serving.press_start"))
     st.stop()
-run_sentences((t("serving.stopped_in_step", step=len(server.steps), k=len(server.joining)) if server.joining
-               else t("serving.stopped", steps=len(server.steps))) if stopped else None, False)
+run_sentences(t("serving.stopped", steps=len(server.steps)) if stopped else None, False)
 if not server.steps:  # the first step was stopped or refused: nothing to draw yet
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
 
 # -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
-slots = len(server.memory.holders)
+slots = server.slots
 with key_figure():
     st.subheader(t("serving.lanes"))
-    st.html(svg.lane_chart_svg([s.slots for s in steps], [s.joined for s in steps], [s.left for s in steps],
+    st.html(svg.lane_chart_svg([s.slots for s in steps], [s.admitted for s in steps], [s.left for s in steps],
                                t("serving.lanes_axis_step"), t("serving.axis_slot"), t("serving.lanes_alt")))
     views.lane_legend(sorted({r for s in steps for r in s.slots if r is not None}), len(server.waiting))
 with why("serving-lanes"):
@@ -136,13 +135,15 @@ with why("serving-lanes"):
 
 tokens = sum(s.tokens for s in steps)
 last = steps[-1]
+last_rows = sum(len(p.spans) for p in last.passes if p.kind == "decode")  # the last step's decode batch
 with st.container(horizontal=True):
     st.metric(t("serving.steps"), len(steps))
     st.metric(t("serving.tokens"), tokens)
     st.metric(t("serving.tokens_per_s"), decimal(tokens / (server.clock_ms / 1000)))
-    st.metric(t("serving.last_step"), f"{decimal(last.ms)} ms", help=t("serving.last_step_help", rows=last.rows,
-                                                                        prefill=decimal(last.prefill_ms),
-                                                                        decode=decimal(last.decode_ms)))
+    st.metric(t("serving.last_step"), f"{decimal(last.ms)} ms", help=t(
+        "serving.last_step_help", rows=last_rows,
+        prefill=decimal(sum(p.ms for p in last.passes if p.kind == "prefill")),
+        decode=decimal(sum(p.ms for p in last.passes if p.kind == "decode"))))
 step_time_chart([s.ms for s in steps], t("serving.step_ms"))
 
 
@@ -216,11 +217,12 @@ if longest is not None:
                           **said))
     if passes and decode_memory_bound:  # a prefill can be compute-bound where a small decode step is memory-bound
         st.caption(t("serving.two_designs"))
+time_split_table(kv_runs.time_split(steps))
 
 # -- fewer bits, B and context, the profiler: measured on a click each -------------------------------------------
 views.dtype_table(model)
 views.sweep(run_model, SWEEP_BATCHES, SWEEP_CONTEXTS)
-views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last.rows))
+views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last_rows))
 with st.expander(t("serving.how")):
     st.markdown(t("serving.how_text"))
     exact = "serving.how_exact_gemma" if module.architecture == "gemma3_text" else "serving.how_exact"

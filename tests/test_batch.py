@@ -22,8 +22,11 @@ from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings
 from model.engine.tokenizer import WordTokenizer, build_word_tokenizer
 from model.errors import InputError
-from model.serving.scheduler import Request, Server
+from model.serving import workload
+from model.serving.engine import Engine
+from model.serving.request import Request
 from model.serving.slots import SlotCache, decode_rows
+from model.serving.workload import slot_engine
 
 TOL = 1e-5  # the issue's bound
 # A Llama (small, SmolLM2, a random one) on a CPU where the decode kernels build: every row is its solo run bit for
@@ -47,9 +50,6 @@ def row_tol(model) -> float:
     """How far a row's logits may be from its solo run's: EXACT (a Llama), GELU_TOL where torch's GELU takes part
     (Gemma 3)."""
     return GELU_TOL if isinstance(model.module, Gemma3) else EXACT
-
-
-BUDGET = 256 * 2**20
 
 
 GEMMA3_WINDOW = 4
@@ -229,19 +229,21 @@ def test_server_greedy_tokens_equal_solo_and_slots_are_reused(tiny_gqa):
     lengths, budgets = [4, 12, 2, 9, 6], [3, 7, 2, 5, 4]
     prompts = prompts_of(tiny_gqa, lengths)
     requests = [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts, budgets))]
-    server = Server(tiny_gqa, 2, requests, BUDGET)
+    server = slot_engine(tiny_gqa, requests, 2)
     while not server.finished:
         step = server.step()
-        assert step.tokens == len(step.decode_lengths) + len(step.joined)
+        kinds = [p.kind for p in step.passes]
+        assert step.tokens == len(step.spans) and kinds == sorted(kinds, reverse=True)  # prompts' passes, then decodes'
     for r in requests:
         assert r.new_ids == solo_run(tiny_gqa, r.prompt_ids, r.max_new_tokens)[1]
         assert r.stop_reason == "max_new_tokens"
         assert r.token_steps == list(range(r.joined_step, r.joined_step + len(r.new_ids)))
         assert r.left_step == r.token_steps[-1]
-    # request 2 (2 tokens) leaves first among 0..2, and the next waiting one takes its slot in the step after
-    joined = {rid: s.index for s in server.steps for rid in s.joined}
+    # request 0 (3 tokens) leaves first, and the next waiting one takes its slot in the step after
+    joined = {rid: s.index for s in server.steps for rid in s.admitted}
     left = {rid: s.index for s in server.steps for rid in s.left}
-    assert joined[2] == left[0] + 1 and requests[2].slot == requests[0].slot
+    slot = {rid: s.slots.index(rid) for s in server.steps for rid in s.admitted}
+    assert joined[2] == left[0] + 1 and slot[2] == slot[0]
     assert all(len(r.itl_ms) == len(r.new_ids) - 1 for r in requests)
 
 
@@ -249,7 +251,7 @@ def test_a_request_longer_than_the_context_stops_when_no_position_is_left(tiny_g
     """tiny_gqa holds 64 positions: a prompt of 60 leaves room for 64 − 60 + 1 = 5 new tokens (the last is never
     fed back), so it stops at 5 with "context_full" as a solo run does; the other row goes on to its 20."""
     requests = [Request(i, p, 20) for i, p in enumerate(prompts_of(tiny_gqa, [60, 10]))]
-    server = Server(tiny_gqa, 2, requests, BUDGET)
+    server = slot_engine(tiny_gqa, requests, 2)
     while not server.finished:
         server.step()
     assert [(len(r.new_ids), r.stop_reason) for r in requests] == [(5, "context_full"), (20, "max_new_tokens")]
@@ -267,10 +269,10 @@ def test_sampled_rows_equal_their_solo_sampled_runs(name, request):
     lengths, budgets = [4, 12, 2, 9, 6], [9, 7, 3, 12, 8]
     requests = [Request(i, p, n, settings=s) for i, (p, n, s) in
                 enumerate(zip(prompts_of(model, lengths), budgets, settings))]
-    server = Server(model, 3, requests, BUDGET)
+    server = slot_engine(model, requests, 3)
     while not server.finished:
         server.step()
-    assert max(len(s.decode_lengths) for s in server.steps) == 3
+    assert max(len(p.spans) for s in server.steps for p in s.passes if p.kind == "decode") == 3
     for r in requests:
         solo = start(model, r.prompt_ids, r.settings, r.max_new_tokens)
         run_to_end(model, solo)
@@ -299,14 +301,14 @@ def stopping_at(n: int):
 @pytest.mark.parametrize("name", ["tiny_gqa", "tiny_gemma3"])
 def test_a_step_stopped_between_two_layers_goes_on_where_it_stopped(name, request):
     """Every step of a run is stopped once at each of its reports in turn (after each layer of each prefill and of
-    the decode pass), and called again until it ends: the prefills done keep their slots, a decode pass cut short
-    runs again whole, and the run's steps and tokens are those of a run never stopped."""
+    the decode pass), and called again until it ends: the step's plan is kept and its passes run again whole,
+    and the run's steps and tokens are those of a run never stopped."""
     model = request.getfixturevalue(name)
     lengths, budgets = [4, 12, 2, 9, 6], [3, 7, 2, 5, 4]
 
-    def server() -> Server:
-        return Server(model, 2, [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts_of(model, lengths),
-                                                                             budgets))], BUDGET)
+    def server() -> Engine:
+        return slot_engine(model, [Request(i, p, n) for i, (p, n) in enumerate(zip(prompts_of(model, lengths),
+                                                                               budgets))], 2)
 
     never = server()
     while not never.finished:
@@ -320,15 +322,15 @@ def test_a_step_stopped_between_two_layers_goes_on_where_it_stopped(name, reques
             except Stopped:
                 stops += 1
     assert stops > 2 * len(never.steps)  # every step stopped at each of its layers' reports, several at least
-    assert [(s.joined, s.left, s.decode_lengths, s.prefill_lengths) for s in stopped.steps] == \
-        [(s.joined, s.left, s.decode_lengths, s.prefill_lengths) for s in never.steps]
+    assert [(s.admitted, s.left, s.slots, [(p.kind, p.spans) for p in s.passes]) for s in stopped.steps] == \
+        [(s.admitted, s.left, s.slots, [(p.kind, p.spans) for p in s.passes]) for s in never.steps]
     assert [r.new_ids for r in stopped.requests.values()] == [r.new_ids for r in never.requests.values()]
 
 
 def test_a_steps_reports_say_where_it_is_and_their_time_is_not_counted(tiny_gqa):
     """A step of two prefills then (the next step) a decode pass of 2 rows over 3 layers: a report after each layer;
     a report that sleeps 30 ms is not in the step's times."""
-    server = Server(tiny_gqa, 2, [Request(0, [5, 6, 7], 3), Request(1, [8, 9], 3)], BUDGET)
+    server = slot_engine(tiny_gqa, [Request(0, [5, 6, 7], 3), Request(1, [8, 9], 3)], 2)
     reports = []
 
     def slow_report(progress):
@@ -339,21 +341,23 @@ def test_a_steps_reports_say_where_it_is_and_their_time_is_not_counted(tiny_gqa)
     third = 1 / 3
     assert reports == [(0, 2, 0, 1, third / 2), (0, 2, 0, 2, 2 * third / 2), (0, 2, 0, 3, 0.5),
                        (1, 2, 0, 1, 0.5 + third / 2), (1, 2, 0, 2, 0.5 + 2 * third / 2), (1, 2, 0, 3, 1.0)]
-    assert first.prefill_ms < 6 * 30 and sum(first.prefill_each_ms) == pytest.approx(first.prefill_ms)
+    assert [p.kind for p in first.passes] == ["prefill", "prefill"]
+    assert first.forward_ms < 6 * 30 and sum(p.ms for p in first.passes) == pytest.approx(first.forward_ms)
     reports.clear()
     second = server.step(slow_report)
     assert [r[:4] for r in reports] == [(0, 0, 2, 1), (0, 0, 2, 2), (0, 0, 2, 3)] and reports[-1][4] == 1.0
-    assert second.decode_ms < 3 * 30
+    assert [p.kind for p in second.passes] == ["decode"] and second.forward_ms < 3 * 30
 
 
-def test_bad_serving_input_is_one_sentence(tiny_gqa):
-    request = Request(0, [5, 6], 4)
+def test_bad_serving_input_is_one_sentence(tiny_gqa, monkeypatch):
     with pytest.raises(InputError) as zero:
-        Server(tiny_gqa, 0, [request], BUDGET)
+        workload.start_serving(tiny_gqa, 0, 1, (2, 2), (4, 4))
     assert zero.value.code == "serving_slots"
+    monkeypatch.setattr(workload, "session_budget_bytes", lambda: 1000)
     with pytest.raises(InputError) as past:
-        Server(tiny_gqa, 8, [request], budget_bytes=1000)
-    assert past.value.code == "serving_budget" and "MiB" in past.value.message("en")
+        workload.start_serving(tiny_gqa, 8, 1, (2, 2), (4, 4))
+    assert past.value.code == "serving_queue_budget" and "MiB" in past.value.message("en")
+    monkeypatch.undo()
     with pytest.raises(InputError) as cold:
-        Server(tiny_gqa, 2, [Request(0, [5, 6], 4, settings=SamplingSettings(temperature=1.0, top_p=0))], BUDGET)
+        workload.start_serving(tiny_gqa, 2, 1, (2, 2), (4, 4), SamplingSettings(temperature=1.0, top_p=0))
     assert cold.value.code == "bad_top_p"

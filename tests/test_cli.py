@@ -17,7 +17,7 @@ from conftest import needs_kernels
 from model.engine import generate
 from model.engine.token_tax import cache_shape, tax_models
 from model.errors import InputError
-from model.serving.scheduler import MAX_SLOTS
+from model.serving.memory import MAX_SLOTS
 from model.tools import cli, serve_bench
 from model.weights.catalog import list_models, locate, read_config
 

@@ -18,7 +18,7 @@ from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import ALIGN
-from model.serving.scheduler import Request
+from model.serving.request import Request
 
 MB = 2**20
 

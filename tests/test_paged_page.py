@@ -64,7 +64,7 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     padded = compared[0][1]
     assert padded["layout"] == "padded" and run.summary()["max_concurrent"] > padded["max_concurrent"]
     assert len(charts(at)) == 4  # the pool, the lanes, the bytes reserved and held, the step times
-    assert escape(text("serving.time_forward_decode_steps", lang)) in page  # where the run's clock went
+    assert escape(text("serving.time_forward_decode", lang)) in page  # where the run's clock went
     assert text("paged.pool", lang) in [h.value for h in at.subheader]
 
 

@@ -14,10 +14,10 @@ from test_gemma3 import needs_model as needs_gemma3
 from model.engine.llama import packed_weights
 from model.engine.lowbit import with_weights
 from model.errors import InputError
-from model.serving import costs, measure, workload
+from model.serving import analysis, costs, measure, workload
 from model.serving.costs import matmul_params, weight_bytes
 from model.serving.engine import Engine, EngineSettings
-from model.serving.scheduler import Request, Server
+from model.serving.request import Request
 
 
 @needs_kernels
@@ -33,15 +33,16 @@ def test_step_bytes_and_flops_are_the_hand_count_for_micro(micro):
     assert weight_bytes(module, 1) == 6656 + 160 + 32
     # two requests: prompts [1, 3] (2 positions, 3 after its first decode) and [1, 3, 4, 5] (4, then 5)
     requests = [Request(0, [1, 3], 2), Request(1, [1, 3, 4, 5], 2)]
-    server = Server(micro, 2, requests, 2**20)
-    first = server.step()                       # both prefilled, each over its N × N keys
-    assert first.prefill_tokens == 6
+    server = workload.slot_engine(micro, requests, 2)
+    first = server.step()                       # both prefilled, each in a pass of its own over its N × N keys
+    assert [p.positions for p in first.passes] == [2, 4]
     # the layers' 1152 matmul weights for each of the 6 positions, the LM head's 64 on each prompt's last one
-    assert first.prefill_flops == 2 * 1152 * 6 + 2 * 64 * 2 + 4 * 2 * 2 * 4 * (2 * 2 + 4 * 4)
+    assert sum(costs.prefill_counts(micro, p.positions)[1] for p in first.passes) == \
+        2 * 1152 * 6 + 2 * 64 * 2 + 4 * 2 * 2 * 4 * (2 * 2 + 4 * 4)
     second = server.step()                      # one decode row each over 3 and 5 keys
-    assert second.decode_lengths == [3, 5]
-    assert second.decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)        # 5376
-    assert second.decode_bytes == 6656 + 160 + 2 * 32 + 3 * 64 + 5 * 64         # 7392
+    decode_flops, decode_bytes = analysis.decode_counts(server, second.passes[0])
+    assert decode_flops == 2 * (2 * 1216) + 4 * 2 * 2 * 4 * (3 + 5)                # 5376
+    assert decode_bytes == 6656 + 160 + 2 * 32 + 3 * 64 + 5 * 64                 # 7392
 
 
 def test_positions_to_pass_is_the_fewest_whose_prefill_reaches_the_ridge(small):

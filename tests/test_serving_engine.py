@@ -96,6 +96,36 @@ def test_one_scheduler_for_both_memories_the_same_plan_at_every_step(small):
     paged.close()
 
 
+@pytest.mark.parametrize("memory", ["paged", "padded"])
+def test_separate_passes_give_the_tokens_of_one_mixed_pass(small, memory):
+    """EngineSettings.mixed False (the Serving page's: each span that prefills in a pass of its own, then the decode
+    rows in one) runs the mixed queue's plan of one mixed pass a step, to the same tokens; each pass is recorded
+    with its kind and spans, and their times sum to the step's forward_ms."""
+    from model.serving.kv_runs import default_budget
+    from model.serving.queues import built_in_queue
+
+    runs = {}
+    for mixed in (True, False):
+        requests = built_in_queue(small, "mixed")
+        engine = Engine(small, requests, EngineSettings(memory=memory, budget_bytes=default_budget(
+            small, "mixed", requests, 16), mixed=mixed))
+        while not engine.finished:
+            step = engine.step()
+            assert step.forward_ms == sum(p.ms for p in step.passes)
+        runs[mixed] = engine
+    together, apart = runs[True], runs[False]
+    assert [s.spans for s in together.steps] == [s.spans for s in apart.steps]
+    assert [r.new_ids for r in together.requests.values()] == [r.new_ids for r in apart.requests.values()]
+    assert all(len(s.passes) <= 1 for s in together.steps)
+    assert any(p.kind == "mixed" for s in together.steps for p in s.passes)
+    for step in apart.steps:
+        kinds = [p.kind for p in step.passes]
+        assert "mixed" not in kinds and kinds.count("decode") <= 1 and kinds == sorted(kinds, reverse=True)
+        assert all(len(p.spans) == 1 for p in step.passes if p.kind == "prefill")
+        assert sorted(s.request for p in step.passes for s in p.spans) == sorted(s.request for s in step.spans)
+    assert any(len(s.passes) > 1 for s in apart.steps)
+
+
 def test_an_fp8_pool_holds_four_times_the_blocks_and_reads_back_within_e4m3s_rounding(small):
     """The same budget in fp8 holds 4× a float32 model's blocks; what a pass writes reads back within e4m3's relative
     step (2^-3 of the number, its 3 mantissa bits) times its layer's scale, the scales set by the first write and
@@ -135,8 +165,9 @@ def test_a_pool_in_fewer_bits_is_fp8_and_takes_no_prefill_worker(small):
 
 
 def test_where_the_clock_went_adds_up_to_the_clock(small):
-    """kv_runs.time_split's parts (the pages' table, serve-bench's line) sum to the engine's clock, each step's
-    pass counted once, in the prefill part exactly when the step prefilled. Made red by a step counted in both."""
+    """kv_runs.time_split's parts (the pages' table, serve-bench's line) sum to the engine's clock, each pass
+    counted once, by its kind: prompts alone, prompts with decode rows beside them, decode rows alone. Made red by a
+    pass counted in two parts."""
     from model.serving.kv_runs import KVSettings, QueueRun
     from model.serving.queues import built_in_queue
 
@@ -144,5 +175,6 @@ def test_where_the_clock_went_adds_up_to_the_clock(small):
     split = run.summary()["time_ms"]
     assert sum(split.values()) == pytest.approx(run.server.clock_ms)
     prefilled = sum(s.forward_ms for s in run.steps if any(p.kind == "prefill" for p in s.spans))
-    assert split["forward_prefill_steps"] == pytest.approx(prefilled) and split["forward_decode_steps"] > 0
+    assert split["forward_prefill"] + split["forward_mixed"] == pytest.approx(prefilled)
+    assert split["forward_mixed"] > 0 and split["forward_decode"] > 0
     run.close()

@@ -4,6 +4,7 @@ headless Chromium with 4 requests in both languages."""
 import base64
 import json
 import re
+from html import escape
 
 import pytest
 from apptest import click, open_app
@@ -65,9 +66,9 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
     pin_roofs(monkeypatch, {"float32": roofs})
     at = click(open_page(lang), "serving_start")
     server = at.session_state["serving_server"]
-    assert len(server.steps) == 1 and server.steps[0].joined == [0, 1] and not at.error
+    assert len(server.steps) == 1 and server.steps[0].admitted == [0, 1] and not at.error
     click(at, "serving_next")
-    assert len(server.steps) == 2 and server.steps[1].decode_lengths
+    assert len(server.steps) == 2 and [p.kind for p in server.steps[1].passes] == ["decode"]
     click(at, "serving_run")
     assert server.finished and at.button(key="serving_next").disabled
     assert all(r.stop_reason is not None for r in server.requests.values())
@@ -78,6 +79,10 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
     # the roofline's table: a point per batch size the run had and one for its longest prefill
     assert "ITL p99" in html and ">B=2<" in html and re.search(r">prefill \d+<", html)
     assert text("serving.lanes", lang) in [h.value for h in at.subheader]
+    # where the clock went, by kind of pass: the prompts' passes, the decode passes, choosing the tokens
+    parts = ("serving.time_forward_prefill", "serving.time_forward_decode", "serving.time_draws")
+    assert all(escape(text(key, lang)) in html for key in parts)
+    assert escape(text("serving.time_forward_mixed", lang)) not in html  # no pass mixes them on this page
     # the prefill sentence follows the run: its longest prefill (8 positions, ~3.7 FLOPs/byte) against the ridge
     longest = analysis.longest_prefill(server)
     ridge = roofs[1] / roofs[0]
@@ -218,18 +223,19 @@ def test_the_formulas_and_the_rows_sentence_stay_the_runs_until_reset(monkeypatc
 
 def test_the_longest_prefill_is_the_runs_longest(monkeypatch):
     """The page's default queue (4 slots, 8 requests, prompts of 4 to 24) prefills prompts of 21, 17, 14 and 9
-    positions in its first step; each prefill is timed alone, so the longest, 21, is the roofline's prefill point
-    and the sentence's, from the first step on."""
+    positions in its first step; each prefill is a pass of its own, timed alone, so the longest, 21, is the
+    roofline's prefill point and the sentence's, from the first step on."""
     from model.serving import analysis
 
     pin_roofs(monkeypatch, {"float32": RIDGE_ABOVE_PREFILL})
     at = click(open_app(PAGE, TIMEOUT, lang="en", model_name="small", device="cpu"), "serving_start")
     server = at.session_state["serving_server"]
     first = server.steps[0]
-    assert first.joined == [0, 1, 2, 3] and first.prefill_lengths == [21, 17, 14, 9]
-    assert len(first.prefill_each_ms) == 4 and sum(first.prefill_each_ms) == pytest.approx(first.prefill_ms)
+    assert first.admitted == [0, 1, 2, 3] and [p.positions for p in first.passes] == [21, 17, 14, 9]
+    assert {p.kind for p in first.passes} == {"prefill"}
+    assert sum(p.ms for p in first.passes) == pytest.approx(first.forward_ms)
     longest = analysis.longest_prefill(server)
-    assert (longest.positions, longest.ms) == (21, first.prefill_each_ms[0])
+    assert (longest.positions, longest.ms) == (21, first.passes[0].ms)
     assert ">prefill 21<" in "".join(h.proto.body for h in at.get("html"))
     assert any(c.startswith("This run's longest prefill (21 positions) does ") for c in captions(at))
 
@@ -319,7 +325,7 @@ def test_a_slow_queue_is_announced_before_start(monkeypatch):
 def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch):
     """The first step runs in the page's script, its bar redrawn after each layer (the redraw interval set to 0):
     a Stop there (raised as Streamlit raises it at a redraw when a click is waiting), during the second prefill,
-    keeps the first; Next step goes on from it, and the run's tokens are those of a run never stopped."""
+    keeps the step's plan; Next step runs it again whole, and the run's tokens are those of a run never stopped."""
     from streamlit.runtime.scriptrunner_utils.exceptions import StopException
 
     import ui.serving_run
@@ -339,18 +345,18 @@ def test_stop_reaches_a_step_between_two_layers_and_the_run_goes_on(monkeypatch)
     at = open_page("en", serving_opened_for=("small", "cpu"))  # no first run of its own: Start makes the first
     at.button(key="serving_start").click().run()
     server = at.session_state["serving_server"]
-    assert not server.steps and [r.id for r in server.joining] == [0]
+    assert not server.steps and server.plan is not None
     assert [(p.prefilled, p.layer) for p in shown] == [(0, 1), (0, 2), (0, 3), (0, 4), (1, 1), (1, 2)]
     at.run()  # the run the click on Stop asks for
-    assert text("serving.stopped_in_step", "en").format(step=0, k=1) in [i.value for i in at.info]
+    assert text("serving.stopped", "en").format(steps=0) in [i.value for i in at.info]
     click(at, "serving_next")
-    assert server.steps[0].joined == [0, 1] and server.steps[0].prefill_lengths == [8, 7]
+    assert server.steps[0].admitted == [0, 1] and [p.positions for p in server.steps[0].passes] == [8, 7]
     click(at, "serving_run")
     never_stopped = workload.start_serving(load_model("small", "cpu"), 2, 4, (3, 9), (2, 5))
     while not never_stopped.finished:
         never_stopped.step()
     assert [r.new_ids for r in server.requests.values()] == [r.new_ids for r in never_stopped.requests.values()]
-    assert [s.joined for s in server.steps] == [s.joined for s in never_stopped.steps]
+    assert [s.admitted for s in server.steps] == [s.admitted for s in never_stopped.steps]
 
 
 def test_stop_reaches_the_sweep_between_two_passes(monkeypatch):

@@ -1,8 +1,8 @@
 """The Serving page's long work, run in the page's own script where a click reaches it: its steps, its sweep and
 its profile. Streamlit stops a script only where it draws, so the work redraws a bar as it goes (after a layer of a
 pass, or between two timed steps; at most every RUN_REDRAW_S): a click on Stop, or on anything else, ends it there.
-A stopped step keeps what it had done (batch.Server.step); a stopped measurement is dropped. Work run from a
-button's callback could not be stopped and would show nothing until it ended."""
+A stopped step keeps its plan, which the next click runs again whole (engine.Engine.step); a stopped measurement is
+dropped. Work run from a button's callback could not be stopped and would show nothing until it ended."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from model.engine.lowbit import DTYPES
 from model.engine.runtime import LoadedModel
 from model.errors import InputError
 from model.serving import measure, workload
+from model.serving.engine import Engine, StepProgress
 from model.serving.kv_runs import QueueRun
 from model.serving.quality import CHUNK, Quality, held_out
-from model.serving.scheduler import Server, StepProgress
 from ui.classroom import play_row
 from ui.errors import attempt
 from ui.i18n import t
@@ -51,7 +51,7 @@ class StopBar:
 class StepBar:
     """How far the step under way is, and in a run to the end how many requests are served."""
 
-    def __init__(self, server: Server, to_end: bool):
+    def __init__(self, server: Engine, to_end: bool):
         self.server, self.to_end = server, to_end
         self.stop_bar = StopBar("serving_stop", t("serving.running"))
 
@@ -71,7 +71,7 @@ class StepBar:
         self.stop_bar.draw(done, text)
 
 
-def run_steps(server: Server, to_end: bool) -> str | None:
+def run_steps(server: Engine, to_end: bool) -> str | None:
     """One step, or steps until every request is served, under a StepBar; the sentence saying why a step failed,
     or None."""
     bar = StepBar(server, to_end)
@@ -108,7 +108,7 @@ def run_queue_steps(run: QueueRun, to_end: bool) -> str | None:
     return error
 
 
-def asked_steps(prefix: str, run: Server | QueueRun | None,
+def asked_steps(prefix: str, run: Engine | QueueRun | None,
                 run_steps: Callable[[bool], str | None]) -> tuple[str | None, bool]:
     """The steps the last click asked for (state[prefix + "_wanted"]: "one", or to the "end"), run here in the page's
     script, where a click on Stop reaches them (a callback cannot be stopped); state[prefix + "_running"] is True
@@ -133,7 +133,7 @@ def ask_steps(prefix: str, wanted: str) -> None:
     st.session_state[prefix + "_wanted"] = wanted
 
 
-def run_buttons(prefix: str, run: Server | QueueRun | None, start_label: str, on_start: Callable[[], None],
+def run_buttons(prefix: str, run: Engine | QueueRun | None, start_label: str, on_start: Callable[[], None],
                 on_reset: Callable[[], None], run_key: str, play: bool = False) -> None:
     """Start, then Next, Run (to the end) and Reset once there is a run: Next and Run ask asked_steps for one step
     or all of them (state[prefix + "_wanted"]); each button's key is prefix + its name, Run's run_key. With `play`,

@@ -1,12 +1,13 @@
-"""What a served run measured: each request's TTFT and ITL, the roofline's points from its own steps, and its
-longest prefill."""
+"""What a served run measured: each request's TTFT and ITL, the roofline's points from its own passes (an engine
+whose prompts run in passes of their own: EngineSettings.mixed False), and its longest prefill."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.serving.costs import prefill_counts
-from model.serving.scheduler import Server, ServeStep
+from model.engine.counting import step_bytes
+from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.engine import Engine, PassRecord
 from model.serving.timing import percentile
 
 
@@ -19,7 +20,7 @@ class RequestTiming:
     itl_ms: dict[str, float | None]   # p50, p95, p99
     stop_reason: str | None
 
-def request_timings(server: Server) -> list[RequestTiming]:
+def request_timings(server: Engine) -> list[RequestTiming]:
     rows = []
     for r in server.requests.values():
         itl = r.itl_ms
@@ -37,16 +38,26 @@ class RooflinePoint:
     ms: float
     rows: int | None = None  # a decode pass's batch size; None for a prefill
 
-def roofline_points(server: Server) -> list[RooflinePoint]:
-    """One point per batch size the run's decode passes had (their median step), one for its longest prefill."""
-    by_rows: dict[int, list[ServeStep]] = {}
-    for step in server.steps:
-        if step.decode_lengths:
-            by_rows.setdefault(len(step.decode_lengths), []).append(step)
+def passes(server: Engine, kind: str) -> list[PassRecord]:
+    return [p for step in server.steps for p in step.passes if p.kind == kind]
+
+def decode_counts(server: Engine, decode: PassRecord) -> tuple[int, int]:
+    """A decode pass's FLOPs and bytes read (the weights once, each row's cache of the keys its query attends
+    over)."""
+    module = server.model.module
+    lengths = [span.stop for span in decode.spans]
+    return (flops(module, [(1, n) for n in lengths]),
+            step_bytes(weight_bytes(module, len(lengths)), [server.info.cache_bytes_formula(n) for n in lengths]))
+
+def roofline_points(server: Engine) -> list[RooflinePoint]:
+    """One point per batch size the run's decode passes had (their median pass), one for its longest prefill."""
+    by_rows: dict[int, list[PassRecord]] = {}
+    for decode in passes(server, "decode"):
+        by_rows.setdefault(len(decode.spans), []).append(decode)
     points = []
-    for rows, steps in sorted(by_rows.items()):
-        typical = sorted(steps, key=lambda s: s.decode_ms)[len(steps) // 2]
-        points.append(point(f"B={rows}", typical.decode_flops, typical.decode_bytes, typical.decode_ms, rows))
+    for rows, same in sorted(by_rows.items()):
+        typical = sorted(same, key=lambda p: p.ms)[len(same) // 2]
+        points.append(point(f"B={rows}", *decode_counts(server, typical), typical.ms, rows))
     longest = longest_prefill(server)
     if longest is not None:
         points.append(point(f"prefill {longest.positions}", longest.flops, longest.bytes_read, longest.ms))
@@ -63,14 +74,14 @@ class TimedPrefill:
     def intensity(self) -> float:
         return self.flops / self.bytes_read
 
-def longest_prefill(server: Server) -> TimedPrefill | None:
-    """The run's longest prefill, the first of them when several are as long, with its own time (each joiner's
-    prefill runs and is timed alone) and counts; None before any."""
-    prefills = [(n, ms) for step in server.steps for n, ms in zip(step.prefill_lengths, step.prefill_each_ms)]
+def longest_prefill(server: Engine) -> TimedPrefill | None:
+    """The run's longest prefill pass, the first of them when several are as long, with its own time (each prompt
+    runs in a pass of its own) and counts; None before any."""
+    prefills = passes(server, "prefill")
     if not prefills:
         return None
-    n, ms = max(prefills, key=lambda p: p[0])
-    return TimedPrefill(n, ms, *prefill_counts(server.model, n))
+    longest = max(prefills, key=lambda p: p.positions)
+    return TimedPrefill(longest.positions, longest.ms, *prefill_counts(server.model, longest.positions))
 
 def point(label: str, flops: int, bytes_read: int, ms: float, rows: int | None = None) -> RooflinePoint:
     return RooflinePoint(label, flops / bytes_read, flops / (ms / 1000) / 1e9, bytes_read / (ms / 1000) / 1e9, ms,

@@ -1,6 +1,7 @@
 """A server over a paged KV cache (paged.py): admission when blocks are free, preemption by recompute when a growing
 request finds none, a prefix cache of full prompt blocks, and chunked prefill; every step one forward pass of the
-model's own, its rows (prompt chunks and decodes) side by side.
+model's own, its rows (prompt chunks and decodes) side by side, or with EngineSettings.mixed False (the Serving page)
+each prompt's pass alone, then one pass of the decode rows, which gives the same tokens.
 
 The scheduling follows nano-vllm's Scheduler (nanovllm/engine/scheduler.py) and vLLM's (vllm/v1/core/sched/
 scheduler.py): each step the running requests first, in the order they were admitted (a decode needs one more
@@ -47,17 +48,56 @@ from model.serving.memory import (
     make_memory,
     memory_blocks,
     memory_layout,
+    memory_slots,
     pool_dtype,
     too_small,
 )
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
-from model.serving.scheduler import Progress, StepProgress
 from model.serving.tiers import Offload, check_tier, tier_maker
 
 MIN_CHUNK = 16     # positions of a prefill chunk at least
 MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow (vLLM's max_num_seqs)
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """Where a step is, told after each layer of each of its passes (with separate passes each prefill, then the
+    decode pass; mixed, the one pass)."""
+    step: int        # the step's index
+    prefilled: int   # prefill passes done so far in this step
+    prefills: int    # prefill passes the step runs in all (0 when mixed)
+    rows: int        # rows of its decode pass (mixed: of its one pass; 0: none)
+    layer: int       # layers done of the pass under way: a prefill's while prefilled < prefills, else the decode's
+    layers: int
+
+    @property
+    def done(self) -> float:
+        """The share of the step's passes done, a layer at a time."""
+        passes = self.prefills + (1 if self.rows else 0)
+        return min(1.0, (self.prefilled + self.layer / self.layers) / passes)
+
+
+class Progress:
+    """A step's `report`, told where the step is (`prefilled` so far, then block i of the pass under way done);
+    `clock()` runs as time.perf_counter() but stands still while the report runs (it draws a page), so that no
+    step's time counts it."""
+
+    def __init__(self, report: Callable[[StepProgress], None] | None, step: int, prefills: int, rows: int,
+                 layers: int):
+        self.report, self.step, self.prefilled, self.prefills = report, step, 0, prefills
+        self.rows, self.layers = rows, layers
+        self.paused = 0.0
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.paused
+
+    def after_layer(self, i: int) -> None:
+        if self.report is not None:
+            start = time.perf_counter()
+            self.report(StepProgress(self.step, self.prefilled, self.prefills, self.rows, i + 1, self.layers))
+            self.paused += time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -74,6 +114,9 @@ class EngineSettings:
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
     history: int | None = None        # the last steps (and finished requests) kept; None: all (a queue's run), a
                                       # number: a server that runs for hours keeps its memory bounded
+    mixed: bool = True                # True: a step's spans in one pass; False: each span that prefills in a pass
+                                      # of its own, then the decode spans in one (nano-vllm never mixes the two in
+                                      # a pass): the Serving page times each prefill and the decode batch apart
 
 
 @dataclass(frozen=True)
@@ -98,6 +141,23 @@ class Plan:
 
 
 @dataclass(frozen=True)
+class PassRecord:
+    """One forward pass of a step: the spans it fed and its time."""
+    kind: str         # "prefill" (prompts or recomputes only), "decode" (decode rows only), "mixed" (both)
+    spans: list[Span]
+    ms: float
+
+    @property
+    def positions(self) -> int:
+        return sum(s.stop - s.start for s in self.spans)
+
+
+def pass_kind(spans: list[Span]) -> str:
+    decoding = {span.kind == "decode" for span in spans}
+    return "mixed" if len(decoding) == 2 else "decode" if True in decoding else "prefill"
+
+
+@dataclass(frozen=True)
 class StepRecord:
     index: int
     spans: list[Span]
@@ -110,7 +170,7 @@ class StepRecord:
                                   # the tier was full, its file could not be made, or a block came back damaged
     tier_ms: float                # moving blocks out and in
     received_ms: float            # waiting for and receiving prompts prefilled elsewhere (disaggregated.py)
-    forward_ms: float             # the one forward pass
+    forward_ms: float             # the forward passes (the sum of passes' ms)
     draw_ms: float                # choosing the tokens
     tokens: int                   # new tokens the step produced
     running: int                  # requests holding blocks after the step
@@ -118,6 +178,9 @@ class StepRecord:
     blocks_shared: int            # of them, held by more than one request
     bytes_reserved: int           # blocks held × block bytes, at the step's peak (before the finished left)
     bytes_held: int               # positions those blocks hold × bytes per position, then
+    passes: list[PassRecord]      # the step's forward passes, in the order they ran
+    slots: list[int | None] | None  # the padded memory's: per slot the request holding it during the step (None:
+                                    # free); None for blocks
 
     @property
     def ms(self) -> float:
@@ -183,10 +246,10 @@ class Engine:
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = memory_layout(model.info, settings.memory, settings.block_size,
                                     longest_held(model.info, requests), settings.kv_dtype)
-        self.cache = make_memory(model.info, layout=self.layout, device=model.device,
-                                 dtype=pool_dtype(settings.kv_dtype, model.kv_dtype),
-                                 n_blocks=memory_blocks(model.info, settings.memory, self.layout,
-                                                        settings.budget_bytes))
+        self.cache = make_memory(self.layout, memory_blocks(model.info, settings.memory, self.layout,
+                                                            settings.budget_bytes),
+                                 pool_dtype(settings.kv_dtype, model.kv_dtype), model.device)
+        self.slots = memory_slots(settings.memory, self.layout, self.cache.n_blocks)  # None: blocks
         self.requests = {r.id: r for r in requests}
         self.waiting: deque[Request] = deque(sorted(requests, key=lambda r: r.arrival_step))
         self.running: list[Request] = []
@@ -437,10 +500,11 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, report: Callable[[StepProgress], None] | None = None) -> StepRecord:
-        """One iteration: schedule (once), one forward over every span's rows, each request that computed its last
+        """One iteration: schedule (once), the forward passes over the spans' rows (one mixed pass, or with
+        settings.mixed False each prefilling span's pass, then the decodes'), each request that computed its last
         token draws the next; hashes, windows and the finished ones' blocks then. report(progress) runs after each
         layer and may stop the step there by raising (the page's Stop): the plan stays, and the next call runs its
-        pass again whole (it writes the same positions); its time is not counted."""
+        passes again whole (they write the same positions); their time is not counted."""
         index = self.steps_run
         if self.plan is None:
             if self.connector is not None:
@@ -450,24 +514,32 @@ class Engine:
             self.plan = self._schedule(index)
         plan = self.plan
         by_id = {seq.id: seq for seq in self.running}
-        rows = [row for span in plan.spans if span.kind != "received"
-                for row in self._rows(span, by_id[span.request].prompt_len)]
-        progress = Progress(report, index, 0, 0, len(rows), self.info.n_layers)
-        forward_ms, logits = 0.0, None
-        if rows:
-            device = self.model.device
+        computed = [span for span in plan.spans if span.kind != "received"]
+        rows_of = {span.request: self._rows(span, by_id[span.request].prompt_len) for span in computed}
+        decodes = [span for span in computed if span.kind == "decode"]
+        if self.settings.mixed:
+            groups = [computed] if computed else []
+            progress = Progress(report, index, 0, sum(map(len, rows_of.values())), self.info.n_layers)
+        else:
+            groups = [[span] for span in computed if span.kind != "decode"] + ([decodes] if decodes else [])
+            progress = Progress(report, index, len(groups) - bool(decodes), len(decodes), self.info.n_layers)
+        passes, last_logits = [], {}
+        device = self.model.device
+        for spans in groups:
+            rows = [row for span in spans for row in rows_of[span.request]]
             ids = torch.tensor([[by_id[r.request].tokens[p] for r in rows for p in range(r.start, r.end)]],
                                device=device)                                             # (1, N)
             synchronize(device)
             t0 = progress.clock()
             logits = run_rows(self.model.module, self.cache, rows, ids, progress.after_layer)  # (rows, vocab)
             synchronize(device)
-            forward_ms = (progress.clock() - t0) * 1000
+            passes.append(PassRecord(pass_kind(spans), spans, (progress.clock() - t0) * 1000))
+            for n, row in enumerate(rows):
+                last_logits[row.request] = logits[n]
+            progress.prefilled += 1
+        forward_ms = sum((p.ms for p in passes), 0.0)
         # from here on the step runs to its end: nothing below reports
         self.plan = None
-        last_row = {}
-        for n, row in enumerate(rows):
-            last_row[row.request] = n
         t0 = time.perf_counter()
         drawn = {}
         for span in plan.spans:
@@ -477,7 +549,7 @@ class Engine:
                 drawn[span.request] = seq.choose(seq.first_logits.float())
                 seq.first_logits = None
             elif span.stop == len(seq.tokens):
-                drawn[span.request] = seq.choose(logits[last_row[span.request]].float())
+                drawn[span.request] = seq.choose(last_logits[span.request].float())
         draw_ms = (time.perf_counter() - t0) * 1000
         received_ms, self.received_ms = self.received_ms, 0.0
         self.clock_ms += plan.tier_ms + received_ms + forward_ms + draw_ms
@@ -489,6 +561,7 @@ class Engine:
         for span in plan.spans:
             self.cache.free_out_of_window(by_id[span.request])
         reserved, held = self.cache.usage(self.running)
+        slots = None if self.slots is None else self.cache.slot_holders(self.running, self.slots)
         held_blocks = len(self.cache.held_blocks())
         shared = self.cache.pool.shared()
         left = []
@@ -502,7 +575,7 @@ class Engine:
         left = [seq.id for seq in left]
         step = StepRecord(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
                          plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left),
-                         held_blocks, shared, reserved, held)
+                         held_blocks, shared, reserved, held, passes, slots)
         self.steps.append(step)
         self.steps_run += 1
         if self.settings.history is not None and len(self.steps) > self.settings.history:

@@ -16,12 +16,11 @@ import numpy as np
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.disaggregated import disaggregated_engine
-from model.serving.engine import Engine, EngineSettings, StepRecord, check_paged
+from model.serving.engine import Engine, EngineSettings, StepProgress, StepRecord, check_paged
 from model.serving.memory import MEMORIES, check_memory, memory_layout, memory_slots
 from model.serving.paged import PagedLayout
 from model.serving.queues import compared_chunks
 from model.serving.request import Request
-from model.serving.scheduler import StepProgress
 from model.serving.tiers import Crossover, check_tier_folder, measure_crossover
 
 LAYOUTS = MEMORIES
@@ -222,12 +221,12 @@ class QueueRun:
 
 
 def time_split(steps: list[StepRecord]) -> dict[str, float]:
-    """Where a run's clock went, ms: the model's passes of the steps that prefilled (prompt chunks, recomputes;
-    decodes beside them) and of the steps that only decoded, choosing the tokens, moving blocks to and from a tier,
-    and waiting for and receiving prompts from a prefill worker."""
-    prefilling = [any(span.kind in ("prefill", "recompute") for span in s.spans) for s in steps]
-    return {"forward_prefill_steps": sum(s.forward_ms for s, p in zip(steps, prefilling) if p),
-            "forward_decode_steps": sum(s.forward_ms for s, p in zip(steps, prefilling) if not p),
+    """Where a run's clock went, ms: the model's passes by kind (prompts alone, prompts with decode rows beside them,
+    decode rows alone: PassRecord.kind), choosing the tokens, moving blocks to and from a tier, and waiting for and
+    receiving prompts from a prefill worker."""
+    passes = [p for s in steps for p in s.passes]
+    return {**{f"forward_{kind}": sum((p.ms for p in passes if p.kind == kind), 0.0)
+               for kind in ("prefill", "mixed", "decode")},
             "draws": sum(s.draw_ms for s in steps), "tier": sum(s.tier_ms for s in steps),
             "received": sum(s.received_ms for s in steps)}
 

@@ -19,9 +19,9 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
+from model.serving.memory import MAX_SLOTS
 from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.request import Request
-from model.serving.scheduler import check_batch
 from model.serving.slots import SlotCache, decode_rows
 from model.serving.timing import (
     INT8_PEAK_ROWS,
@@ -100,6 +100,19 @@ class Work:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / (self.p50 / 1000)
+
+def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int) -> None:
+    """A batch a SlotCache can run within the session's memory budget, else one sentence: the native engine (Llama
+    or Gemma 3), 1 to MAX_SLOTS slots, and the slot buffers, which double ahead and so may reserve up to twice the
+    longest request's cache in every slot (a sliding layer's window + 2 × CROP_MARGIN ≤ twice its window), within
+    `budget_bytes`."""
+    if not isinstance(model, NativeModel):
+        raise InputError("serving_needs_native", model=model.info.name)
+    if not 1 <= slots <= MAX_SLOTS:
+        raise InputError("serving_slots", slots=slots)
+    needed = 2 * slots * model.info.cache_bytes_formula(longest)
+    if needed > budget_bytes:
+        raise InputError("serving_budget", slots=slots, mb=round(needed / 2**20), budget=round(budget_bytes / 2**20))
 
 def checked_batch(model: NativeModel, batch: int, context: int) -> None:
     """Refuse a batch the session could not hold, and a context past the model's, in one sentence."""

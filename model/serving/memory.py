@@ -1,17 +1,13 @@
 """Where a server keeps its requests' keys and values, behind one protocol (vLLM v1's KVCacheManager, nano-vllm's
 BlockManager): may a request be admitted, grow it to n positions, free it, what the prefix cache already holds of
-it, and the bytes reserved and held. Two memories answer it:
-
-- SlotMemory, the padded baseline of the vLLM paper ("reserve the maximum"): a slot of a SlotCache per request,
-  reserved whole at admission, so a request grows without asking and admission waits for a free slot;
-- BlockMemory, the paged pool (paged.PagedCache): blocks handed out as a request's positions need them, a prefix
-  cache of full prompt blocks, a sliding group's blocks given back once its window passes them.
+it, and the bytes reserved and held. BlockMemory answers it, the paged pool (paged.PagedCache): blocks handed out as
+a request's positions need them, a prefix cache of full prompt blocks, a sliding group's blocks given back once its
+window passes them.
 
 The engine's two memories are both BlockMemory: "paged", blocks of block_size positions; "padded", the vLLM paper's
-baseline under the same scheduler, one block per request and layer group holding the queue's longest request whole
-(a one-entry block table), so a request reserves its whole length at admission and never grows. SlotMemory serves
-the Serving page's slot-batched decode (scheduler.Server). memory_layout and make_memory are the one place that
-tells the two engine memories apart.
+"reserve the maximum" baseline under the same scheduler, one block per request and layer group holding the queue's
+longest request whole (a one-entry block table, the Serving page's slot), so a request reserves its whole length at
+admission and never grows. memory_layout, memory_blocks and memory_slots are the one place that tells the two apart.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ from model.errors import InputError
 from model.serving.blocks import block_hash
 from model.serving.paged import ALIGN, FP8, PagedCache, PagedLayout, first_seen
 from model.serving.request import Request
-from model.serving.slots import SlotCache
 
 MEMORIES = ("paged", "padded")
 MAX_SLOTS = 32  # padded slots at most
@@ -39,37 +34,6 @@ class KVMemory(Protocol):
     def grow(self, request: Request, positions: int) -> bool: ...
     def free(self, request: Request) -> None: ...
     def usage(self, running: list[Request]) -> tuple[int, int]: ...
-
-
-class SlotMemory:
-    """`slots` slots of one SlotCache: a request holds the first free one from its admission to its end."""
-
-    def __init__(self, info: ModelInfo, slots: int):
-        self.info = info
-        self.cache = SlotCache(info.n_layers, slots, info.layer_windows)
-        self.holders: list[Request | None] = [None] * slots
-
-    def can_admit(self, request: Request, hit: list[list[int]]) -> bool:
-        """A free slot (a slot holds any length; no prefix cache: `hit` is empty)."""
-        return None in self.holders
-
-    def grow(self, request: Request, positions: int) -> bool:
-        """A slot for the request when it has none (False: none is free); a slot holds any length."""
-        if request.slot is None or self.holders[request.slot] is not request:
-            if None not in self.holders:
-                return False
-            request.slot = self.holders.index(None)
-            self.holders[request.slot] = request
-        return True
-
-    def free(self, request: Request) -> None:
-        self.holders[request.slot] = None
-        self.cache.free(request.slot)
-
-    def usage(self, running: list[Request]) -> tuple[int, int]:
-        """(the slots' buffers, every slot's whole capacity; what `running`'s positions fill by the cache formula)."""
-        return (self.cache.nbytes_reserved(),
-                sum(self.info.cache_bytes_formula(len(r.prompt_ids) + len(r.new_ids) - 1) for r in running))
 
 
 class BlockMemory(PagedCache):
@@ -156,6 +120,16 @@ class BlockMemory(PagedCache):
                 if table[j] is not None:
                     self.pool.free([table[j]])
                     table[j] = None
+
+    def slot_holders(self, running: list[Request], slots: int) -> list[int | None]:
+        """The padded memory's slots: per slot the request holding it (None: free). A request's block of group 0
+        tells its slot: a padded request takes one block per group, in group order, from the head of the free queue
+        and gives them back in the same order to its end, so the queue always holds whole slots (block ids s × groups
+        + g)."""
+        holders: list[int | None] = [None] * slots
+        for request in running:
+            holders[self.tables[request.id][0][0] // len(self.layout.groups)] = request.id
+        return holders
 
     def view(self, running: list[Request]) -> PoolView:
         """The pool as a page draws it: per block its first holder, holders, whether the prefix cache finds it,
@@ -264,11 +238,6 @@ def memory_slots(memory: str, layout: PagedLayout, n_blocks: int) -> int | None:
     return n_blocks // len(layout.groups) if memory == "padded" else None
 
 
-def make_memory(info: ModelInfo, *, slots: int | None = None, layout: PagedLayout | None = None,
-                n_blocks: int = 0, dtype: torch.dtype | None = None,
-                device: torch.device | None = None) -> KVMemory:
-    """`slots` slots of a SlotCache (the Serving page's), or a pool of `n_blocks` blocks of `layout` (dtype,
-    device)."""
-    if slots is not None:
-        return SlotMemory(info, slots)
+def make_memory(layout: PagedLayout, n_blocks: int, dtype: torch.dtype, device: torch.device) -> KVMemory:
+    """A pool of `n_blocks` blocks of `layout` (dtype, device)."""
     return BlockMemory(layout, n_blocks, dtype, device)

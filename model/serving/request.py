@@ -1,7 +1,7 @@
 """One request as every server of the room sees it (nano-vllm's Sequence, vLLM v1's Request): what was asked (its
 prompt, its token budget, its sampling settings, when it arrives), what it has drawn, and where its keys and values
-are — a padded slot, blocks of the pool and how many positions they hold, a tier it was moved out to, or a prefill
-worker that computes its prompt.
+are — blocks of the pool (a padded slot is one block a group) and how many positions they hold, a tier it was moved
+out to, or a prefill worker that computes its prompt.
 """
 
 from __future__ import annotations
@@ -36,27 +36,24 @@ class Request:
                                                           # per token, its log-probability and the top n (id, lp)
     cached_positions: int = 0                             # positions its first admission found in the prefix cache
     # where its keys and values are
-    slot: int | None = None                               # its padded slot
     computed: int = 0                                     # positions whose keys and values its blocks hold
     hashes: list[int] = field(default_factory=list)       # chained hashes of its prompt's full blocks cached so far
     preemptions: int = 0
     kv_at: str = "here"                                   # "here" | "tier": its blocks moved out by a preemption |
                                                           # "remote": a prefill worker computes its prompt
-    # its prompt computed (alone in a padded slot, or by a prefill worker), its first token not drawn yet
+    # its prompt computed by a prefill worker, its first token not drawn yet
     first_logits: torch.Tensor | None = None              # (vocab,) of the prompt's last position
-    prefill_ms: float = 0.0                               # that prefill's own time (a padded joiner's)
     received_kv: list[torch.Tensor] | None = None         # from a prefill worker, per block group the keys and values
                                                           # of the positions it holds, (2, group layers, n_kv,
                                                           # positions, d_head), not yet written into its blocks
 
     def restart(self) -> Request:
         """Back to not served: no tokens, no keys and values anywhere, not arrived."""
-        self.slot = self.joined_step = self.left_step = self.stop_reason = self.arrived_ms = None
+        self.joined_step = self.left_step = self.stop_reason = self.arrived_ms = None
         self.new_ids, self.token_steps, self.token_ms, self.hashes = [], [], [], []
         self.token_logprobs = []
         self.computed, self.preemptions, self.kv_at, self.cached_positions = 0, 0, "here", 0
         self.first_logits = self.received_kv = None
-        self.prefill_ms = 0.0
         return self
 
     @property

@@ -1,5 +1,5 @@
 """The Serving page's run: its queue of requests, the lengths its sliders offer, an estimate of its steps' time
-before it starts, and the server that runs it."""
+before it starts, and the engine that runs it (the padded memory: a slot per request; each prompt's pass alone)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from model.engine.generate import session_budget_bytes
 from model.engine.runtime import NativeModel
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
+from model.serving.engine import Engine, EngineSettings, longest_held
 from model.serving.measure import GREEDY, decode_work, prefill_work
+from model.serving.memory import MAX_SLOTS, memory_layout
 from model.serving.request import Request
-from model.serving.scheduler import Server
 from model.serving.timing import filler_ids
 
 
@@ -87,19 +88,31 @@ def estimate_steps(costs: PassCosts, slots: int, requests: int, prompt_lengths: 
 PAGE_LABELS = {"slots_label_text": "serving.slots", "prompt_label_text": "serving.prompt_lengths",
                "new_label_text": "serving.new_tokens"}
 
+def slot_budget(model: NativeModel, requests: list[Request], slots: int) -> int:
+    """The bytes of `slots` padded slots: each a block per layer group, of the queue's longest request whole."""
+    layout = memory_layout(model.info, "padded", 0, longest_held(model.info, requests))
+    return slots * len(layout.groups) * layout.block_bytes
+
+def slot_engine(model: NativeModel, requests: list[Request], slots: int) -> Engine:
+    """The Serving page's server: the engine over `slots` padded slots, each step's prompts in passes of their own,
+    then its decode rows in one pass."""
+    return Engine(model, requests, EngineSettings(memory="padded", budget_bytes=slot_budget(model, requests, slots),
+                                                  mixed=False))
+
 def start_serving(model: NativeModel, slots: int, requests: int, prompt_lengths: tuple[int, int],
-                  new_tokens: tuple[int, int], settings: SamplingSettings = GREEDY) -> Server:
-    """The Serving page's run, refused in the page's own terms (its controls' names)."""
+                  new_tokens: tuple[int, int], settings: SamplingSettings = GREEDY) -> Engine:
+    """The Serving page's run (slot_engine), refused in the page's own terms (its controls' names)."""
     if requests < 1:
         raise InputError("serving_requests", requests=requests)
+    if not 1 <= slots <= MAX_SLOTS:
+        raise InputError("serving_slots", slots=slots)
     if prompt_lengths[1] + new_tokens[1] >= model.info.context_length:
         raise InputError("serving_lengths", prompt=prompt_lengths[1], new=new_tokens[1],
                          context=model.info.context_length, **PAGE_LABELS)
     check_settings_or_refuse(settings)
-    try:
-        return Server(model, slots, queue(model, requests, prompt_lengths, new_tokens, settings=settings),
-                      session_budget_bytes())
-    except InputError as bad:
-        if bad.code != "serving_budget":
-            raise
-        raise InputError("serving_queue_budget", **bad.details, **PAGE_LABELS) from None
+    served = queue(model, requests, prompt_lengths, new_tokens, settings=settings)
+    budget = slot_budget(model, served, slots)
+    if budget > session_budget_bytes():
+        raise InputError("serving_queue_budget", slots=slots, mb=round(budget / 2**20),
+                         budget=round(session_budget_bytes() / 2**20), **PAGE_LABELS)
+    return slot_engine(model, served, slots)

@@ -13,11 +13,10 @@ from model.engine.sampling import MAX_SEED
 from model.errors import InputError
 from model.serving.engine import MIN_CHUNK
 from model.serving.kv_runs import DEFAULT_PADDED_SLOTS, LAYOUTS
-from model.serving.memory import POOL_DTYPES
+from model.serving.memory import MAX_SLOTS, POOL_DTYPES
 from model.serving.quality import MAX_TOKENS as MAX_QUALITY_TOKENS
 from model.serving.quality import MIN_TOKENS as MIN_QUALITY_TOKENS
 from model.serving.queues import QUEUES
-from model.serving.scheduler import MAX_SLOTS
 from model.serving.tiers import TIER_KINDS
 from model.speculative.decoding import MAX_GAMMA
 from model.tools.options import MAX_LIST_VALUES, check_option
