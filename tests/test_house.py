@@ -138,11 +138,12 @@ def test_the_batched_decode_is_the_models_own_forward():
 
 # the serving room's own floors (issue 50): the request type below the memories, the memories below the servers
 SERVING_FLOORS = {"request": 0, "blocks": 0, "slots": 1, "paged": 1, "memory": 2, "runner": 2, "tiers": 3,
-                  "scheduler": 4, "engine": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
+                  "engine": 5, "disaggregated": 6, "forecast": 6, "kv_runs": 7}
 
 
 def test_the_serving_room_imports_downward():
-    """Made red once by memory.py importing the scheduler: a memory never knows who schedules it."""
+    """Made red once by memory.py importing the scheduler (now the engine's): a memory never knows who schedules
+    it."""
     edges = graph()
     for module, level in SERVING_FLOORS.items():
         for target in edges[f"model.serving.{module}"]:

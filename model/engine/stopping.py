@@ -1,5 +1,5 @@
-"""When decoding stops: the one rule that the session loop (generate.py), the batch server
-(model/serving/scheduler.py) and speculative decoding share, checked after each new token."""
+"""When decoding stops: the one rule that the session loop (generate.py), the serving engine's requests
+(model/serving/request.py) and speculative decoding share, checked after each new token."""
 
 from __future__ import annotations
 

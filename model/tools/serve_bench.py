@@ -30,7 +30,7 @@ from model.serving.measure import (
     prefill_work,
     profile_steps,
 )
-from model.serving.scheduler import MAX_SLOTS
+from model.serving.memory import MAX_SLOTS
 from model.serving.timing import percentile
 from model.tools.options import check_list, check_option, file_target, written_at_end
 from model.tools.serve_queue import check_not_queue_options, run_queue_cli
