@@ -4,7 +4,8 @@ the profiler's ops of one step. The engine's work is model/serving/."""
 
 import streamlit as st
 
-from model.engine.llama import is_packed
+from model.engine.kernels import machine_products
+from model.engine.llama import has_tile_products, is_packed
 from model.engine.lowbit import DTYPES
 from model.engine.sampling import SamplingSettings
 from model.serving import analysis, kv_runs, timing, workload
@@ -26,7 +27,7 @@ PAGE_DEFAULTS = {"serving_server": None, "serving_for": None, "serving_dtype": "
                  "serving_requests": 8, "serving_prompt_lengths": (4, 24), "serving_new_tokens": (4, 16),
                  "serving_wanted": None, "serving_running": False, "serving_sweep": None,
                  "serving_profile": None, "serving_temperature": 0.0, "serving_top_k": 0, "serving_top_p": 1.0,
-                 "serving_seed": 0, "serving_opened_for": None}
+                 "serving_seed": 0, "serving_opened_for": None, "serving_tiles": False}
 SWEEP_BATCHES = (1, 2, 4, 8)
 SWEEP_CONTEXTS = (64, 256)
 PROFILE_STEPS = 3
@@ -42,8 +43,16 @@ if state.serving_for != (info.name, info.device):
     state.serving_server, state.serving_sweep, state.serving_profile = None, None, None
 
 
+# tile products (model/engine/lowbit.py): on a CPU that lists AMX-BF16, for the kernels' float32 or bfloat16 weights
+tiles_offered = bool(machine_products().cpu.amx_bf16) and is_packed(model.module)
+
+
+def tiles_chosen() -> bool:
+    return bool(state.serving_tiles) and tiles_offered and state.serving_dtype != "int8"
+
+
 def chosen_model():
-    return shared_model_in(model, state.serving_dtype)
+    return shared_model_in(model, state.serving_dtype, tiles_chosen())
 
 
 def sampling() -> SamplingSettings:
@@ -75,6 +84,8 @@ state.serving_new_tokens = tuple(min(v, most_new) for v in state.serving_new_tok
 with settings("serving"):
     with st.container(horizontal=True, vertical_alignment="bottom"):
         st.selectbox(t("serving.dtype"), DTYPES, key="serving_dtype", width=140, help=t("serving.dtype_help"))
+        st.toggle(t("serving.tiles"), key="serving_tiles", disabled=not tiles_offered or state.serving_dtype == "int8",
+                  help=t("serving.tiles_help" if tiles_offered else "serving.tiles_unavailable"))
         st.slider(t("serving.slots"), 1, 32, key="serving_slots", width=200, help=t("serving.slots_help"))
         st.number_input(t("serving.requests"), min_value=1, max_value=64, key="serving_requests", width=140)
         st.slider(t("serving.prompt_lengths"), 1, most_prompt, key="serving_prompt_lengths", width=220)
@@ -91,6 +102,8 @@ with settings("serving"):
 server = state.serving_server
 if server is not None and server.info.dtype != state.serving_dtype:
     st.caption(t("serving.dtype_next_run", run=server.info.dtype, chosen=state.serving_dtype))
+if server is not None and has_tile_products(server.model.module) != tiles_chosen():
+    st.caption(t("serving.tiles_next_run_on" if tiles_chosen() else "serving.tiles_next_run_off"))
 with st.spinner(t("serving.timing_passes", dtype=state.serving_dtype)):
     costs = guarded(lambda: pass_costs(chosen_model()))
 slow = True
@@ -120,6 +133,9 @@ run_sentences(t("serving.stopped", steps=len(server.steps)) if stopped else None
 if not server.steps:  # the first step was stopped or refused: nothing to draw yet
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
+tiled = has_tile_products(run_model.module)
+if tiled:
+    st.caption(t("serving.tiles_on"))
 
 # -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
@@ -176,6 +192,9 @@ product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype 
 st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device)
            + (" " + t("serving.roof_torch") if roofs.dtype != "int8" and is_packed(run_model.module) else ""))
+if tiled:  # a prefill's products ran on the tiles, above the kernels' flat roof
+    st.caption(t("serving.roof_tiles", gflops=decimal(machine(run_info.device, "bfloat16").matmul_gflops),
+                 dtype=run_info.dtype))
 module = run_model.module
 head = module.lm_head.in_features * module.lm_head.out_features
 st.markdown(t("serving.formulas", weights=number(weight_bytes(module, 1)), kv=number(run_info.cache_bytes_formula(1)),
@@ -226,4 +245,4 @@ views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last_rows))
 with st.expander(t("serving.how")):
     st.markdown(t("serving.how_text"))
     exact = "serving.how_exact_gemma" if module.architecture == "gemma3_text" else "serving.how_exact"
-    st.markdown(t(exact if is_packed(module) else "serving.how_not_exact"))
+    st.markdown(t("serving.tiles_on" if tiled else exact if is_packed(module) else "serving.how_not_exact"))

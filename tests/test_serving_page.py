@@ -521,3 +521,41 @@ def test_the_machine_s_read_roof_is_measured_once_for_every_dtype(monkeypatch):
         assert len(measured) == 1
     finally:
         ui.serving_run.machine.cache_clear()
+
+
+def amx_cpu(monkeypatch, amx: bool) -> None:
+    """This CPU seen as one that lists AMX-BF16 (or not): the page's switch and lowbit's refusal read the flags."""
+    import dataclasses
+
+    import model.engine.kernels as kernels
+    import model.engine.lowbit as lowbit
+
+    real = kernels.cpu_features()
+    seen = dataclasses.replace(real, amx_bf16=amx)
+    monkeypatch.setattr(kernels, "cpu_features", lambda flags=None: seen)
+    monkeypatch.setattr(lowbit, "cpu_features", lambda: seen)
+
+
+@needs_kernels
+def test_amx_tile_products_are_a_switch_the_page_says_is_not_bit_for_bit(monkeypatch):
+    """On a CPU with AMX-BF16 the switch serves the queue with tile products and the page says which exactness holds
+    (in the how expander too); switched off, the next Start is announced; without AMX the switch is disabled."""
+    amx_cpu(monkeypatch, True)
+    at = open_page("en", serving_tiles=True)
+    click(at, "serving_start")
+    click(at, "serving_run")
+    server = at.session_state["serving_server"]
+    from model.engine.llama import has_tile_products
+    assert server.finished and has_tile_products(server.model.module) and not at.error
+    assert text("serving.tiles_on", "en") in captions(at)
+    assert text("serving.how_exact", "en") not in [m.value for m in at.markdown]
+    at.toggle(key="serving_tiles").set_value(False).run()
+    assert text("serving.tiles_next_run_off", "en") in captions(at)
+    click(at, "serving_start")
+    assert not has_tile_products(at.session_state["serving_server"].model.module)
+    assert text("serving.tiles_on", "en") not in captions(at)
+    amx_cpu(monkeypatch, False)
+    again = open_page("vi", serving_tiles=True)
+    assert again.toggle(key="serving_tiles").disabled
+    click(again, "serving_start")
+    assert not has_tile_products(again.session_state["serving_server"].model.module)

@@ -49,13 +49,14 @@ def shared_model(name: str, device: str, allow_download: bool = False) -> Loaded
 _converted: OrderedDict[tuple[str, str, str], LoadedModel] = OrderedDict()
 
 
-def shared_model_in(model: LoadedModel, dtype: str) -> LoadedModel:
-    """The shared model with its weights in `dtype` (model/engine/lowbit.py), converted once per process and kept
-    beside the shared models, at most MAX_SHARED_MODELS of them; float32 is the model itself."""
-    key = (model.info.name, model.info.device, dtype)
+def shared_model_in(model: LoadedModel, dtype: str, tiles: bool = False) -> LoadedModel:
+    """The shared model with its weights in `dtype` (model/engine/lowbit.py), with `tiles` its products of many rows
+    on the CPU's AMX tiles, converted once per process and kept beside the shared models, at most MAX_SHARED_MODELS
+    of them; float32 without tiles is the model itself."""
+    key = (model.info.name, model.info.device, dtype, tiles)
     with _models_lock:
         if key not in _converted:
-            _converted[key] = with_weights(model, dtype)
+            _converted[key] = with_weights(model, dtype, tiles=tiles)
             while len(_converted) > MAX_SHARED_MODELS:
                 _converted.popitem(last=False)
         _converted.move_to_end(key)

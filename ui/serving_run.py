@@ -14,6 +14,7 @@ import streamlit as st
 import torch
 
 from model.engine.kernels import MachineProducts
+from model.engine.llama import has_tile_products
 from model.engine.lowbit import DTYPES
 from model.engine.runtime import LoadedModel
 from model.errors import InputError
@@ -181,9 +182,9 @@ _pass_costs: dict[tuple[str, str, str], workload.PassCosts] = {}
 
 
 def pass_costs(model: LoadedModel) -> workload.PassCosts:
-    """workload.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device and
-    dtype: not the model, which the shared models may drop)."""
-    key = (model.info.name, model.info.device, model.info.dtype)
+    """workload.pass_costs of the model in its weights' dtype, timed once per process (kept by name, device, dtype
+    and tile products: not the model, which the shared models may drop)."""
+    key = (model.info.name, model.info.device, model.info.dtype, has_tile_products(model.module))
     if key not in _pass_costs:
         _pass_costs[key] = workload.pass_costs(model)
     return _pass_costs[key]
@@ -242,7 +243,7 @@ def cpu_sentences(products: MachineProducts) -> list[str]:
         bf16 = t("serving.cpu_bf16_emulated" if cpu.avx512_bf16 is not None else "serving.cpu_bf16_unknown")
     said = [bf16]
     if cpu.amx_bf16:
-        said.append(t("serving.cpu_amx"))
+        said.append(t("serving.cpu_amx_torch" if products.bf16 == "torch" else "serving.cpu_amx"))
     said.append(t({"avx512_vnni": "serving.cpu_int8_vnni", "integer": "serving.cpu_int8_integer",
                    "none": "serving.cpu_int8_none"}[products.int8]))
     return said

@@ -1,3 +1,3 @@
-"""Serving many requests: the slotted KV cache and its batched decode, the iteration-level scheduler, what a
-step costs, and the measurements of serve-bench, profile and the Serving page. No argparse: the command line
-(model/tools/) and the pages call it."""
+"""Serving many requests: the one engine (its scheduler, its two KV memories, its runner, what moves blocks in or
+out), what a step costs, and the measurements of serve-bench, profile and the serving pages. No argparse: the
+command line (model/tools/) and the pages call it."""
