@@ -16,6 +16,10 @@ perplexity 36.34 against float32's 34.33, 83 % greedy agreement; int16 inputs: 3
 torch's own dynamic int8 (fbgemm) scales a batch's inputs with one scale per tensor, which would tie each row to the
 rows beside it.
 
+Tile products (with_weights(..., tiles=True), a CPU that lists AMX-BF16): a copy of a float32 or bfloat16 model
+whose products of many rows multiply in bfloat16 on torch's product, which oneDNN runs on the AMX tiles
+(llama.with_tile_products); faster prefills, not bit for bit.
+
 On a CPU both run in the decode kernels (model/engine/kernels.py); the converted model holds its matrices once,
 packed. bfloat16 off a CPU, or where the kernels do not build, is a bfloat16 copy on torch's own product; int8 there is
 refused with a sentence.
