@@ -134,8 +134,6 @@ if not server.steps:  # the first step was stopped or refused: nothing to draw y
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
 tiled = has_tile_products(run_model.module)
-if tiled:
-    st.caption(t("serving.tiles_on"))
 
 # -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
@@ -149,6 +147,8 @@ with why("serving-lanes"):
     st.caption(t("serving.lanes_caption", waiting=len(server.waiting)) if svg.lane_ids_written(slots)
                else t("serving.lanes_caption_no_ids", waiting=len(server.waiting), most=svg.LANE_IDS_MOST_SLOTS))
 
+if tiled:  # under the lanes, the page's key figure: which exactness holds for this run
+    st.caption(t("serving.tiles_on"))
 tokens = sum(s.tokens for s in steps)
 last = steps[-1]
 last_rows = sum(len(p.spans) for p in last.passes if p.kind == "decode")  # the last step's decode batch
