@@ -91,3 +91,38 @@ def test_serve_bench_refuses_a_dtype_the_queue_cannot_serve(argv, sentence):
                           capture_output=True, text=True, timeout=120, env={"DECODE_LAB_LANG": "en",
                                                                               **__import__("os").environ})
     assert done.returncode == 2 and sentence in done.stderr + done.stdout, done.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3():
+    """A random Gemma 3: 4 layers (3 sliding of window 24, 1 full), 4 query heads over 2 KV heads, d_head 16."""
+    from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
+    from model.engine.runtime import NativeModel
+    from tests.conftest import packed
+
+    torch.manual_seed(2)
+    cfg = Gemma3Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                       query_pre_attn_scalar=16, sliding_window=24, layer_types=(SLIDING, SLIDING, SLIDING, FULL),
+                       rope_theta=1e6, rope_local_theta=1e4)
+    return NativeModel("tiny-gemma3", packed(Gemma3(cfg)), None, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["tiny_gqa", "tiny_gemma3"])
+def test_a_tiled_bfloat16_model_attends_a_float32_pool_in_place_within_bfloat16_rounding(request, amx, name):
+    """A bfloat16 model with tile products keeps its keys and values in a float32 pool that the engine's pass reads
+    where they lie (kernels.attend_paged, its queries widened to float32): a prompt's last logits are the model's own
+    bfloat16 forward's within bfloat16 rounding. Red if attend_flat hands attend_paged a bfloat16 query."""
+    from model.serving.memory import make_memory, memory_layout, pool_dtype
+    from model.serving.runner import prompt_alone, reads_in_place, run_rows
+
+    model = with_weights(request.getfixturevalue(name), "bfloat16", tiles=True)
+    n = 40
+    ids = (torch.arange(n) * 7 % 49 + 1)[None]                                  # (1, n)
+    layout = memory_layout(model.info, "paged", 16, n)
+    cache = make_memory(layout, layout.request_blocks(n) * len(layout.groups), pool_dtype("float32", model.kv_dtype),
+                        model.device)
+    assert cache.keys.dtype == torch.float32 and reads_in_place(model.module, cache)
+    paged = run_rows(model.module, cache, prompt_alone(cache, n), ids)[0].float()  # (vocab,)
+    solo = model.module(ids).logits[0, -1].float()
+    assert (paged - solo).abs().max() <= 0.05 * solo.abs().max()

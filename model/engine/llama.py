@@ -264,9 +264,10 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
     on the decode kernels) every row's queries in one op over the keys where they lie (kernels.attend_paged), each
     query over the span its row's mask would leave it, as attend_one and attend_spans attend them: the same bits, no
     copy of a row's keys and no Python call per row."""
-    if isinstance(k, BlockKeys):
-        q = q if q.stride(-1) == 1 else q.contiguous()
-        return kernels.attend_paged(q, k.keys, k.values, k.tables, k.row, k.first, k.end, scale), None
+    if isinstance(k, BlockKeys):  # a bfloat16 model with tile products attends its float32 pool in float32
+        dtype = q.dtype
+        q = q.float() if dtype != torch.float32 else q if q.stride(-1) == 1 else q.contiguous()
+        return kernels.attend_paged(q, k.keys, k.values, k.tables, k.row, k.first, k.end, scale).to(dtype), None
     out = q.new_empty(1, q.shape[2], q.shape[1] * q.shape[3])
     at = 0
     for n, start, first, end, k_row, v_row in zip(rows.queries, rows.starts, rows.first, rows.end, k, v):

@@ -18,7 +18,9 @@ rows beside it.
 
 Tile products (with_weights(..., tiles=True), a CPU that lists AMX-BF16): a copy of a float32 or bfloat16 model
 whose products of many rows multiply in bfloat16 on torch's product, which oneDNN runs on the AMX tiles
-(llama.with_tile_products); faster prefills, not bit for bit.
+(llama.with_tile_products); faster prefills, not bit for bit. A bfloat16 one keeps its keys and values in a float32
+pool, which a pass reads in place and attends in float32 in the kernels (llama.attend_flat) instead of a gathered
+bfloat16 copy attended row by row in torch's ops.
 
 On a CPU both run in the decode kernels (model/engine/kernels.py); the converted model holds its matrices once,
 packed. bfloat16 off a CPU, or where the kernels do not build, is a bfloat16 copy on torch's own product; int8 there is
@@ -72,6 +74,8 @@ def with_weights(model: NativeModel, dtype: str, tiles: bool = False) -> NativeM
     converted.facts = model.facts
     if dtype == "int8":  # the parameters left (norms) and the cache stay float32: the name says the products
         converted.info = dataclasses.replace(converted.info, dtype="int8")
+    if tiles and dtype == "bfloat16":  # a pool it attends in place, in the kernels, in float32 (llama.attend_flat)
+        converted.info = dataclasses.replace(converted.info, kv_dtype="float32", bytes_per_element=4)
     return converted
 
 
