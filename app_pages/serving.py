@@ -6,7 +6,7 @@ import streamlit as st
 
 from model.engine.kernels import machine_products
 from model.engine.llama import has_tile_products, is_packed
-from model.engine.lowbit import DTYPES
+from model.engine.lowbit import DTYPES, tile_rows
 from model.engine.sampling import SamplingSettings
 from model.serving import analysis, kv_runs, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
@@ -134,6 +134,8 @@ if not server.steps:  # the first step was stopped or refused: nothing to draw y
     st.stop()
 run_model, run_info = server.model, server.info  # the run's own weights, whatever Weights says now
 tiled = has_tile_products(run_model.module)
+tiles_said = tiled and t("serving.tiles_on", rows=tile_rows(run_info.dtype),
+                         pool=t("serving.tiles_on_pool") if run_info.dtype == "bfloat16" else "")
 
 # -- the lanes: which request holds which slot, the page's key figure -------------------------------------------
 steps = server.steps
@@ -148,7 +150,7 @@ with why("serving-lanes"):
                else t("serving.lanes_caption_no_ids", waiting=len(server.waiting), most=svg.LANE_IDS_MOST_SLOTS))
 
 if tiled:  # under the lanes, the page's key figure: which exactness holds for this run
-    st.caption(t("serving.tiles_on"))
+    st.caption(tiles_said)
 tokens = sum(s.tokens for s in steps)
 last = steps[-1]
 last_rows = sum(len(p.spans) for p in last.passes if p.kind == "decode")  # the last step's decode batch
@@ -191,10 +193,11 @@ product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype 
 # the flat roof is torch's product, save int8's: a run whose products are the kernels' is told so
 st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device)
-           + (" " + t("serving.roof_torch") if roofs.dtype != "int8" and is_packed(run_model.module) else ""))
-if tiled:  # a prefill's products ran on the tiles, above the kernels' flat roof
-    st.caption(t("serving.roof_tiles", gflops=decimal(machine(run_info.device, "bfloat16").matmul_gflops),
-                 dtype=run_info.dtype))
+           + (" " + t("serving.roof_torch") if roofs.dtype != "int8" and is_packed(run_model.module) and not tiled
+              else ""))
+if tiled:  # its small passes in the kernels, its large ones on the tiles
+    st.caption(t("serving.roof_tiles", rows=tile_rows(run_info.dtype),
+                 gflops=decimal(machine(run_info.device, "bfloat16").matmul_gflops)))
 module = run_model.module
 head = module.lm_head.in_features * module.lm_head.out_features
 st.markdown(t("serving.formulas", weights=number(weight_bytes(module, 1)), kv=number(run_info.cache_bytes_formula(1)),
@@ -245,4 +248,4 @@ views.profile(run_model, PROFILE_STEPS, PROFILE_CONTEXT, max(1, last_rows))
 with st.expander(t("serving.how")):
     st.markdown(t("serving.how_text"))
     exact = "serving.how_exact_gemma" if module.architecture == "gemma3_text" else "serving.how_exact"
-    st.markdown(t("serving.tiles_on" if tiled else exact if is_packed(module) else "serving.how_not_exact"))
+    st.markdown(tiles_said if tiled else t(exact if is_packed(module) else "serving.how_not_exact"))

@@ -547,13 +547,14 @@ def test_amx_tile_products_are_a_switch_the_page_says_is_not_bit_for_bit(monkeyp
     server = at.session_state["serving_server"]
     from model.engine.llama import has_tile_products
     assert server.finished and has_tile_products(server.model.module) and not at.error
-    assert text("serving.tiles_on", "en") in captions(at)
+    said = text("serving.tiles_on", "en").format(rows=64, pool="")  # float32 weights: from 64 rows, no pool clause
+    assert said in captions(at)
     assert text("serving.how_exact", "en") not in [m.value for m in at.markdown]
     at.toggle(key="serving_tiles").set_value(False).run()
     assert text("serving.tiles_next_run_off", "en") in captions(at)
     click(at, "serving_start")
     assert not has_tile_products(at.session_state["serving_server"].model.module)
-    assert text("serving.tiles_on", "en") not in captions(at)
+    assert said not in captions(at)
     amx_cpu(monkeypatch, False)
     again = open_page("vi", serving_tiles=True)
     assert again.toggle(key="serving_tiles").disabled

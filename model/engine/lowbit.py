@@ -35,7 +35,14 @@ import dataclasses
 import torch
 
 from model.engine.kernels import cpu_features
-from model.engine.llama import dense_copy, is_packed, pack_linears, packed_weights, with_tile_products
+from model.engine.llama import (
+    TILE_ROWS,
+    dense_copy,
+    is_packed,
+    pack_linears,
+    packed_weights,
+    with_tile_products,
+)
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 
@@ -77,6 +84,11 @@ def with_weights(model: NativeModel, dtype: str, tiles: bool = False) -> NativeM
     if tiles and dtype == "bfloat16":  # a pool it attends in place, in the kernels, in float32 (llama.attend_flat)
         converted.info = dataclasses.replace(converted.info, kv_dtype="float32", bytes_per_element=4)
     return converted
+
+
+def tile_rows(dtype: str) -> int:
+    """The rows from which a product of `dtype`'s weights runs on the tiles (llama.TILE_ROWS)."""
+    return TILE_ROWS[getattr(torch, dtype)]
 
 
 def check_tiles(model: NativeModel, dtype: str) -> None:
