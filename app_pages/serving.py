@@ -19,6 +19,7 @@ from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
 from ui.serving_panel import run_sentences, step_time_chart, time_split_table
 from ui.serving_run import asked_steps, machine, pass_costs, run_buttons, run_steps
+from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.widgets import table_html
 
@@ -39,8 +40,18 @@ keep_across_pages(PAGE_DEFAULTS)
 model = page_start("serving")
 info = model.info
 state = st.session_state
+
+
+def drop_server() -> None:
+    """The run ends: its pool let go now, not at a garbage collection."""
+    if state.serving_server is not None:
+        state.serving_server.close()
+    state.serving_server = None
+
+
 if state.serving_for != (info.name, info.device):
-    state.serving_server, state.serving_sweep, state.serving_profile = None, None, None
+    drop_server()
+    state.serving_sweep, state.serving_profile = None, None
 
 
 # tile products (model/engine/lowbit.py): on a CPU that lists AMX-BF16, for the kernels' float32 or bfloat16 weights
@@ -67,12 +78,15 @@ def start() -> None:
         chosen_model(), int(state.serving_slots), int(state.serving_requests),
         tuple(state.serving_prompt_lengths), tuple(state.serving_new_tokens), sampling()))
     if server is not None:
+        drop_server()
+        hold(server)  # closed with the session too
         state.serving_server, state.serving_for = server, (info.name, info.device)
         state.serving_profile, state.serving_wanted = None, "one"
 
 
 def reset() -> None:
-    state.serving_server, state.serving_wanted = None, None
+    drop_server()
+    state.serving_wanted = None
 
 
 # -- the settings ------------------------------------------------------------------------------------------------

@@ -560,3 +560,16 @@ def test_amx_tile_products_are_a_switch_the_page_says_is_not_bit_for_bit(monkeyp
     assert again.toggle(key="serving_tiles").disabled
     click(again, "serving_start")
     assert not has_tile_products(again.session_state["serving_server"].model.module)
+
+
+def test_start_again_and_reset_let_the_runs_pool_go_at_once():
+    """A new Start closes the run it replaces and Reset closes the run, their pools let go then (not at a garbage
+    collection); red if either only drops the reference."""
+    at = click(open_page("en"), "serving_start")
+    first = at.session_state["serving_server"]
+    assert first.cache.keys.numel() > 0
+    click(at, "serving_start")
+    second = at.session_state["serving_server"]
+    assert second is not first and first.cache.keys.numel() == 0 and second.cache.keys.numel() > 0
+    click(at, "serving_reset")
+    assert at.session_state["serving_server"] is None and second.cache.keys.numel() == 0
