@@ -42,8 +42,17 @@ if state.paged_block_size not in BLOCK_SIZES or state.paged_block_size > info.co
     state.paged_block_size = PAGE_DEFAULTS["paged_block_size"]
 if state.paged_queue not in queues.QUEUES:
     state.paged_queue = PAGE_DEFAULTS["paged_queue"]
-if state.paged_for is not None and state.paged_for[0] != (info.name, info.device):
+
+
+def drop_run() -> None:
+    """The run ends: its pool let go now, not at a garbage collection."""
+    if state.paged_run is not None:
+        state.paged_run.close()
     state.paged_run, state.paged_compared = None, None
+
+
+if state.paged_for is not None and state.paged_for[0] != (info.name, info.device):
+    drop_run()
 
 
 def requests():
@@ -109,7 +118,8 @@ def start() -> None:
         return
     live = chosen_variants()[0]
     run = guarded_in_callback(lambda: kv_runs.QueueRun(model, requests(), live.settings))
-    state.paged_run, state.paged_compared = run, None
+    drop_run()
+    state.paged_run = run
     if run is not None:
         hold(run)
         state.paged_wanted = "one"

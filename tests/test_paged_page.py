@@ -94,6 +94,16 @@ def test_reset_gives_every_block_back_and_the_run_starts_over():
     assert len(run.steps) == 1
 
 
+def test_start_again_lets_the_replaced_runs_pool_go_at_once():
+    """A new Start closes the run it replaces (its pool let go then, not at a garbage collection); red if it only
+    drops the reference."""
+    at = click(open_page(), "paged_start")
+    first = at.session_state["paged_run"]
+    assert first.server.cache.keys.numel() > 0
+    click(at, "paged_start")
+    assert at.session_state["paged_run"] is not first and first.server.cache.keys.numel() == 0
+
+
 def test_a_visit_to_another_page_and_back_keeps_the_run():
     at = click(click(open_page(), "paged_start"), "paged_next")
     run = at.session_state["paged_run"]
