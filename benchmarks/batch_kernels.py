@@ -23,24 +23,20 @@ from conditions import p50_p95, print_conditions
 from model.engine.llama import Linear, dense_copy
 from model.engine.loading import load_model
 from model.engine.runtime import NativeModel
-from model.serving.measure import filled_slots
-from model.serving.slots import decode_rows
+from model.serving.measure import decode_pass, filled_memory
 from model.serving.timing import filler_ids
 
 
 def step_timer(model: NativeModel, batch: int, lengths: list[int]):
-    """A function that runs one decode step of `batch` rows at `lengths` and returns its milliseconds (the rows are
-    rewound after it, so every call sees the same lengths)."""
-    cache = filled_slots(model, batch, max(lengths))
-    cache.lengths[:batch] = lengths
+    """A function that runs one decode step of `batch` rows at `lengths` through the serving engine's runner and
+    returns its milliseconds (every call writes the same positions, so sees the same lengths)."""
+    memory = filled_memory(model, batch, max(lengths))
     tokens = filler_ids(model, batch, seed=1)
 
     def one_step() -> float:
         t0 = time.perf_counter()
-        decode_rows(model.module, cache, tokens)
-        ms = (time.perf_counter() - t0) * 1000
-        cache.lengths[:batch] = lengths
-        return ms
+        decode_pass(model, memory, lengths, tokens)
+        return (time.perf_counter() - t0) * 1000
     return one_step
 
 

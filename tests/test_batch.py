@@ -1,6 +1,6 @@
-"""Batched decode (model/serving/): every row of a batch equals its solo run, with requests joining and leaving
-mid-run, on a random GQA Llama, small, SmolLM2, a random Gemma 3 whose window is shorter than the rows, and Gemma 3
-270M; each row's cache bytes are the formula of its own length."""
+"""Batched decode (model/serving/, the Serving page's engine over padded slots): every row of a batch equals its solo
+run, with requests joining and leaving mid-run, on a random GQA Llama, small, SmolLM2, a random Gemma 3 whose window
+is shorter than the rows, and Gemma 3 270M."""
 
 import itertools
 import time
@@ -13,7 +13,6 @@ from test_gemma3 import needs_model as needs_gemma3
 from test_smollm2 import needs_model
 
 from model.engine import kernels
-from model.engine.cache import CROP_MARGIN
 from model.engine.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from model.engine.generate import run_to_end, start
 from model.engine.loading import load_model
@@ -25,7 +24,6 @@ from model.errors import InputError
 from model.serving import workload
 from model.serving.engine import Engine
 from model.serving.request import Request
-from model.serving.slots import SlotCache, decode_rows
 from model.serving.workload import slot_engine
 
 TOL = 1e-5  # the issue's bound
@@ -101,44 +99,29 @@ def prompts_of(model, lengths: list[int]) -> list[list[int]]:
     return [rng.integers(4, model.info.vocab_size, size=n).tolist() for n in lengths]
 
 
-def check_rows_equal_solo(model, lengths: list[int], new_tokens: int, slots: int, tol: float = TOL):
-    """Drive a SlotCache by hand: requests take slots as they free, prefilled alone, decoded together; a request
-    leaves after `new_tokens` and the next waiting one takes its slot at once. Every logit against the solo run."""
-    prompts = prompts_of(model, lengths)
-    solo = [solo_run(model, p, new_tokens) for p in prompts]
-    cache = SlotCache(model.info.n_layers, slots, model.info.layer_windows)
-    waiting, holders = list(range(len(prompts))), [None] * slots
-    got: dict[int, list[np.ndarray]] = {i: [] for i in range(len(prompts))}
-    batch_sizes = set()
-    while waiting or any(h is not None for h in holders):
-        for s in range(slots):
-            if holders[s] is None and waiting:
-                r = waiting.pop(0)
-                solo_cache = model.new_cache()
-                logits, _ = model.forward(prompts[r], solo_cache, output_attentions=False)
-                cache.load(s, solo_cache)
-                holders[s] = r
-                got[r].append(logits.float().numpy())
-        busy = [s for s in range(slots) if holders[s] is not None]
-        rows = max(busy) + 1
-        tokens = [int(np.argmax(got[holders[s]][-1])) if holders[s] is not None else 0 for s in range(rows)]
-        logits = decode_rows(model.module, cache, tokens).numpy()  # (rows, vocab)
-        batch_sizes.add(len(busy))
-        for s in busy:
-            r = holders[s]
-            got[r].append(logits[s])
-            # the row's cache holds exactly its own positions: the formula's bytes of its own length
-            row = cache.row(s)
-            assert row.length == lengths[r] + len(got[r]) - 1
-            assert row.nbytes() == model.info.cache_bytes_formula(row.length)
-            if len(got[r]) == new_tokens:
-                holders[s] = None
-                cache.free(s)
-    for r, (solo_logits, solo_tokens) in enumerate(solo):
-        diffs = [np.abs(a - b).max() for a, b in zip(solo_logits, got[r])]
-        assert max(diffs) <= tol, (r, max(diffs))
-        assert [int(np.argmax(x)) for x in got[r][:new_tokens]] == solo_tokens
-    return batch_sizes
+def check_rows_equal_solo(model, lengths: list[int], new_tokens: int, slots: int, tol: float = TOL) -> set[int]:
+    """The Serving page's engine (workload.slot_engine: padded slots, each prompt's pass alone, then the decode rows
+    in one pass): requests take slots as they free, and one that leaves after `new_tokens` gives its slot to the next
+    waiting one. Every logit each request draws from against its solo run; returns the decode passes' row counts."""
+    requests = [Request(i, p, new_tokens, ignore_eos=True) for i, p in enumerate(prompts_of(model, lengths))]
+    seen: dict[int, list[np.ndarray]] = {}
+    choose = Request.choose
+
+    def recorded(self, logits):
+        seen.setdefault(self.id, []).append(logits.float().numpy().copy())
+        return choose(self, logits)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Request, "choose", recorded)
+        server = slot_engine(model, requests, slots)
+        while not server.finished:
+            server.step()
+    for r in requests:
+        solo_logits, solo_tokens = solo_run(model, r.prompt_ids, new_tokens)
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(solo_logits, seen[r.id]))
+        assert worst <= tol, (r.id, worst)
+        assert r.new_ids == solo_tokens
+    return {len(p.spans) for s in server.steps for p in s.passes if p.kind == "decode"}
 
 
 def test_random_gqa_rows_equal_their_solo_runs_with_joins_and_leaves(tiny_gqa):
@@ -170,22 +153,6 @@ def test_random_gemma3_rows_equal_their_solo_runs_past_the_window(tiny_gemma3):
     # every row passes the window of 4: its sliding layers attend over its own 4 latest positions only
     sizes = check_rows_equal_solo(tiny_gemma3, [3, 11, 7, 1, 20], new_tokens=6, slots=3)
     assert 3 in sizes
-
-
-def test_random_gemma3_rows_move_their_window_to_the_front(tiny_gemma3, monkeypatch):
-    """A row that runs past window + 2 × CROP_MARGIN positions in its slot moves its latest ones to the buffer's
-    front, while the others go on where they are: the logits stay the solo run's all along."""
-    moves = []
-    move = SlotCache._move_to_front
-    monkeypatch.setattr(SlotCache, "_move_to_front", lambda self, slot, start: (moves.append((slot, start)),
-                                                                                move(self, slot, start)))
-    most = GEMMA3_WINDOW + 2 * CROP_MARGIN
-    check_rows_equal_solo(tiny_gemma3, [2, 100, 30], new_tokens=most, slots=2)
-    # each moves when its next position would be the buffer's most + 1-th: then it keeps its window − 1 +
-    # CROP_MARGIN latest positions. The row of 100 starts its buffer at position 96 (its window), so it moves first,
-    # at length 96 + most; the row of 2 at length most; the row of 30 takes slot 0 after it, from position 26
-    keep = GEMMA3_WINDOW - 1 + CROP_MARGIN
-    assert moves == [(1, 96 + most - keep), (0, most - keep), (0, 26 + most - keep)]
 
 
 @needs_kernels

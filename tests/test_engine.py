@@ -402,11 +402,15 @@ def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(d
     product, RoPE; the caller's cache write; kernels.decode_out: attention, output product plus the residual, norm,
     gate/up product, silu_mul, down product plus the residual). It gives the bits of the
     block's own twenty-odd ops: the logits, the attention weights, q, k and v of a layer, and the cache, for a solo
-    decode and for a batch of rows of different lengths over a slotted cache. It breaks if RoPE's two products are
-    fused into one multiply-add (kernels.cpp's `rounded`; made red once), if a residual is added to another row, or if
-    a row reads keys outside its span (every row the first's length: made red once)."""
+    decode; and a pass of decode rows of different lengths over a paged pool (the serving runner's, the layer as
+    Block.pass_in_place) gives the bits of the same ops. It breaks if RoPE's two products are fused into one
+    multiply-add (kernels.cpp's `rounded`; made red once), if a residual is added to another row, or if a row reads
+    keys outside its span."""
     from model.engine.llama import Block, Probe, pack_linears
-    from model.serving.slots import SlotCache, decode_rows
+    from model.serving.memory import BlockMemory
+    from model.serving.paged import PagedLayout, Row, layer_groups
+    from model.serving.request import Request
+    from model.serving.runner import run_rows
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -426,12 +430,13 @@ def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(d
         cache = module.new_cache()
         module(torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(1)), cache)
         solo = [module(torch.tensor([[t]]), cache, probe=Probe(attentions=True, qkv_layer=1)) for t in (5, 17, 33)]
-        slots = SlotCache(cfg.num_hidden_layers, 3)
-        for slot, n in enumerate((9, 4, 7)):
-            row = module.new_cache()
-            module(torch.arange(n)[None] + slot, row)
-            slots.load(slot, row)
-        batch = [decode_rows(module, slots, [t, t + 1, t + 2]) for t in (3, 8)]
+        lengths = (9, 4, 7)
+        pool = BlockMemory(PagedLayout(layer_groups((None,) * 2), 4, 2, 16, 4), 12, torch.float32, torch.device("cpu"))
+        for r, n in enumerate(lengths):
+            pool.grow(Request(r, [], 2), n + 2)
+            run_rows(module, pool, [Row(r, 0, n, True, n)], torch.arange(n)[None] + r)
+        batch = [run_rows(module, pool, [Row(r, n + i, 1, False, n + i + 1) for r, n in enumerate(lengths)],
+                          torch.tensor([[t, t + 1, t + 2]])) for i, t in enumerate((3, 8))]
         return solo, cache, batch
 
     (solo, cache, batch), (solo_ops, cache_ops, batch_ops) = solo_and_batch(True), solo_and_batch(False)

@@ -19,10 +19,11 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
-from model.serving.memory import MAX_SLOTS
+from model.serving.memory import MAX_SLOTS, BlockMemory, make_memory, memory_layout, padded_bytes
+from model.serving.paged import Row
 from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.request import Request
-from model.serving.slots import SlotCache, decode_rows
+from model.serving.runner import run_rows
 from model.serving.timing import (
     INT8_PEAK_ROWS,
     copy_bandwidth,
@@ -102,15 +103,13 @@ class Work:
         return self.tokens / (self.p50 / 1000)
 
 def check_batch(model: NativeModel, slots: int, longest: int, budget_bytes: int) -> None:
-    """A batch a SlotCache can run within the session's memory budget, else one sentence: the native engine (Llama
-    or Gemma 3), 1 to MAX_SLOTS slots, and the slot buffers, which double ahead and so may reserve up to twice the
-    longest request's cache in every slot (a sliding layer's window + 2 × CROP_MARGIN ≤ twice its window), within
-    `budget_bytes`."""
+    """A batch the engine's padded memory can hold within the session's memory budget, else one sentence: the native
+    engine (Llama or Gemma 3), 1 to MAX_SLOTS slots, each of `longest` positions, within `budget_bytes`."""
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
     if not 1 <= slots <= MAX_SLOTS:
         raise InputError("serving_slots", slots=slots)
-    needed = 2 * slots * model.info.cache_bytes_formula(longest)
+    needed = padded_bytes(model.info, slots, longest)
     if needed > budget_bytes:
         raise InputError("serving_budget", slots=slots, mb=round(needed / 2**20), budget=round(budget_bytes / 2**20))
 
@@ -121,16 +120,34 @@ def checked_batch(model: NativeModel, batch: int, context: int) -> None:
     check_batch(model, batch, context + 1, session_budget_bytes())
 
 @torch.inference_mode()
-def filled_slots(model: NativeModel, batch: int, context: int, tick: Callable[[], None] | None = None) -> SlotCache:
-    """`batch` slots each holding the same `context` prefilled positions of filler ids; tick() runs after each layer
-    of the prefill (a caller that may stop there)."""
-    solo = model.new_cache()
-    model.forward(filler_ids(model, context), solo, output_attentions=False,
-                  after_layer=None if tick is None else lambda _: tick())
-    cache = SlotCache(model.info.n_layers, batch, model.info.layer_windows)
-    for slot in range(batch):
-        cache.load(slot, solo)
-    return cache
+def filled_memory(model: NativeModel, batch: int, context: int,
+                  tick: Callable[[], None] | None = None) -> BlockMemory:
+    """The engine's padded memory (the Serving page's) with `batch` requests, request r in slot r, each holding the
+    same `context` prefilled positions of filler ids and room for one more: request 0's prompt through the runner,
+    its blocks copied into the others'. tick() runs after each layer of the prefill (a caller that may stop there)."""
+    layout = memory_layout(model.info, "padded", 0, context + 1)
+    memory = make_memory(layout, batch * len(layout.groups), model.kv_dtype, model.device)
+    ids = filler_ids(model, context)
+    requests = [Request(r, ids, 1) for r in range(batch)]
+    for request in requests:
+        memory.grow(request, context + 1)
+    run_rows(model.module, memory, [Row(0, 0, context, True, context)], torch.tensor([ids], device=model.device),
+             None if tick is None else lambda _: tick())
+    source = [block for table in memory.tables[0] for block in table]
+    for request in requests[1:]:
+        copies = [block for table in memory.tables[request.id] for block in table]
+        for store in (memory.keys, memory.values):
+            store[:, :, copies] = store[:, :, source]
+    return memory
+
+@torch.inference_mode()
+def decode_pass(model: NativeModel, memory: BlockMemory, lengths: list[int], tokens: list[int],
+                after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+    """One decode step over requests 0 .. len(lengths) − 1 of `memory` through the runner (the engine's step), row r
+    feeding tokens[r] at position lengths[r] over the keys before it: the logits (rows, vocab). Nothing moves on, so
+    the next call writes the same positions (a timed step repeated sees the same lengths)."""
+    rows = [Row(r, n, 1, False, n + 1) for r, n in enumerate(lengths)]
+    return run_rows(model.module, memory, rows, torch.tensor([tokens], device=model.device), after_layer)
 
 def row_requests(batch: int, settings: SamplingSettings) -> list[Request]:
     """One request per row, drawing with `settings`, row r with seed settings.seed + r."""
@@ -138,20 +155,19 @@ def row_requests(batch: int, settings: SamplingSettings) -> list[Request]:
 
 def decode_work(model: NativeModel, batch: int, context: int, repeats: int,
                 settings: SamplingSettings = GREEDY, tick: Callable[[], None] | None = None) -> Work:
-    """A decode step of `batch` rows over `context` cached positions each (each repeat rewinds the rows, so every
-    repeat sees the same lengths), each row's token then drawn with `settings` (greedy: the argmax): its times, the
-    bytes it reads (every weight once + each row's cache) and FLOPs. tick() runs between the untimed prefill's
-    layers and between the timed steps (a caller that may stop there)."""
+    """A decode step of `batch` rows over `context` cached positions each (every repeat writes the same positions),
+    each row's token then drawn with `settings` (greedy: the argmax): its times, the bytes it reads (every weight
+    once + each row's cache) and FLOPs. tick() runs between the untimed prefill's layers and between the timed steps
+    (a caller that may stop there)."""
     checked_batch(model, batch, context)
     check_settings_or_refuse(settings)
-    cache = filled_slots(model, batch, context, tick)
+    memory = filled_memory(model, batch, context, tick)
     tokens = filler_ids(model, batch, seed=1)
     rows = row_requests(batch, settings)
 
     def one_step():
-        logits = decode_rows(model.module, cache, tokens)
-        [row.choose(row_logits) for row, row_logits in zip(rows, logits)]
-        cache.lengths[:batch] = [context] * batch
+        logits = decode_pass(model, memory, [context] * batch, tokens)
+        [row.choose(row_logits.float()) for row, row_logits in zip(rows, logits)]
 
     ms = timed(model.device, one_step, repeats, tick)
     cache_bytes = [model.info.cache_bytes_formula(context + 1)] * batch
@@ -219,10 +235,9 @@ def accuracy(reference: NativeModel, other: NativeModel, dtype: str) -> Accuracy
         for _ in range(new_tokens - 1):
             logits, _ = reference.forward(ids[len(ids) - 1:] if cache.length else ids, cache, output_attentions=False)
             ids.append(int(logits.argmax()))
-        x = torch.tensor([ids], device=reference.device)                          # (1, T)
         predicting = slice(prompt_len - 1, len(ids))                               # each new token, and the next
-        ref = reference.module(x).logits[0, predicting].float()                     # (new tokens, vocab)
-        low = other.module(x).logits[0, predicting].float()
+        ref = reference.every_logits(ids, None)[predicting].float()                 # (new tokens, vocab)
+        low = other.every_logits(ids, None)[predicting].float()
         worst = max(worst, float((ref - low).abs().max()))
         agree += int((ref.argmax(-1) == low.argmax(-1)).sum())
         total += ref.shape[0]
@@ -243,19 +258,17 @@ def profile_steps(model: NativeModel, batch: int, context: int, steps: int,
     time; trace_file gets the Chrome-trace JSON (Perfetto and chrome://tracing open it). tick() runs between the
     layers of the unprofiled prefill and warm-up, and between the profiled steps (a caller that may stop there)."""
     checked_batch(model, batch, context)
-    cache = filled_slots(model, batch, context, tick)
-    tokens = filler_ids(model, batch, seed=1)
+    memory = filled_memory(model, batch, context, tick)
+    tokens, lengths = filler_ids(model, batch, seed=1), [context] * batch
     activities = [torch.profiler.ProfilerActivity.CPU]
     if model.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    decode_rows(model.module, cache, tokens, None if tick is None else lambda _: tick())  # warm-up, not profiled
-    cache.lengths[:batch] = [context] * batch
+    decode_pass(model, memory, lengths, tokens, None if tick is None else lambda _: tick())  # warm-up, not profiled
     with torch.profiler.profile(activities=activities) as prof:
         for i in range(steps):
             with torch.profiler.record_function(f"decode step {i}"):
-                decode_rows(model.module, cache, tokens)
+                decode_pass(model, memory, lengths, tokens)
                 synchronize(model.device)
-            cache.lengths[:batch] = [context] * batch
             if tick is not None:
                 tick()
     if trace_file:

@@ -192,6 +192,12 @@ def memory_layout(info: ModelInfo, memory: str, block_size: int, longest: int,
     return dataclasses.replace(layout, bytes_per_element=1) if kv_dtype == "fp8" else layout
 
 
+def padded_bytes(info: ModelInfo, slots: int, longest: int) -> int:
+    """The bytes of `slots` padded slots of `longest` positions: a block per layer group each."""
+    layout = memory_layout(info, "padded", 0, longest)
+    return slots * len(layout.groups) * layout.block_bytes
+
+
 def pool_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
     """The tensor dtype of a pool of `kv_dtype` ("float32": the model's own keys' dtype)."""
     return FP8 if kv_dtype == "fp8" else model_dtype

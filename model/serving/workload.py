@@ -14,7 +14,7 @@ from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.engine import Engine, EngineSettings, longest_held
 from model.serving.measure import GREEDY, decode_work, prefill_work
-from model.serving.memory import MAX_SLOTS, memory_layout
+from model.serving.memory import MAX_SLOTS, padded_bytes
 from model.serving.request import Request
 from model.serving.timing import filler_ids
 
@@ -89,9 +89,8 @@ PAGE_LABELS = {"slots_label_text": "serving.slots", "prompt_label_text": "servin
                "new_label_text": "serving.new_tokens"}
 
 def slot_budget(model: NativeModel, requests: list[Request], slots: int) -> int:
-    """The bytes of `slots` padded slots: each a block per layer group, of the queue's longest request whole."""
-    layout = memory_layout(model.info, "padded", 0, longest_held(model.info, requests))
-    return slots * len(layout.groups) * layout.block_bytes
+    """The bytes of `slots` padded slots, each of the queue's longest request whole."""
+    return padded_bytes(model.info, slots, longest_held(model.info, requests))
 
 def slot_engine(model: NativeModel, requests: list[Request], slots: int) -> Engine:
     """The Serving page's server: the engine over `slots` padded slots, each step's prompts in passes of their own,
