@@ -1,26 +1,9 @@
-"""Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill, whose KV connector sends a
-prompt's KV cache from the prefill instance to the decode one): a prefill worker, a second process with the same
-model, computes each arriving prompt's keys and values and sends them with its last position's logits; this process,
-the decode worker, writes them into blocks of its pool and decodes (engine.Engine, its prompts "received"); the
-worker is the engine's connector (PrefillConnector).
-
-- Two channels, as a serving engine has: the requests go to the prefill worker over a pipe (a few ids), the keys,
-  values and logits come back over torch.distributed: send / recv, rank 1 to rank 0, in a process group of the pair's
-  own (a FileStore in a private temporary folder), not the process's one default group, so that each session's worker
-  has its own and several run at once. The backend (pairing): NCCL where the worker can have a GPU of its own (two
-  or more GPUs: the next one); gloo, through host memory, on a CPU and on a one-GPU machine, where the worker shares
-  the GPU (NCCL refuses two ranks on one device, "Duplicate GPU detected": NVIDIA/nccl#418). The pipe says when a
-  prompt's keys and values are ready, so that this process only calls `recv` for a tensor the worker is sending
-  and never waits on a worker that is gone.
-- What is sent is what the cache formula counts (counting.cache_bytes_formula, ModelInfo.cache_bytes_formula): per
-  layer its keys and values of the prompt's positions, a sliding layer's last `window` of them (Gemma 3), the pool's
-  dtype: layers × 2 × KV heads × head dim × positions × bytes. Each transfer's bytes are counted from the tensors
-  received, beside the formula.
-- The prefill worker prefills a prompt as a solo run does (one masked row over the prompt, paged.PagedPass), so the
-  logits it sends and the keys and values are its solo run's bits; every request's tokens stay its solo run's.
-- A worker that fails to start (within STARTUP_S) or dies during the run: the run goes on in this process, every
-  prompt not yet received prefilled here, and says so (`failure`); a reset ends the worker (a new one starts at the
-  next step), and so does the run's last step.
+"""Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill): a prefill worker, a second
+process with the same model, prefills each arriving prompt as a solo run does (one masked row, the runner's pass)
+and sends its keys and values (what the cache formula counts) and its last logits; this process writes them into
+blocks of its pool and decodes. The worker is the engine's connector (PrefillConnector). Requests go over a pipe,
+tensors over torch.distributed in a process group of the pair's own. A worker that does not start or dies leaves the
+run to go on here, saying so. docs/serving.md, "Prefill and decode on two workers", says how and what was measured.
 """
 
 from __future__ import annotations
@@ -36,7 +19,7 @@ import time
 import types
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -44,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from model.engine.loading import load_model
-from model.engine.runtime import LoadedModel, NativeModel
+from model.engine.runtime import LoadedModel, ModelInfo, NativeModel
 from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedCache, PagedLayout
 from model.serving.request import Request
@@ -81,12 +64,11 @@ def pairing(device: torch.device) -> Pairing:
     return Pairing("gloo", str(device))
 
 
-def backend(device: torch.device) -> str:
-    return pairing(device).backend
-
-
-def pair_group(store: dist.Store, rank: int, backend_name: str):
-    """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through `store`."""
+def pair_group(store_file: str, rank: int, backend_name: str):
+    """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through a FileStore at
+    `store_file`."""
+    store = dist.FileStore(store_file, 2)
+    store.set_timeout(timedelta(seconds=TRANSFER_S))
     if backend_name == "nccl":
         return dist.ProcessGroupNCCL(store, rank, 2)
     return dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=TRANSFER_S))
@@ -101,10 +83,9 @@ def worker_device(device: str) -> str:
     return device
 
 
-def held_positions(layout: PagedLayout, n: int) -> list[int]:
-    """Per group, the positions of an n-position prompt the cache holds and the worker sends: all n, a sliding
-    group its last `window` (the formula's min(n, window))."""
-    return [n if group.window is None else min(n, group.window) for group in layout.groups]
+def held_positions(info: ModelInfo, layout: PagedLayout, n: int) -> list[int]:
+    """Per group, the positions of an n-position prompt the cache holds and the worker sends."""
+    return [info.held_positions(group.layers[0], n) for group in layout.groups]
 
 
 @dataclass(frozen=True)
@@ -125,12 +106,9 @@ def prefill_worker(conn, store_file: str, model_name: str, device: str, block_si
     torch.set_num_threads(threads)
     model = load_model(model_name, worker_device(device))
     conn.send(("ready",))
-    rendezvous = dist.FileStore(store_file, 2)
-    rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
-    group = pair_group(rendezvous, 1, backend_name)
+    group = pair_group(store_file, 1, backend_name)
     layout = PagedLayout.of(model.info, block_size)
-    cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.kv_dtype,
-                       model.device)
+    cache = PagedCache(layout, layout.request_blocks(model.info.context_length), model.kv_dtype, model.device)
     wire = model.device if backend_name == "nccl" else torch.device("cpu")
     with torch.inference_mode():
         while True:
@@ -144,7 +122,7 @@ def prefill_worker(conn, store_file: str, model_name: str, device: str, block_si
             logits = run_rows(model.module, cache, rows, torch.tensor([ids], device=model.device))[0].float()
             prefill_ms = (time.perf_counter() - t0) * 1000
             parts = []
-            for table, held in zip(cache.tables[0], held_positions(layout, n)):
+            for table, held in zip(cache.tables[0], held_positions(model.info, layout, n)):
                 at = torch.tensor(table, device=model.device)
                 keys, values = (store[:, :, at].flatten(2, 3)[:, :, n - held:n] for store in
                                 (cache.keys, cache.values))       # (layers, n_kv, held, d_head)
@@ -175,10 +153,8 @@ def end_worker(conn, process, reserved: int, store_dir: str) -> None:
     max_workers() free again, the pair's store deleted."""
     _live_workers.discard(reserved)
     shutil.rmtree(store_dir, ignore_errors=True)
-    try:
+    with suppress(OSError):
         conn.send(("stop",))
-    except OSError:
-        pass
     process.join(5)
     if process.is_alive():
         process.kill()
@@ -195,7 +171,7 @@ class WorkersBusy(WorkerGone):
     1.25 GB), so a classroom server's tabs could otherwise exhaust its memory."""
 
 
-_live_workers: set[int] = set()  # the pids of this process's prefill workers, alive
+_live_workers: set[int] = set()  # a place per prefill worker of this process, taken before its process starts
 _workers_lock = threading.Lock()
 
 
@@ -259,8 +235,6 @@ class PrefillWorker:
         # whatever host it is given)
         self.store_dir = tempfile.mkdtemp(prefix="decode-lab-pair-")
         store_file = os.path.join(self.store_dir, "store")
-        self.rendezvous = dist.FileStore(store_file, 2)
-        self.rendezvous.set_timeout(timedelta(seconds=TRANSFER_S))
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
             child, store_file, model_name, self.pairing.worker_device, block_size, torch.get_num_threads(),
             self.pairing.backend))
@@ -272,7 +246,7 @@ class PrefillWorker:
         try:
             if self._next(STARTUP_S) != ("ready",):
                 raise WorkerGone
-            self.group = pair_group(self.rendezvous, 0, self.pairing.backend)
+            self.group = pair_group(store_file, 0, self.pairing.backend)
         except (WorkerGone, OSError, RuntimeError, ValueError):
             self.stop()
             raise WorkerGone from None
@@ -303,7 +277,7 @@ class PrefillWorker:
             return None
         _, request, prefill_ms, n = self._next(TRANSFER_S)
         layout = self.layout
-        held = held_positions(layout, n)
+        held = held_positions(self.model.info, layout, n)
         per_position = 2 * layout.group_layers * layout.n_kv_heads * layout.d_head
         logits = torch.empty(self.model.info.vocab_size, dtype=torch.float32, device=self.wire)
         kv = torch.empty(sum(held) * per_position, dtype=self.model.kv_dtype, device=self.wire)

@@ -55,7 +55,7 @@ from model.serving.memory import (
 from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
-from model.serving.tiers import Offload, check_tier, tier_maker
+from model.serving.tiers import Offload, check_tier, tier_maker, tier_slots
 
 MIN_CHUNK = 16     # positions of a prefill chunk at least
 MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow (vLLM's max_num_seqs)
@@ -264,11 +264,9 @@ class Engine:
         self.connector = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
-            slots = (self.cache.n_blocks if settings.tier_bytes is None
-                     else settings.tier_bytes // self.layout.block_bytes)
+            slots = tier_slots(self.layout, settings.budget_bytes, settings.tier_bytes)
             self.offload = Offload(tier_maker(settings.offload, settings.tier_folder, slots, self.layout,
-                                              self.cache.keys.dtype),
-                                   self.layout.block_bytes, settings.swap_from)
+                                              self.cache.keys.dtype), self.layout.block_bytes, settings.swap_from)
 
     @property
     def finished(self) -> bool:

@@ -1,25 +1,7 @@
-"""A second, slower tier for the paged cache's blocks: a preempted request's blocks moved out of the pool and back
-in, its computed positions kept, instead of computed again (vLLM V0's preemption by swap, `_preempt_by_swap` into
-its CPU `swap_space`; LMCache's and vLLM V1's OffloadingConnector's offload of KV blocks to slower, larger tiers).
-
-- A Tier holds block slots beside the pool, each slot one block's K and V (2 × its group's layers × KV heads ×
-  block size × head dim elements, the pool's dtype), with a hash of each slot's bytes taken at the move out and
-  checked at the move back (blake2b): a block that comes back damaged is not used, and its request is computed
-  again. `disk_tier`: a file on disk, written and read through its descriptor (pwrite, pread: a file cut short mid-run
-  gives a damaged block, not a SIGBUS), its whole size reserved when it is made (posix_fallocate, so that a disk that
-  fills later cannot fail a write into it); on this CPU machine a write lands in the kernel's page cache, written to
-  the disk when the kernel chooses, so a move is a copy into it. `host_tier`: host memory (pinned), for a pool on a
-  GPU.
-- Offload moves a victim's blocks out when it holds at least `swap_from` positions (the crossover measured on this
-  machine; None: never), its request waiting at the front of the queue as a recomputed one would; when it is
-  admitted again its blocks come back into free blocks of the pool and it goes on where it stopped. A victim is
-  computed again when the tier has no room, cannot be made, or gave a block back damaged; each step says which.
-- measure_crossover times, on this machine and model, the move out, the move back and the recompute (a prefill of
-  the same positions, one pass of the server's own) at positions from one block up; the crossover is the fewest
-  positions from which moving out and back beats recomputing at every larger measured point.
-
-Every token stays its solo run's: a block comes back with the bits it left with (checked), into the table place it
-left, and a request goes on from the same positions.
+"""A second, slower tier for the paged cache's blocks (vLLM V0's preemption by swap, LMCache's and vLLM V1's
+OffloadingConnector): a preempted request's blocks moved out of the pool, checked when they come back, and its
+computed positions kept instead of computed again; and the crossover, measured on this machine, from which a move out
+and back beats the recompute. docs/serving.md, "Serving III", says how and what was measured.
 """
 
 from __future__ import annotations
@@ -66,9 +48,22 @@ def block_shape(layout: PagedLayout) -> tuple[int, ...]:
     return 2, layout.group_layers, layout.n_kv_heads, layout.block_size, layout.d_head
 
 
+def held(tables: list[list[int | None]]) -> list[int]:
+    """The blocks (or slots) of a request's tables in order, without the places a sliding window let go."""
+    return [b for table in tables for b in table if b is not None]
+
+
+def slot_bytes(layout: PagedLayout, dtype: torch.dtype) -> int:
+    return math.prod(block_shape(layout)) * dtype.itemsize
+
+
+def as_bytes(block: torch.Tensor) -> memoryview:
+    """A contiguous block's bytes, in place (a write reads them, a read fills them; any dtype, bfloat16's too)."""
+    return memoryview(block.view(torch.uint8).numpy()).cast("B")
+
+
 def digest(block: torch.Tensor) -> bytes:
-    """A block's bytes hashed (the bytes of any dtype, bfloat16's too)."""
-    return hashlib.blake2b(memoryview(block.contiguous().view(torch.uint8).numpy()), digest_size=16).digest()
+    return hashlib.blake2b(as_bytes(block.contiguous()), digest_size=16).digest()
 
 
 class Tier:
@@ -78,11 +73,11 @@ class Tier:
     OSError, which comes back as a damaged block, not as a SIGBUS that would end the whole server. A host tier's lie
     in `store`."""
 
-    def __init__(self, kind: str, n_slots: int, shape: tuple[int, ...], dtype: torch.dtype,
+    def __init__(self, kind: str, n_slots: int, layout: PagedLayout, dtype: torch.dtype,
                  store: torch.Tensor | None = None, path: Path | None = None, fd: int | None = None):
-        self.kind, self.n_slots, self.shape, self.dtype = kind, n_slots, shape, dtype
+        self.kind, self.n_slots, self.shape, self.dtype = kind, n_slots, block_shape(layout), dtype
         self.store, self.path, self.fd = store, path, fd
-        self.slot_bytes = math.prod(shape) * dtype.itemsize
+        self.slot_bytes = slot_bytes(layout, dtype)
         self.free_slots: deque[int] = deque(range(n_slots))
         self.hashes: dict[int, bytes] = {}
         # the file closed and deleted by close() (a page's run when its session ends: ui/session_end.py), or when the
@@ -145,11 +140,6 @@ class Tier:
             self._deleted()
 
 
-def as_bytes(block: torch.Tensor) -> memoryview:
-    """A contiguous block's bytes, in place (a write reads them, a read fills them)."""
-    return memoryview(block.view(torch.uint8).numpy()).cast("B")
-
-
 # the bytes of every tier alive in this process (a server's visitors together): TIER_CAP_BYTES at most
 _live_bytes: dict[int, int] = {}
 
@@ -188,20 +178,22 @@ def sweep_stale_tiers(folder: Path) -> list[Path]:
     return swept
 
 
+def unwritable(folder: str, n_bytes: int, reason: str) -> InputError:
+    return InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2), reason_text=reason)
+
+
 def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
     """A new file of `slots` blocks in `folder`; InputError (tier_unwritable) when the folder is missing, not a
     folder, read-only or too full to reserve it (nothing is left behind), tier_cap when this process's tiers would
     pass tier_cap_bytes."""
-    shape = (slots, *block_shape(layout))
-    n_bytes = math.prod(shape) * dtype.itemsize
+    n_bytes = slots * slot_bytes(layout, dtype)
     cap, live = tier_cap_bytes(), sum(_live_bytes.values())
     if live + n_bytes > cap:
         raise InputError("tier_cap", mib_number=round(n_bytes / 2**20, 2), cap_number=round(cap / 2**20, 2),
                          live_number=round(live / 2**20, 2))
     place = Path(folder)
     if place.exists() and not place.is_dir():
-        raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
-                         reason_text="tier.not_folder")
+        raise unwritable(folder, n_bytes, "tier.not_folder")
     if place.is_dir():
         sweep_stale_tiers(place)
     path = place / f"{TIER_FILE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}.tier"
@@ -215,15 +207,14 @@ def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) 
         reason = UNWRITABLE.get(failed.errno, "tier.other")
         if reason == "tier.missing" and place.is_dir():  # a folder that takes no new file (/proc): not "missing"
             reason = "tier.no_files"
-        raise InputError("tier_unwritable", folder=folder, mib_number=round(n_bytes / 2**20, 2),
-                         reason_text=reason) from None
-    return Tier("disk", slots, block_shape(layout), dtype, path=path, fd=handle)
+        raise unwritable(folder, n_bytes, reason) from None
+    return Tier("disk", slots, layout, dtype, path=path, fd=handle)
 
 
 def host_tier(slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
     """`slots` blocks of host memory, pinned where a GPU is there (its copies then run at the link's speed)."""
     store = torch.empty((slots, *block_shape(layout)), dtype=dtype, pin_memory=torch.cuda.is_available())
-    return Tier("host", slots, block_shape(layout), dtype, store=store)
+    return Tier("host", slots, layout, dtype, store=store)
 
 
 def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
@@ -234,25 +225,23 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
     return lambda: host_tier(slots, layout, dtype)
 
 
-def tier_slots(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
-    """The slots of the tier a Engine makes under this block size and budget: as many as the pool has blocks,
-    or `tier_bytes`' worth."""
-    layout = PagedLayout.of(model.info, block_size)
+def tier_slots(layout: PagedLayout, budget_bytes: int, tier_bytes: int | None) -> int:
+    """The slots of the tier an Engine makes: as many as its pool of `budget_bytes` has blocks, or `tier_bytes`'
+    worth."""
     return (budget_bytes if tier_bytes is None else tier_bytes) // layout.block_bytes
 
 
 def tier_file_bytes(model: NativeModel, block_size: int, budget_bytes: int, tier_bytes: int | None = None) -> int:
     """The bytes of that tier's file (what its folder's refusal names)."""
-    slots = tier_slots(model, block_size, budget_bytes, tier_bytes)
-    dtype = model.kv_dtype
-    return slots * math.prod(block_shape(PagedLayout.of(model.info, block_size))) * dtype.itemsize
+    layout = PagedLayout.of(model.info, block_size)
+    return tier_slots(layout, budget_bytes, tier_bytes) * slot_bytes(layout, model.kv_dtype)
 
 
 def check_tier_folder(model: NativeModel, settings) -> None:
-    """The tier a Engine under `settings` (EngineSettings with an offload) makes, made and deleted at once: its
+    """The tier an Engine under `settings` (EngineSettings with an offload) makes, made and deleted at once: its
     folder's refusal names its own size, before anything else (the crossover's smaller scratch tier) is made."""
     layout = PagedLayout.of(model.info, settings.block_size)
-    slots = tier_slots(model, settings.block_size, settings.budget_bytes, settings.tier_bytes)
+    slots = tier_slots(layout, settings.budget_bytes, settings.tier_bytes)
     check_tier(settings.offload, model.device)
     if slots == 0:
         return  # Engine refuses it (tier_budget)
@@ -293,10 +282,8 @@ class Offload:
     step, and again after a reset at the first move out), the slots each moved-out request holds there, and the
     moves."""
 
-    def __init__(self, make_tier: Callable[[], Tier], block_bytes: int, swap_from: int | None,
-                 crossover: Crossover | None = None):
-        self.make_tier, self.block_bytes = make_tier, block_bytes
-        self.swap_from, self.crossover = swap_from, crossover
+    def __init__(self, make_tier: Callable[[], Tier], block_bytes: int, swap_from: int | None):
+        self.make_tier, self.block_bytes, self.swap_from = make_tier, block_bytes, swap_from
         self.tier: Tier | None = make_tier()
         self.kind, self.tier_bytes = self.tier.kind, self.tier.nbytes
         self.out: dict[int, list[list[int | None]]] = {}  # request -> per group, per table place: its slot
@@ -322,7 +309,7 @@ class Offload:
                 self.failure = failed
                 return "unwritable"
         tables = cache.tables[request]
-        ids = [b for table in tables for b in table if b is not None]
+        ids = held(tables)
         if len(ids) > self.tier.n_free:
             return "full"
         t0 = time.perf_counter()
@@ -332,23 +319,22 @@ class Offload:
             slots = iter(self.tier.write(blocks.contiguous()))
         except OSError as failed:
             log.warning("writing to the tier file %s failed: %s", self.tier.path, failed)
-            self.failure = InputError("tier_unwritable", folder=str(self.tier.path.parent),
-                                      mib_number=round(self.tier.nbytes / 2**20, 2), reason_text="tier.other")
+            self.failure = unwritable(str(self.tier.path.parent), self.tier.nbytes, "tier.other")
             return "unwritable"
         self.out[request] = [[None if b is None else next(slots) for b in table] for table in tables]
         self.moves.ms_out += (time.perf_counter() - t0) * 1000
         self.moves.blocks_out += len(ids)
-        self.went_out[request] = [s for table in self.out[request] for s in table if s is not None]
+        self.went_out[request] = held(self.out[request])
         return None
 
     def blocks_held(self, request: int) -> int:
-        return sum(s is not None for table in self.out[request] for s in table)
+        return len(held(self.out[request]))
 
     def move_in(self, cache: PagedCache, request: int) -> list[list[int | None]] | None:
         """The request's blocks read back, checked, into newly allocated blocks of the pool (the caller checked
         n_free); its tables, or None when a block came back damaged (nothing allocated). Its slots are free after."""
         out = self.out.pop(request)
-        slots = [s for table in out for s in table if s is not None]
+        slots = held(out)
         t0 = time.perf_counter()
         blocks, damaged = self.tier.read(slots)
         self.tier.free(slots)
@@ -356,7 +342,7 @@ class Offload:
         if damaged:
             return None
         tables = [[None if s is None else cache.pool.allocate(g) for s in table] for g, table in enumerate(out)]
-        at = torch.tensor([b for table in tables for b in table if b is not None], device=cache.keys.device)
+        at = torch.tensor(held(tables), device=cache.keys.device)
         blocks = blocks.to(cache.keys.device).permute(1, 2, 3, 0, 4, 5)  # (2, layers, n_kv, k, block_size, d_head)
         cache.keys[:, :, at], cache.values[:, :, at] = blocks[0], blocks[1]
         synchronize(cache.keys.device)
@@ -366,17 +352,13 @@ class Offload:
 
     def forget(self, request: int) -> None:
         """A moved-out request that will not come back (aborted): its slots free."""
-        out = self.out.pop(request, [])
-        self.tier.free([s for table in out for s in table if s is not None])
+        self.tier.free(held(self.out.pop(request, [])))
 
     def view(self) -> TierView:
         n = 0 if self.tier is None else self.tier.n_slots
         holder, went_out, came_back = np.full(n, -1), np.zeros(n, dtype=bool), np.full(n, -1)
         for request, tables in self.out.items():
-            for table in tables:
-                for slot in table:
-                    if slot is not None:
-                        holder[slot] = request
+            holder[held(tables)] = request
         for request, slots in self.went_out.items():
             went_out[[s for s in slots if holder[s] == request]] = True
         for request, slots in self.came_back.items():
@@ -465,21 +447,17 @@ def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder
     (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up.
     A folder that cannot take that scratch tier is refused naming `said_bytes` where given: the run's own tier, which
     a page measures the crossover for before its Start (the scratch tier is smaller)."""
-    try:
-        return _measure_crossover(model, layout, kind, folder)
-    except InputError as refused:
-        if said_bytes is None or refused.code != "tier_unwritable":
-            raise
-        raise InputError("tier_unwritable", **{**refused.details, "mib_number": round(said_bytes / 2**20, 2)}) from None
-
-
-def _measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None) -> Crossover:
     check_tier(kind, model.device)
     points = crossover_positions(model.info.context_length, layout.block_size)
     blocks = layout.request_blocks(points[-1])
     dtype, device = model.kv_dtype, model.device
+    try:
+        offload = Offload(tier_maker(kind, folder, blocks, layout, dtype), layout.block_bytes, 0)
+    except InputError as refused:
+        if said_bytes is None or refused.code != "tier_unwritable":
+            raise
+        raise InputError("tier_unwritable", **{**refused.details, "mib_number": round(said_bytes / 2**20, 2)}) from None
     cache = PagedCache(layout, blocks, dtype, device)
-    offload = Offload(tier_maker(kind, folder, blocks, layout, dtype), layout.block_bytes, 0)
     ids = torch.randint(4, model.info.vocab_size, (1, points[-1]), generator=torch.Generator().manual_seed(0))
     measured = []
     try:
@@ -494,7 +472,7 @@ def _measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folde
                 recompute_ms = (time.perf_counter() - t0) * 1000
                 before = (offload.moves.ms_out, offload.moves.ms_in)
                 offload.move_out(cache, 0)
-                cache.pool.free([b for table in cache.tables[0] for b in table])
+                cache.pool.free(held(cache.tables[0]))
                 cache.tables[0] = offload.move_in(cache, 0)
                 if repeat:  # the first: a warm-up
                     times["recompute"].append(recompute_ms)
