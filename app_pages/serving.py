@@ -196,19 +196,21 @@ with why("serving-timing"):
 
 # -- where the time goes: the roofline ---------------------------------------------------------------------------
 st.subheader(t("serving.roofline"))
-roofs = machine(run_info.device, run_info.dtype)
+# bfloat16-weights off the kernels is float32 on torch's product, over rounded weights
+roofs = machine(run_info.device, run_info.dtype if is_packed(run_model.module) or run_info.dtype != "bfloat16-weights"
+                else "float32")
 # the slanted roof is the read bandwidth: a step's counted bytes are reads (weights, cache), not copies
 ridge = roofs.matmul_gflops / roofs.read_gb_s  # FLOPs per byte where the slanted roof meets the flat one
 points = analysis.roofline_points(server)
 st.html(svg.roofline_svg([(p.label, p.intensity, p.gflops) for p in points], roofs.read_gb_s, roofs.matmul_gflops,
                          t("serving.axis_intensity"), "GFLOP/s", t("serving.roofline_alt")))
-product = (t("serving.product_int8", rows=timing.INT8_PEAK_ROWS) if roofs.dtype == "int8"
-           else t("serving.product", dtype=roofs.dtype))
-# the flat roof is torch's product, save int8's: a run whose products are the kernels' is told so
+product = (t("serving.product_" + roofs.dtype.replace("-", "_"), rows=timing.KERNEL_PEAK_ROWS)
+           if roofs.dtype in timing.KERNEL_PEAKS else t("serving.product", dtype=roofs.dtype))
+# the flat roof is torch's product, save the kernels' own peaks: a run whose products are the kernels' is told so
 st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device)
-           + (" " + t("serving.roof_torch") if roofs.dtype != "int8" and is_packed(run_model.module) and not tiled
-              else ""))
+           + (" " + t("serving.roof_torch")
+              if roofs.dtype not in timing.KERNEL_PEAKS and is_packed(run_model.module) and not tiled else ""))
 if tiled:  # its small passes in the kernels, its large ones on the tiles
     st.caption(t("serving.roof_tiles", rows=tile_rows(run_info.dtype),
                  gflops=decimal(machine(run_info.device, "bfloat16").matmul_gflops)))

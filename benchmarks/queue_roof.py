@@ -3,12 +3,13 @@ queue's FLOPs by the project's cost model (costs.flops over every step's spans: 
 ÷ the matmul peak measured beside it, and the roofline bound of its steps (each step at least its FLOPs at the peak
 and its bytes at the read rate: every weight once, each row's keys and values), against the engine's clock.
 
-    .venv/bin/python benchmarks/queue_roof.py [--model smollm2] [--queue mixed] [--dtype float32|bfloat16]
-        [--tiles] [--threads 1] [--budget-mb 200]
+    .venv/bin/python benchmarks/queue_roof.py [--model smollm2] [--queue mixed]
+        [--dtype float32|bfloat16|bfloat16-weights] [--tiles] [--threads 1] [--budget-mb 200]
 
 With --tiles a pass of llama.TILE_ROWS rows or more multiplies on the AMX tiles, so its roof is the bfloat16 peak
-(torch's 1024 × 1024 bfloat16 matmul, oneDNN's tiles), a smaller pass's the kernels' dtype's; the compute roof is
-printed at the float32 peak too, the one a float32 queue is held to. Not part of ./dev test.
+(torch's 1024 × 1024 bfloat16 matmul, oneDNN's tiles), a smaller pass's the peak of its arithmetic (bfloat16-weights
+sums in float32: torch's float32 peak, above the kernels' own); the compute roof is printed at the float32 peak too,
+the one a float32 queue is held to. Not part of ./dev test.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import torch
 from conditions import ROOT, code_version, cpu_name
 
 from model.engine.counting import step_bytes
-from model.engine.llama import TILE_ROWS
 from model.engine.loading import load_model
-from model.engine.lowbit import with_weights
+from model.engine.lowbit import ACTIVATIONS, tile_rows, with_weights
 from model.serving.costs import flops, weight_bytes
 from model.serving.engine import Engine, EngineSettings
 from model.serving.measure import measure_machine, with_matmul_peak
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--queue", default="mixed")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=tuple(d for d in ACTIVATIONS if d != "int8"))
     parser.add_argument("--tiles", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-mb", type=float, default=200)
@@ -59,11 +59,12 @@ def main() -> None:
     peaks = {"float32": machine.matmul_gflops * 1e9}
     peaks["bfloat16"] = with_matmul_peak(machine, "bfloat16").matmul_gflops * 1e9
     read_rate = machine.read_gb_s * 1e9
-    tile_rows = TILE_ROWS[getattr(torch, args.dtype)]
+    tiled_from = tile_rows(args.dtype)
+    arithmetic = str(ACTIVATIONS[args.dtype]).removeprefix("torch.")
     total_flops = compute_s = roofline_s = decode_read_s = 0.0
     for step in engine.steps:
         positions, step_flops, read = step_work(model, step)
-        peak = peaks["bfloat16" if args.tiles and positions >= tile_rows else args.dtype]
+        peak = peaks["bfloat16" if args.tiles and positions >= tiled_from else arithmetic]
         total_flops += step_flops
         compute_s += step_flops / peak
         roofline_s += max(step_flops / peak, read / read_rate)

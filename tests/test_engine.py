@@ -396,7 +396,7 @@ def test_a_packed_row_has_the_same_bits_beside_any_number_of_rows(d_in, d_out, d
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16-weights", "int8"])
 def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(dtype):
     """Issue 38, item 5: on the shared model a decode step's layer runs as Block.decode (kernels.decode_in: norm, q/k/v
     product, RoPE; the caller's cache write; kernels.decode_out: attention, output product plus the residual, norm,
@@ -407,6 +407,7 @@ def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(d
     multiply-add (kernels.cpp's `rounded`; made red once), if a residual is added to another row, or if a row reads
     keys outside its span."""
     from model.engine.llama import Block, Probe, pack_linears
+    from model.engine.lowbit import ACTIVATIONS, PRODUCTS
     from model.serving.memory import BlockMemory
     from model.serving.paged import PagedLayout, Row, layer_groups
     from model.serving.request import Request
@@ -419,7 +420,7 @@ def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(d
     for name, weight in module.named_parameters():
         if "norm" in name:
             weight.normal_(1.0, 0.5)
-    assert pack_linears(module, getattr(torch, dtype))
+    assert pack_linears(module, PRODUCTS[dtype], activations=ACTIVATIONS[dtype])
     blocks = [m for m in module.modules() if isinstance(m, Block)]
     layers = [block.decode_layer for block in blocks]
     assert all(layers)
@@ -446,6 +447,52 @@ def test_a_decode_steps_layer_in_the_kernels_is_the_blocks_own_ops_bit_for_bit(d
         assert all(torch.equal(a, b) for a, b in zip(fused.qkv, ops.qkv))
     assert all(torch.equal(a, b) for i in range(2) for a, b in zip(cache.layer(i), cache_ops.layer(i)))
     assert all(torch.equal(a, b) for a, b in zip(batch, batch_ops))
+
+
+@needs_kernels
+@pytest.mark.parametrize("d_in,d_out", [(576, 576), (576, 960), (1536, 576), (576, 49152), (3001, 8), (48, 525),
+                                        (129, 20)])
+def test_bfloat16_weights_are_the_float32_product_over_the_rounded_weights_bit_for_bit(d_in, d_out):
+    """lowbit's "bfloat16-weights": float32 rows times bfloat16 weights (kernels.cpp's tile_bf16w) give the float32
+    product's bits over the same weights widened to float32, for 1 to 40 rows beside each other and with a residual
+    added, so such a model is the float32 model over rounded weights, bit for bit, reading half the bytes. The shapes:
+    SmolLM2's, an LM head, odd inputs (the last pair's one input: 3001 and 129 start a run of 64 with it) and outputs
+    that do not fill a block. Red once with a pair's two products added together before they join the run's sum."""
+    from model.engine import kernels
+
+    torch.manual_seed(0)
+    weight = (torch.randn(d_out, d_in) / d_in ** 0.5).to(torch.bfloat16).float()
+    arena = kernels.Arena(sum(kernels.packed_nbytes(d_out, d_in, dtype) for dtype in (torch.float32, torch.bfloat16)))
+    wide, narrow = kernels.pack(weight, torch.float32, arena), kernels.pack(weight, torch.bfloat16, arena)
+    assert narrow.flat.numel() * 2 < wide.flat.numel() * 2 + 64 * 4
+    x = torch.randn(40, d_in)
+    for rows in (1, 2, 5, 6, 7, 13, 40):
+        assert torch.equal(kernels.matmul(x[:rows], narrow), kernels.matmul(x[:rows], wide)), rows
+    y, residual = torch.empty(40, narrow.shape.blocks * kernels.LANES), torch.randn(40, narrow.shape.blocks * 16)
+    kernels.kernels().matmul_bf16w(x.data_ptr(), 40, d_in, narrow.flat.data_ptr(), narrow.shape.blocks, y.data_ptr(),
+                                   residual.data_ptr(), 1)
+    assert torch.equal(y, residual + kernels.matmul(x, wide))
+
+
+@needs_kernels
+def test_a_bfloat16_weights_model_is_the_float32_model_over_rounded_weights(small):
+    """with_weights(model, "bfloat16-weights"): every Block's layer still in the decode kernels, half the packed bytes,
+    the norms and the cache float32, the shared model untouched, and the logits of the float32 model whose matrices
+    are rounded to bfloat16 (torch's product on a dense copy: within float32's rounding)."""
+    from model.engine.llama import Block, dense_copy, packed_weights
+    from model.engine.lowbit import with_rounded_linears, with_weights
+
+    before = [w.matrix.flat.data_ptr() for w in packed_weights(small.module)]
+    model = with_weights(small, "bfloat16-weights")
+    assert model.info.dtype == "bfloat16-weights" and model.info.kv_dtype == "float32"
+    assert all(b.decode_layer is not None for b in model.module.modules() if isinstance(b, Block))
+    assert sum(w.nbytes for w in packed_weights(model.module)) < 0.51 * sum(
+        w.nbytes for w in packed_weights(small.module))
+    assert [w.matrix.flat.data_ptr() for w in packed_weights(small.module)] == before
+    ids = torch.tensor([[1, 5, 9, 12, 7, 3]])
+    reference = with_rounded_linears(dense_copy(small.module))
+    torch.testing.assert_close(model.module(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(model.module(ids).logits, small.module(ids).logits, atol=1e-4, rtol=1e-5)
 
 
 @needs_kernels
@@ -586,6 +633,10 @@ def test_where_the_kernels_do_not_build_the_model_runs_dense_on_torchs_product(n
         with_weights(model, "int8")
     assert refused.value.code == "int8_no_kernels" and "C++" in refused.value.message("en")
     assert with_weights(model, "bfloat16").info.dtype == "bfloat16"
+    rounded = with_weights(model, "bfloat16-weights")  # float32 over weights rounded to bfloat16, on torch's product
+    assert rounded.info.dtype == "bfloat16-weights" and rounded.info.kv_dtype == "float32"
+    assert torch.equal(rounded.module.lm_head.weight, model.module.lm_head.weight.bfloat16().float())
+    assert not torch.equal(rounded.module.lm_head.weight, model.module.lm_head.weight)
 
 
 def test_a_compiler_that_fails_leaves_no_partial_library_and_says_so(monkeypatch, tmp_path):

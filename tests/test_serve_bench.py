@@ -152,7 +152,8 @@ def test_serve_bench_refuses_an_unknown_dtype_naming_dtype_before_the_model_load
     code = cli.main(["serve-bench", "--model", "no-such-model", "--dtype", "foo"])
     err = capsys.readouterr().err
     assert code == 2 and loads == [] and err.count("\n") == 1
-    assert err.startswith("--dtype: unknown number format foo; pick one of: float32, bfloat16, int8"), err
+    assert err.startswith("--dtype: unknown number format foo; pick one of: float32, bfloat16, bfloat16-weights, "
+                          "int8"), err
 
 
 def test_profile_writes_a_chrome_trace(run_cli, tmp_path):  # noqa: F811

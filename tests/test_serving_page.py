@@ -179,6 +179,23 @@ def test_the_roofs_are_those_of_the_runs_weights(monkeypatch):
 
 
 @needs_kernels
+def test_a_bfloat16_weights_run_is_the_float32_model_over_rounded_weights_with_its_kernels_roof(monkeypatch):
+    """Weights: bfloat16-weights serves every request to its budget (its rows are their solo runs bit for bit:
+    tests/test_batch.py), its flat roof is the kernels' own bfloat16-weights product, named so, with no sentence that
+    the run's products are not the roof's; its cache is float32 (4 bytes a number). Red once with the roof asked for
+    in the run's dtype's arithmetic (float32) instead of its own product."""
+    asked = pin_roofs(monkeypatch, {"float32": (26.0, 85.0), "bfloat16-weights": (26.0, 40.0)})
+    at = click(click(open_page("en", serving_dtype="bfloat16-weights"), "serving_start"), "serving_run")
+    server = at.session_state["serving_server"]
+    assert not at.exception and not at.error and asked[-1] == "bfloat16-weights"
+    assert server.model.info.dtype == "bfloat16-weights" and server.model.info.bytes_per_element == 4
+    assert server.finished and all(len(r.new_ids) == r.max_new_tokens for r in server.requests.values())
+    machine = next(c for c in captions(at) if c.startswith("This machine, measured once"))
+    assert text("serving.product_bfloat16_weights", "en").format(rows=64) in machine
+    assert not machine.endswith(text("serving.roof_torch", "en"))
+
+
+@needs_kernels
 def test_a_float32_run_in_the_kernels_is_told_its_flat_roof_is_torch_s_matmul(monkeypatch):
     """texts review S3: the flat roof of float32 and bfloat16 is torch's matmul (on an AMX CPU, bfloat16's is AMX's:
     985 GFLOP/s against the kernels' 60 here), which the run's products, in the kernels, never use: the machine's

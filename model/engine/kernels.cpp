@@ -142,6 +142,44 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint32_t* w, int64_t
     }
 }
 
+// float32 inputs, bfloat16 weights (the bfloat16 layout, pairs side by side), float32 sums: each weight widened to
+// the float32 number it is (exactly), then the float32 tile's multiply-adds in its order, k = 0, 1, ..., K − 1 in
+// runs of SPAN, so a row's sums are those of tile_f32 over the same weights as float32; a decode step reads half the
+// bytes. ahead: as tile_f32's, one cache line a pair of inputs
+template <int R, int J, int LINES>
+static void tile_bf16w(const float* x, int64_t ldx, const uint32_t* w, int64_t ldw, int64_t K, float* y, int64_t ldy,
+                       const float* residual, const char* ahead) {
+  const int64_t pairs = (K + 1) / 2;  // an odd K's last pair holds one input, its second weight zero
+  f32x16 sum[R][J] = {};
+  for (int64_t p0 = 0; p0 < pairs; p0 += SPAN / 2) {
+    const int64_t p1 = std::min(pairs, p0 + SPAN / 2);
+    f32x16 acc[R][J] = {};
+    for (int64_t p = p0; p < p1; ++p) {
+      if (ahead)
+        for (int l = 0; l < LINES; ++l) __builtin_prefetch(ahead + (p * LINES + l) * 64, 0, 2);
+      // the pair's first inputs, then its second: 4 weight vectors live beside the 24 sums, as in tile_f32 (the 8 of
+      // both halves at once spilled registers: half the speed at 64 rows)
+      f32x16 wk[J];
+      for (int j = 0; j < J; ++j) wk[j] = as_f32(load16(w + p * ldw + j * LANES) << 16);
+      for (int r = 0; r < R; ++r) {
+        const float xk = x[r * ldx + 2 * p];
+        for (int j = 0; j < J; ++j) acc[r][j] += xk * wk[j];
+      }
+      if (2 * p + 1 < K) {
+        for (int j = 0; j < J; ++j) wk[j] = as_f32(load16(w + p * ldw + j * LANES) & 0xFFFF0000u);
+        for (int r = 0; r < R; ++r) {
+          const float xk = x[r * ldx + 2 * p + 1];
+          for (int j = 0; j < J; ++j) acc[r][j] += xk * wk[j];
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) sum[r][j] += acc[r][j];
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) store(y + r * ldy + j * LANES, sum[r][j], residual ? residual + r * ldy + j * LANES : nullptr);
+}
+
 // int8: each row's inputs as int16 (q = round(x · 32767 / max|x|), one scale per row), the weights int8: per pair of
 // inputs acc += q[2p]·W[2p] + q[2p+1]·W[2p+1] in int32 (vpdpwssd), whole numbers, exact; every SPAN_INT inputs the
 // run's whole sum joins the float32 total (runs short enough that 32767 · 127 · SPAN_INT fits in int32), in turn;
@@ -256,6 +294,33 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, 
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
     tile_bf16<R, J>(x + r * K, K, w + panels.start(g) + j * LANES, in_panel * LANES, K,
                     y + r * ldy + (g * BLOCKS + j) * LANES, ldy);
+  });
+}
+
+// float32 x, bfloat16 weights -> float32 y (residual as matmul_f32's): matmul_f32's sums over the weights widened
+void matmul_bf16w(const float* x, int64_t rows, int64_t K, const uint32_t* w, int64_t blocks, float* y,
+                  const float* residual, int threads) {
+  const int64_t pairs = (K + 1) / 2;
+  const Panels panels{pairs * LANES};  // in 32-bit words, one per output and pair
+  const int64_t ldy = blocks * LANES;
+  const int64_t n_panels = (blocks + BLOCKS - 1) / BLOCKS;
+  // the next panel's lines asked for while this one's row tiles multiply, shared among them (4 lines a pair of inputs
+  // is the whole panel): at one row the weights then stream at the float32 product's rate, about twice as slow
+  // without
+  const int row_tiles = int((rows + ROWS - 1) / ROWS), lines = (4 + row_tiles - 1) / row_tiles;
+  const int64_t next_lines = pairs * 4;
+  each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
+    const int64_t at = r * ldy + (g * BLOCKS + j) * LANES;
+    const int64_t part = (r / ROWS) * lines * pairs;  // in lines of 64 bytes
+    const int64_t in_next = std::min<int64_t>(BLOCKS, blocks - (g + 1) * BLOCKS) * next_lines / BLOCKS;
+    const bool fetch = J == BLOCKS && g + 1 < n_panels && part < in_next;
+    const float* in = x + r * K;
+    const uint32_t* from = w + panels.start(g) + j * LANES;
+    const float* add = residual ? residual + at : nullptr;
+    const char* ahead = fetch ? reinterpret_cast<const char*>(w + panels.start(g + 1)) + part * 64 : nullptr;
+    if (lines == 4) tile_bf16w<R, J, 4>(in, K, from, in_panel * LANES, K, y + at, ldy, add, ahead);
+    else if (lines == 2) tile_bf16w<R, J, 2>(in, K, from, in_panel * LANES, K, y + at, ldy, add, ahead);
+    else tile_bf16w<R, J, 1>(in, K, from, in_panel * LANES, K, y + at, ldy, add, ahead);
   });
 }
 
@@ -568,7 +633,7 @@ void silu_mul(const float* gate_up, int64_t rows, int64_t I, int64_t ld, float* 
 //   decode_out: attended = attention over each row's keys; h = x + attended · Woᵀ;
 //               out = h + silu_mul(norm_out(h) · Wguᵀ) · Wdownᵀ
 
-// One product's packed weights (kind 0: float32, 1: int8 with a scale per output)
+// One product's packed weights (kind 0: float32, 1: int8 with a scale per output, 2: bfloat16)
 struct Matrix {
   const void* w;
   const float* scale;
@@ -588,6 +653,8 @@ static void product(const Matrix& m, const float* x, int64_t rows, int64_t K, fl
                     int threads) {
   if (m.kind == 1)
     matmul_int8(x, rows, K, static_cast<const int8_t*>(m.w), m.scale, m.blocks, y, residual, threads);
+  else if (m.kind == 2)
+    matmul_bf16w(x, rows, K, static_cast<const uint32_t*>(m.w), m.blocks, y, residual, threads);
   else
     matmul_f32(x, rows, K, static_cast<const float*>(m.w), m.blocks, y, residual, threads);
 }

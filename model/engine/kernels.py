@@ -53,6 +53,7 @@ _i64, _ptr, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
               "matmul_int8": (_ptr, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
               "matmul_bf16": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _int),
+              "matmul_bf16w": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
               "rms_norm": (_ptr, _i64, _i64, _ptr, ctypes.c_float, _int, _ptr),
               "attend_one": (_ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64,
                              ctypes.c_float, _ptr, _ptr),
@@ -412,7 +413,9 @@ def matmul(x: torch.Tensor, packed: Packed) -> torch.Tensor:
     blocks = packed.shape.blocks
     y = x.new_empty((*x.shape[:-1], blocks * LANES))
     threads = torch.get_num_threads()
-    if packed.shape.dtype == torch.bfloat16:
+    if packed.shape.dtype == torch.bfloat16 and x.dtype == torch.float32:  # bfloat16 weights, float32 arithmetic
+        built.matmul_bf16w(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), None, threads)
+    elif packed.shape.dtype == torch.bfloat16:
         built.matmul_bf16(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), blocks, y.data_ptr(), threads)
     elif packed.shape.dtype == torch.int8:
         built.matmul_int8(x.data_ptr(), rows, inputs, packed.flat.data_ptr(), packed.scale.data_ptr(), blocks,
@@ -497,9 +500,12 @@ class Layer(ctypes.Structure):
                 ("d_head", _i64), ("plus_one", _i64), ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
 
 
+MATRIX_KINDS = {torch.float32: 0, torch.int8: 1, torch.bfloat16: 2}  # kernels.cpp's Matrix.kind
+
+
 def _matrix(packed: Packed) -> Matrix:
-    int8 = packed.shape.dtype == torch.int8
-    return Matrix(packed.flat.data_ptr(), packed.scale.data_ptr() if int8 else None, packed.shape.blocks, int(int8))
+    return Matrix(packed.flat.data_ptr(), packed.scale.data_ptr() if packed.scale is not None else None,
+                  packed.shape.blocks, MATRIX_KINDS[packed.shape.dtype])
 
 
 class DecodeLayer:

@@ -279,7 +279,7 @@ def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
 
 
 # From how many rows a product is faster in bfloat16 on oneDNN's AMX tiles than in the kernels (llama.on_tiles),
-# per the kernels' dtype: SmolLM2's product shapes at one thread on a Xeon with AMX, torch's bfloat16 product against
+# per the inputs' dtype: SmolLM2's product shapes at one thread on a Xeon with AMX, torch's bfloat16 product against
 # the kernels' time. bfloat16 weights: 1.6–3.7× at 1 row, 0.88–1.02× at 8, 0.49–0.60× at 16, 0.28–0.36× at 32
 # (1,112 GFLOP/s at 1,024 rows, the kernels 106). float32 weights, the inputs rounded to bfloat16 first: 0.88–1.0× at
 # 8 rows, 0.75–1.35× at 16 (the kernels read the float32 weights once for up to 16 rows), 0.37–0.48× at 64 rows;
@@ -315,7 +315,7 @@ class PackedWeight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, inputs) -> (…, sum of outputs), the stacked matrices' outputs side by side."""
-        if self.tiles is not None and x.numel() >= TILE_ROWS[self.dtype] * self.inputs:  # on_tiles
+        if self.tiles is not None and x.numel() >= TILE_ROWS[x.dtype] * self.inputs:  # on_tiles
             return F.linear(x.to(self.tiles.dtype), self.tiles).to(x.dtype)
         y = kernels.matmul(x.contiguous(), self.matrix)  # (…, outputs filled up to a block)
         return y[..., :sum(self.outputs)] if self.padded else y
@@ -372,8 +372,8 @@ class Embedding(nn.Embedding):
         if self.weight.device.type != "meta":
             super().reset_parameters()
 
-    def forward(self, ids):
-        return self.packed.rows(ids) if self.packed is not None else super().forward(ids)
+    def forward(self, ids):  # bfloat16 rows widened for a model whose activations are float32 (the stand-in's dtype)
+        return self.packed.rows(ids).to(self.weight.dtype) if self.packed is not None else super().forward(ids)
 
 
 def stacked_linears(model: nn.Module) -> list[list[tuple[str, Linear]]]:
@@ -403,13 +403,16 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
-                 weight_of: Callable[[str], torch.Tensor] | None = None) -> bool:
+                 weight_of: Callable[[str], torch.Tensor] | None = None,
+                 activations: torch.dtype | None = None) -> bool:
     """Give every Linear of a model that will never change again (a shared inference model) its weights packed in
     `dtype` for the decode kernels, in one arena, and drop its own dense weight for a stand-in on the meta device; a
     tied embedding then looks its rows up in the LM head's packed weights. weight_of(name) gives the dense float32
     weight of the Linear called `name` (default: its own): the loader reads them from the file one by one, lowbit from
-    the shared model's packed ones. False (nothing changed) where the kernels cannot run: off a CPU, or where they do
-    not build (the model then multiplies with torch's own product)."""
+    the shared model's packed ones. `activations`: what the products take and give (default: bfloat16 for bfloat16
+    weights, else float32; float32 with bfloat16 weights: lowbit's "bfloat16-weights"). False (nothing changed) where
+    the kernels cannot run: off a CPU, or where they do not build (the model then multiplies with torch's own
+    product)."""
     if not can_pack(model):
         return False
     weight_of = weight_of or (lambda name: model.get_submodule(name).weight.detach())
@@ -421,9 +424,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype = torch.float32,
         for member, (_, linear) in enumerate(group):
             linear.packed, linear.member = packed, member
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    stand_in_dtype = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32  # int8: activations stay float32
-    for _, linear in (pair for group in groups for pair in group):
-        linear.weight = nn.Parameter(torch.empty(linear.weight.shape, dtype=stand_in_dtype, device="meta"),
+    activations = activations or (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+    for _, linear in (pair for group in groups for pair in group):  # the stand-in's dtype: the activations'
+        linear.weight = nn.Parameter(torch.empty(linear.weight.shape, dtype=activations, device="meta"),
                                      requires_grad=False)
     if tied:
         model.model.embed_tokens.weight = model.lm_head.weight
@@ -456,13 +459,15 @@ def with_tile_products(model: nn.Module) -> nn.Module:
     copied = copy.deepcopy(model, memo)
     for weight in weights:
         memo[id(weight)].tiles = kernels.unpack(weight.matrix, 0, sum(weight.outputs)).to(torch.bfloat16)
+    for block in (m for m in copied.modules() if isinstance(m, Block)):  # a decode step's few rows stay in its layers
+        block.decode_layer = block.decode_weights()
     return copied
 
 
 def on_tiles(linear: Linear, x: torch.Tensor) -> bool:
     """Whether x's rows (…, inputs) multiply on the tiles in this Linear's product."""
     packed = linear.packed
-    return packed is not None and packed.tiles is not None and x.numel() >= TILE_ROWS[packed.dtype] * packed.inputs
+    return packed is not None and packed.tiles is not None and x.numel() >= TILE_ROWS[x.dtype] * packed.inputs
 
 
 def has_tile_products(model: nn.Module) -> bool:
@@ -633,15 +638,15 @@ class Block(nn.Module):
         return out.view(1, N, -1), None, None
 
     def decode_weights(self) -> kernels.DecodeLayer | None:
-        """decode_layer for this block's packed weights, None where a product is bfloat16 or leaves a block part
-        empty (the kernels add the residual and read the heads block by block), or the MLP's activation is not
-        SiLU."""
+        """decode_layer for this block's packed weights, None where its activations are bfloat16 (the kernels' layers
+        run in float32), a product leaves a block part empty (the kernels add the residual and read the heads block
+        by block), or the MLP's activation is not SiLU."""
         attn, mlp = self.self_attn, self.mlp
         products = (attn.q_proj.packed, attn.o_proj.packed, mlp.gate_proj.packed, mlp.down_proj.packed)
         stacked = (attn.q_proj.packed is attn.k_proj.packed is attn.v_proj.packed
                    and mlp.gate_proj.packed is mlp.up_proj.packed)
-        if (not stacked or mlp.activation is not F.silu
-                or any(p is None or p.padded or p.dtype == torch.bfloat16 for p in products)):
+        if (not stacked or mlp.activation is not F.silu or attn.q_proj.weight.dtype != torch.float32  # the activations'
+                or any(p is None or p.padded for p in products)):
             return None
         qkv, o, gate_up, down = products
         norm_in, norm_out = self.input_layernorm, self.post_attention_layernorm

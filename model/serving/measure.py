@@ -25,7 +25,7 @@ from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.request import Request
 from model.serving.runner import run_rows
 from model.serving.timing import (
-    INT8_PEAK_ROWS,
+    KERNEL_PEAK_ROWS,
     copy_bandwidth,
     filler_ids,
     matmul_peak,
@@ -50,13 +50,14 @@ class Machine:
     threads: int
     copy_gb_s: float       # copy_bandwidth: a 256 MiB float32 copy, read + write
     read_gb_s: float       # read_bandwidth: a sum over 1 GiB, held as the packed weights are (huge pages)
-    matmul_gflops: float   # matmul_peak in `dtype`: 1024 × 1024 · 1024 × 1024 (int8 weights: 64 rows of it)
+    matmul_gflops: float   # matmul_peak in `dtype`: 1024 × 1024 · 1024 × 1024 (the kernels' peaks: 64 rows of it)
     dtype: str = "float32"
 
     @property
     def how(self) -> str:
-        product = (f"{INT8_PEAK_ROWS}×1024 float32 (rounded to int16 per row) by 1024×1024 int8 matmul"
-                   if self.dtype == "int8" else f"1024×1024 {self.dtype} matmul")
+        product = {"int8": f"{KERNEL_PEAK_ROWS}×1024 float32 (rounded to int16 per row) by 1024×1024 int8 matmul",
+                   "bfloat16-weights": f"{KERNEL_PEAK_ROWS}×1024 float32 by 1024×1024 bfloat16 (widened) matmul",
+                   }.get(self.dtype, f"1024×1024 {self.dtype} matmul")
         return (f"copy of a 256 MiB float32 tensor (read + write counted), sum over a 1 GiB float32 tensor held as the "
                 f"packed weights are, {product}; median of 5 after a warm-up, {self.threads} thread(s) on "
                 f"{self.device}")

@@ -99,14 +99,15 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
 
 def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
     """Operations per second of an (n × n) · (n × n) matmul in `dtype`, 2n³ operations, the median of `repeats` after
-    a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" is the decode kernels' int8
-    product the int8 weights run in (model/engine/kernels.py): float32 rows (rounded to int16 inside) times an int8
-    (n × n) weight, over INT8_PEAK_ROWS rows."""
-    if dtype == "int8":
-        packed = kernels.pack(torch.randn(n, n), torch.int8, kernels.Arena(kernels.packed_nbytes(n, n, torch.int8)))
-        x = torch.randn(INT8_PEAK_ROWS, n)
+    a warm-up, on torch's threads: the compute roof a step can reach at best. "int8" and "bfloat16-weights" are the
+    decode kernels' products those weights run in (model/engine/kernels.py): float32 rows (int8: rounded to int16
+    inside) times an (n × n) int8 or bfloat16 weight, over KERNEL_PEAK_ROWS rows."""
+    if dtype in KERNEL_PEAKS:
+        weight = KERNEL_PEAKS[dtype]
+        packed = kernels.pack(torch.randn(n, n), weight, kernels.Arena(kernels.packed_nbytes(n, n, weight)))
+        x = torch.randn(KERNEL_PEAK_ROWS, n)
         ms = percentile(timed(device, lambda: kernels.matmul(x, packed), repeats), 50)
-        return 2 * INT8_PEAK_ROWS * n * n / (ms / 1000)
+        return 2 * KERNEL_PEAK_ROWS * n * n / (ms / 1000)
     a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
     ms = percentile(timed(device, lambda: a @ b, repeats), 50)
     return 2 * n**3 / (ms / 1000)
@@ -114,6 +115,7 @@ def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: st
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
-# rows of the int8 peak's product: enough to be bound by its arithmetic, not by reading the weight (1,024 would take
-# longer for the same rate)
-INT8_PEAK_ROWS = 64
+# the dtypes whose peak is the decode kernels' own product (matmul_peak), with the weights' dtype there, and its rows:
+# enough to be bound by its arithmetic, not by reading the weight (1,024 would take longer for the same rate)
+KERNEL_PEAKS = {"int8": torch.int8, "bfloat16-weights": torch.bfloat16}
+KERNEL_PEAK_ROWS = 64

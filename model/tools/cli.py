@@ -394,7 +394,8 @@ def parser() -> argparse.ArgumentParser:
                          f"{','.join(map(str, BENCH_CONTEXTS))}, those below the model's context, else its context - "
                          "1); a batch's KV cache at a context within DECODE_LAB_SESSION_MB")
     sb.add_argument("--dtype", default=None,
-                    help=f"float32, bfloat16, int8, comma-separated, each once (default: {DEFAULT_DTYPES}); with "
+                    help=f"float32, bfloat16, bfloat16-weights, int8, comma-separated, each once (default: "
+                         f"{DEFAULT_DTYPES}); with "
                          "--queue, the one dtype of the served model's weights (default: float32)")
     sb.add_argument("--steps", type=int, default=None,
                     help=f"timed decode steps per setting, between 1 and {MAX_BENCH_STEPS} (default: "
@@ -466,7 +467,8 @@ def parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quality", help="what fewer bits cost: perplexity, greedy agreement and KL against float32")
     q.add_argument("--model", default="small", help="a native model: small, smollm2, gemma3, a model folder")
     q.add_argument("--dtype", default=None,
-                   help="float32, bfloat16, int8, comma-separated, each once; float32, the reference, is always "
+                   help="float32, bfloat16, bfloat16-weights, int8, comma-separated, each once; float32, the "
+                        "reference, is always "
                         "measured (default: float32,bfloat16,int8)")
     q.add_argument("--kv-dtype", default=None,
                    help="float32, int8, fp8, comma-separated: the KV cache stored in each (the weights float32) in "
