@@ -323,9 +323,7 @@ class PrefillConnector:
 
     def _alone(self, why: str, engine: Engine | None) -> None:
         """The worker gone: every prompt it has not sent back is prefilled here from now on."""
-        if self.worker is not None:
-            self.worker.stop()
-        self.worker = None
+        self.close()
         self.failure = (why, 0 if engine is None else engine.steps_run)
         for seq in [] if engine is None else engine.waiting:
             if seq.kv_at == "remote" and seq.received_kv is None:
@@ -338,9 +336,8 @@ class PrefillConnector:
         return 0.0 if self.worker is None else self._exchange(engine)
 
     def step_ends(self, engine: Engine) -> None:
-        if engine.finished and self.worker is not None:  # nothing left to prefill: the worker and the group let go
-            self.worker.stop()
-            self.worker = None
+        if engine.finished:  # nothing left to prefill: the worker and the group let go
+            self.close()
 
     def _exchange(self, engine: Engine) -> float:
         """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing
@@ -384,8 +381,8 @@ class PrefillConnector:
             at = torch.arange(first, n)
             blocks = torch.tensor([table[p // size] for p in at.tolist()], device=cache.keys.device)
             offsets = (at % size).to(cache.keys.device)
-            cache.keys[:, :, blocks, offsets] = group_kv[0].to(cache.keys.device)
-            cache.values[:, :, blocks, offsets] = group_kv[1].to(cache.keys.device)
+            for store, received in zip((cache.keys, cache.values), group_kv):
+                store[:, :, blocks, offsets] = received.to(store.device)
 
     def reset(self) -> None:
         """The worker ended (a new one starts at the next step), the transfers forgotten."""

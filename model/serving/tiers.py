@@ -7,6 +7,7 @@ and back beats the recompute. docs/serving.md, "Serving III", says how and what 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import logging
 import math
@@ -29,6 +30,7 @@ from model.engine.runtime import NativeModel, synchronize
 from model.errors import InputError
 from model.serving.paged import PagedCache, PagedLayout
 from model.serving.runner import prompt_alone, run_rows
+from model.serving.timing import timed
 from model.weights.catalog import env_megabytes
 
 log = logging.getLogger(__name__)
@@ -440,6 +442,15 @@ def crossover_positions(context_length: int, block_size: int) -> list[int]:
     return points + [most]
 
 
+def round_trip(offload: Offload, cache: PagedCache) -> tuple[float, float]:
+    """Request 0's blocks out to the tier and back into the pool: the ms of each way."""
+    before = (offload.moves.ms_out, offload.moves.ms_in)
+    offload.move_out(cache, 0)
+    cache.pool.free(held(cache.tables[0]))
+    cache.tables[0] = offload.move_in(cache, 0)
+    return offload.moves.ms_out - before[0], offload.moves.ms_in - before[1]
+
+
 @torch.inference_mode()
 def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None,
                       said_bytes: int | None = None) -> Crossover:
@@ -459,27 +470,16 @@ def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder
         raise InputError("tier_unwritable", **{**refused.details, "mib_number": round(said_bytes / 2**20, 2)}) from None
     cache = PagedCache(layout, blocks, dtype, device)
     ids = torch.randint(4, model.info.vocab_size, (1, points[-1]), generator=torch.Generator().manual_seed(0))
-    measured = []
+    measured, trips = [], []  # trips: after each recompute, a round trip's (out, in) ms
     try:
         for n in points:
-            rows = prompt_alone(cache, n)
-            times = {"out": [], "in": [], "recompute": []}
-            for repeat in range(CROSSOVER_REPEATS + 1):
-                synchronize(device)
-                t0 = time.perf_counter()
-                run_rows(model.module, cache, rows, ids[:, :n].to(device))
-                synchronize(device)
-                recompute_ms = (time.perf_counter() - t0) * 1000
-                before = (offload.moves.ms_out, offload.moves.ms_in)
-                offload.move_out(cache, 0)
-                cache.pool.free(held(cache.tables[0]))
-                cache.tables[0] = offload.move_in(cache, 0)
-                if repeat:  # the first: a warm-up
-                    times["recompute"].append(recompute_ms)
-                    times["out"].append(offload.moves.ms_out - before[0])
-                    times["in"].append(offload.moves.ms_in - before[1])
-            measured.append(CrossoverPoint(n, layout.request_blocks(n), statistics.median(times["out"]),
-                                           statistics.median(times["in"]), statistics.median(times["recompute"])))
+            trips.clear()
+            recompute = timed(device, functools.partial(run_rows, model.module, cache, prompt_alone(cache, n),
+                                                        ids[:, :n].to(device)),
+                              CROSSOVER_REPEATS, lambda: trips.append(round_trip(offload, cache)))
+            out, back = zip(*trips[1:])  # the first followed the warm-up
+            measured.append(CrossoverPoint(n, layout.request_blocks(n), statistics.median(out),
+                                           statistics.median(back), statistics.median(recompute)))
     finally:
         offload.close()
     return Crossover(tuple(measured), offload.kind, layout.block_bytes, layout.block_size,
