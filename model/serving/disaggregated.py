@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from model.engine.loading import load_model
+from model.engine.loading import held_bytes, load_model
 from model.engine.runtime import LoadedModel, ModelInfo, NativeModel
 from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedCache, PagedLayout
@@ -199,8 +199,7 @@ def worker_bytes(model: LoadedModel, block_size: int) -> tuple[int, int]:
     """What a prefill worker holds beside its own Python and torch (a SmolLM2 worker's whole process was about
     1.25 GB): (the model loaded again, its held bytes; its KV cache, blocks for one request of the whole context)."""
     layout = PagedLayout.of(model.info, block_size)
-    weights = model.facts.held_bytes if model.facts is not None else sum(
-        p.numel() * p.element_size() for p in model.module.parameters())
+    weights = model.facts.held_bytes if model.facts is not None else held_bytes(model.module)
     return (weights, layout.request_blocks(model.info.context_length) * layout.block_bytes)
 
 

@@ -354,12 +354,11 @@ class Engine:
             moved = self.offload.should_move(seq.computed)
             why = (self.offload.move_out(self.cache, rid) or "out") if moved else "short"
             tier.append((rid, why))
+        hashes = seq.hashes
+        self.cache.free(seq)
         if why == "out":
-            hashes = seq.hashes
-            self.cache.free(seq)
             seq.hashes, seq.kv_at = hashes, "tier"
         else:
-            self.cache.free(seq)
             seq.computed = 0
         seq.preemptions += 1
         self.running.remove(seq)
