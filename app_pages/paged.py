@@ -236,7 +236,7 @@ st.html(svg.line_chart_svg(list(range(len(run.steps))),
                            t("serving.axis_step"), "MiB", t("paged.memory_alt"), number=lambda v: number(v, ",g"),
                            title=t("paged.memory_alt"), zoom=1.5))
 step_time_chart([s.ms for s in steps], "ms")
-time_split_table(kv_runs.time_split(run.steps))
+time_split_table(run.steps)
 
 # -- the comparison: the same queue under the settings it is compared with ------------------------------------------
 # each compared run by its variant, named in the language of the draw (a switch renames the rows)

@@ -8,7 +8,7 @@ from model.engine.kernels import machine_products
 from model.engine.llama import has_tile_products, is_packed
 from model.engine.lowbit import DTYPES, tile_rows
 from model.engine.sampling import SamplingSettings
-from model.serving import analysis, kv_runs, timing, workload
+from model.serving import analysis, timing, workload
 from model.serving.costs import matmul_params, positions_to_pass, weight_bytes
 from ui import serving_views as views
 from ui import svg
@@ -255,7 +255,7 @@ if longest is not None:
                           **said))
     if passes and decode_memory_bound:  # a prefill can be compute-bound where a small decode step is memory-bound
         st.caption(t("serving.two_designs"))
-time_split_table(kv_runs.time_split(steps))
+time_split_table(steps)
 
 # -- fewer bits, B and context, the profiler: measured on a click each -------------------------------------------
 views.dtype_table(model)

@@ -202,7 +202,7 @@ else:
     draw_transfers(server, model)
 
 if server.steps:
-    time_split_table(kv_runs.time_split(run.steps))
+    time_split_table(run.steps)
 
 # -- the comparison: the same queue in one process, on one tier -----------------------------------------------------
 name_key = "tiers.variant_alone_" + run_mode  # said in the language of the draw (a switch renames the row)

@@ -4,6 +4,7 @@ aborted with their blocks freed at once, and a bounded memory of its steps and f
 from __future__ import annotations
 
 import pytest
+from conftest import needs_kernels
 from test_batch import prompts_of, solo_run
 
 from model.engine.loading import load_model
@@ -177,4 +178,36 @@ def test_where_the_clock_went_adds_up_to_the_clock(small):
     prefilled = sum(s.forward_ms for s in run.steps if any(p.kind == "prefill" for p in s.spans))
     assert split["forward_prefill"] + split["forward_mixed"] == pytest.approx(prefilled)
     assert split["forward_mixed"] > 0 and split["forward_decode"] > 0
+    run.close()
+
+
+def test_within_each_kind_of_pass_the_kernels_clocks_and_the_rest_add_up_to_its_time():
+    """kv_runs.op_split: per kind of pass, the products, attention and small ops its passes' kernels clocked, summed,
+    and the rest: the passes' time outside them (never below 0). Exact sums of made-up passes."""
+    from types import SimpleNamespace
+
+    from model.serving.engine import PassRecord
+    from model.serving.kv_runs import op_split
+
+    clocked = {"products": 6.0, "attention": 2.0, "small_ops": 0.5}
+    steps = [SimpleNamespace(passes=[PassRecord("prefill", [], 10.0, clocked), PassRecord("decode", [], 4.0, {})]),
+             SimpleNamespace(passes=[PassRecord("decode", [], 3.0, {"products": 2.0, "attention": 0.25})])]
+    assert op_split(steps) == {
+        "prefill": {"products": 6.0, "attention": 2.0, "small_ops": 0.5, "rest": 1.5},
+        "decode": {"products": 2.0, "attention": 0.25, "small_ops": 0.0, "rest": 4.75}}
+
+
+@needs_kernels
+def test_a_runs_passes_carry_the_kernels_clocks(small):
+    """Each pass of a run in the decode kernels reads their clocks before and after it (kernels.op_seconds, this
+    thread's): products, attention and small ops all ran, and together took no more than the pass. Red once with the
+    products' clock left out of matmul_f32 (then no product time at all: the decode layers call it)."""
+    from model.serving.kv_runs import KVSettings, QueueRun
+    from model.serving.queues import built_in_queue
+
+    run = QueueRun(small, built_in_queue(small, "mixed"), KVSettings("paged", 16, 2**20)).run()
+    passes = [p for s in run.steps for p in s.passes]
+    assert all(p.ops_ms["products"] > 0 and p.ops_ms["attention"] > 0 and p.ops_ms["small_ops"] > 0 for p in passes)
+    assert all(sum(p.ops_ms.values()) <= p.ms for p in passes)
+    assert set(run.summary()["ops_ms"]) == {p.kind for p in passes}
     run.close()

@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 
 import streamlit as st
 
+from model.engine.kernels import OP_CLASSES
+from model.serving import kv_runs
+from model.serving.engine import StepRecord
 from model.serving.kv_runs import QueueRun
 from ui import svg
 from ui.errors import guarded
@@ -39,8 +42,11 @@ def step_time_chart(ms: list[float], axis: str) -> None:
                                zoom=1.5))
 
 
-def time_split_table(split: dict[str, float]) -> None:
-    """Where the run's clock went (kv_runs.time_split): each part's ms and share, the parts that took any time."""
+def time_split_table(steps: list[StepRecord]) -> None:
+    """Where the run's clock went (kv_runs.time_split): each part's ms and share, the parts that took any time; then
+    within each kind of pass, by the kernels' own clocks (kv_runs.op_split): products, attention, small ops, the
+    rest."""
+    split = kv_runs.time_split(steps)
     total = sum(split.values())
     if not total:
         return
@@ -48,6 +54,13 @@ def time_split_table(split: dict[str, float]) -> None:
                        [[t("serving.time_" + part), decimal(ms), f"{decimal(100 * ms / total)} %"]
                         for part, ms in split.items() if ms]))
     st.caption(t("serving.time_caption"))
+    ops = kv_runs.op_split(steps)
+    columns = [*OP_CLASSES, "rest"]
+    st.html(table_html([t("serving.ops_kind")] + [t("serving.op_" + op) for op in columns],
+                       [[t("serving.time_forward_" + kind)]
+                        + [f"{decimal(by_op[op])} ms ({decimal(100 * by_op[op] / (sum(by_op.values()) or 1))} %)"
+                           for op in columns] for kind, by_op in ops.items()]))
+    st.caption(t("serving.ops_caption"))
 
 
 def comparison(prefix: str, run: QueueRun, wanted: str | None, others: Callable[[], list[QueueRun]],

@@ -19,6 +19,7 @@
 // row, max|x| / 32767, so that the products are whole numbers; nothing from another row enters a row's numbers.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,6 +51,18 @@ static inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16_any*>(
 
 static inline f32x16 as_f32(u32x16 bits) { f32x16 v; std::memcpy(&v, &bits, sizeof v); return v; }
 static inline float bf16_value(uint16_t bits) { uint32_t w = uint32_t(bits) << 16; float v; std::memcpy(&v, &w, 4); return v; }
+
+// Where the kernels' time goes, per calling thread (a Streamlit session steps its engine on its own thread): seconds
+// in the products, in attention and in the small ops (norms, RoPE, SiLU), summed as they return; op_seconds reads
+// them. A clock read costs ~20 ns against a product's tens of µs.
+enum OpClass { PRODUCTS = 0, ATTENTION = 1, SMALL_OPS = 2 };
+static thread_local double op_totals[3] = {0.0, 0.0, 0.0};
+struct Clocked {
+  OpClass op;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  explicit Clocked(OpClass c) : op(c) {}
+  ~Clocked() { op_totals[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+};
 
 // v as it is, rounded: the compiler may not fuse it into a multiply-add with what follows (torch rounds a product,
 // then the sum it joins; one fused multiply-add would round once)
@@ -270,6 +283,7 @@ extern "C" {
 // float32 x and weights -> float32 y
 void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t blocks, float* y,
                 const float* residual, int threads) {
+  const Clocked clocked(PRODUCTS);
   const Panels panels{K * LANES};
   const int64_t ldy = blocks * LANES;
   const int64_t n_panels = (blocks + BLOCKS - 1) / BLOCKS;
@@ -288,6 +302,7 @@ void matmul_f32(const float* x, int64_t rows, int64_t K, const float* w, int64_t
 // bfloat16 x and weights -> bfloat16 y
 void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, int64_t blocks, uint16_t* y,
                  int threads) {
+  const Clocked clocked(PRODUCTS);
   const int64_t pairs = (K + 1) / 2;
   const Panels panels{pairs * LANES};  // in 32-bit words, one per output and pair
   const int64_t ldy = blocks * LANES;
@@ -300,6 +315,7 @@ void matmul_bf16(const uint16_t* x, int64_t rows, int64_t K, const uint32_t* w, 
 // float32 x, bfloat16 weights -> float32 y (residual as matmul_f32's): matmul_f32's sums over the weights widened
 void matmul_bf16w(const float* x, int64_t rows, int64_t K, const uint32_t* w, int64_t blocks, float* y,
                   const float* residual, int threads) {
+  const Clocked clocked(PRODUCTS);
   const int64_t pairs = (K + 1) / 2;
   const Panels panels{pairs * LANES};  // in 32-bit words, one per output and pair
   const int64_t ldy = blocks * LANES;
@@ -328,6 +344,7 @@ void matmul_bf16w(const float* x, int64_t rows, int64_t K, const uint32_t* w, in
 // q = round(x · 32767 / max|x|), its scale max|x| / 32767 (0 for a row of zeros)
 void matmul_int8(const float* x, int64_t rows, int64_t K, const int8_t* w, const float* scale, int64_t blocks,
                  float* y, const float* residual, int threads) {
+  const Clocked clocked(PRODUCTS);
   const int64_t pairs = (K + 1) / 2;
   std::vector<int16_t> q(rows * pairs * 2, 0);
   std::vector<float> sx(rows);
@@ -364,6 +381,7 @@ static inline float lanes_sum(f32x16 v) {
 // (Gemma's). A row's sum of squares runs over k in LANES running sums (k mod LANES), which are then added as a tree
 // (lanes_sum), the last n mod LANES squares after them: the same bits for a row whatever rows are beside it
 void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps, int plus_one, float* y) {
+  const Clocked clocked(SMALL_OPS);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * n;
     f32x16 lanes = {};
@@ -495,6 +513,7 @@ static void attend_head(const float* qh, const float* kh, const float* vh, int64
 static void attend_rows(const float* q, int64_t B, int64_t heads, int64_t d, int64_t q_b, int64_t q_h, const float* k,
                         const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h, int64_t kv_s,
                         const int64_t* first, const int64_t* end, float scale, float* out, float* weights) {
+  const Clocked clocked(ATTENTION);
   const int64_t groups = heads / kv_heads;
   if (first) std::fill(weights, weights + B * heads * S, 0.0f);
   for (int64_t b = 0; b < B; ++b) {
@@ -523,6 +542,7 @@ void attend_spans(const float* q, int64_t B, int64_t heads, int64_t T, int64_t d
                   int64_t q_t, const float* k, const float* v, int64_t kv_heads, int64_t S, int64_t kv_b, int64_t kv_h,
                   int64_t kv_s, const int64_t* first, const int64_t* end, float scale, float* out, float* weights,
                   int threads) {
+  const Clocked clocked(ATTENTION);
   const int64_t groups = heads / kv_heads;
 #pragma omp parallel for collapse(3) schedule(dynamic, 8) num_threads(threads) if (threads > 1)
   for (int64_t b = 0; b < B; ++b)
@@ -548,6 +568,7 @@ void attend_paged(const float* q, int64_t N, int64_t heads, int64_t d, int64_t q
                   const float* v, int64_t kv_heads, int64_t n_blocks, int64_t block_size, const int64_t* tables,
                   int64_t width, const int64_t* row, const int64_t* first, const int64_t* end, float scale, float* out,
                   int threads) {
+  const Clocked clocked(ATTENTION);
   const int64_t groups = heads / kv_heads, kv_h = n_blocks * block_size * d, block = block_size * d;
   int64_t longest = 1;
   for (int64_t t = 0; t < N; ++t) longest = std::max(longest, end[t] - first[t]);
@@ -607,6 +628,7 @@ static inline f32x16 exp16(f32x16 x) {
 static inline f32x16 silu_times(f32x16 gate, f32x16 up) { return gate / (1.0f + exp16(-gate)) * up; }
 
 void silu_mul(const float* gate_up, int64_t rows, int64_t I, int64_t ld, float* y) {
+  const Clocked clocked(SMALL_OPS);
   for (int64_t r = 0; r < rows; ++r) {
     const float* gate = gate_up + r * ld;
     const float* up = gate + I;
@@ -679,6 +701,7 @@ void decode_in(const Layer* L, const float* x, int64_t rows, const float* cos, c
   rms_norm(x, rows, L->hidden, L->norm_in, L->eps, int(L->plus_one), normed.data());
   product(L->qkv, normed.data(), rows, L->hidden, qkv, nullptr, threads);
   const int64_t width = (L->heads + 2 * L->kv_heads) * L->d_head;
+  const Clocked clocked(SMALL_OPS);
   for (int64_t r = 0; r < rows; ++r)
     rope(qkv + r * width, L->heads + L->kv_heads, L->d_head, cos + r * cs_row, sin + r * cs_row);
 }
@@ -717,6 +740,9 @@ void decode_out_paged(const Layer* L, const float* x, int64_t rows, const float*
                tables, width, row, first, end, L->scale, attended.data(), threads);
   layer_rest(L, x, rows, attended.data(), out, threads);
 }
+
+// this thread's seconds so far in the products, attention and the small ops (OpClass order) -> out[0..2]
+void op_seconds(double* out) { std::copy(op_totals, op_totals + 3, out); }
 
 // whether the bfloat16 product runs on the CPU's own bf16 dot product (AVX-512 BF16), else float32 multiply-adds
 int bf16_instructions() {

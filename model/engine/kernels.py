@@ -66,7 +66,7 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
               "decode_out_paged": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
                                    _int),
               "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
-              "bf16_instructions": (), "int8_instructions": ()}
+              "op_seconds": (_ptr,), "bf16_instructions": (), "int8_instructions": ()}
 
 
 class KernelsUnavailable(RuntimeError):
@@ -484,6 +484,26 @@ def attend_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torc
                            n_kv, n_blocks, block_size, tables.data_ptr(), tables.shape[1], row.data_ptr(),
                            first.data_ptr(), end.data_ptr(), scale, out.data_ptr(), torch.get_num_threads())
     return out
+
+
+# -- where the time goes ------------------------------------------------------------------------------------------
+
+OP_CLASSES = ("products", "attention", "small_ops")  # kernels.cpp's OpClass, in its order
+_tile_seconds = threading.local()  # this thread's seconds in tile products (torch's, llama.PackedWeight)
+
+
+def op_seconds() -> dict[str, float]:
+    """This thread's running seconds by OP_CLASSES: the kernels' products (and the tile products torch runs for them,
+    add_tile_seconds), their attention, and their small ops (norms, RoPE, SiLU); the difference of two readings is
+    what ran between them. Zeros where the kernels do not run: a model's whole time is then torch's."""
+    totals = (ctypes.c_double * 3)()
+    if unavailable_reason() is None:
+        kernels().op_seconds(totals)
+    return dict(zip(OP_CLASSES, (totals[0] + getattr(_tile_seconds, "total", 0.0), totals[1], totals[2])))
+
+
+def add_tile_seconds(seconds: float) -> None:
+    _tile_seconds.total = getattr(_tile_seconds, "total", 0.0) + seconds
 
 
 # -- a decode step's layer ----------------------------------------------------------------------------------------

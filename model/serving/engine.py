@@ -35,10 +35,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from model.engine.kernels import op_seconds
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
@@ -146,6 +147,7 @@ class PassRecord:
     kind: str         # "prefill" (prompts or recomputes only), "decode" (decode rows only), "mixed" (both)
     spans: list[Span]
     ms: float
+    ops_ms: dict[str, float] = field(default_factory=dict)  # of ms, by kernels.OP_CLASSES (their clocks)
 
     @property
     def positions(self) -> int:
@@ -527,10 +529,11 @@ class Engine:
             ids = torch.tensor([[by_id[r.request].tokens[p] for r in rows for p in range(r.start, r.end)]],
                                device=device)                                             # (1, N)
             synchronize(device)
-            t0 = progress.clock()
+            t0, ops_before = progress.clock(), op_seconds()
             logits = run_rows(self.model.module, self.cache, rows, ids, progress.after_layer)  # (rows, vocab)
             synchronize(device)
-            passes.append(PassRecord(pass_kind(spans), spans, (progress.clock() - t0) * 1000))
+            ops_ms = {op: (seconds - ops_before[op]) * 1000 for op, seconds in op_seconds().items()}
+            passes.append(PassRecord(pass_kind(spans), spans, (progress.clock() - t0) * 1000, ops_ms))
             for n, row in enumerate(rows):
                 last_logits[row.request] = logits[n]
             progress.prefilled += 1

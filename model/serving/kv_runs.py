@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from model.engine.kernels import OP_CLASSES
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.disaggregated import disaggregated_engine
@@ -174,6 +175,7 @@ class QueueRun:
                                                   for gap in r.itl_ms]),
             "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
             "time_ms": time_split(samples),
+            "ops_ms": op_split(samples),
             "offload": self.offload_summary(),
             "transfer": self.transfer_summary(),
         }
@@ -229,6 +231,19 @@ def time_split(steps: list[StepRecord]) -> dict[str, float]:
                for kind in ("prefill", "mixed", "decode")},
             "draws": sum(s.draw_ms for s in steps), "tier": sum(s.tier_ms for s in steps),
             "received": sum(s.received_ms for s in steps)}
+
+
+def op_split(steps: list[StepRecord]) -> dict[str, dict[str, float]]:
+    """Where the passes' time went, ms, by kind of pass (those that ran) and within each by kernels.OP_CLASSES, read
+    off the kernels' own clocks (the products include the tile products torch runs for them), and "rest": the pass's
+    time outside them (torch's ops, the cache's writes, Python between the calls)."""
+    split = {}
+    for kind in ("prefill", "mixed", "decode"):
+        passes = [p for s in steps for p in s.passes if p.kind == kind]
+        if passes:
+            ops = {op: sum(p.ops_ms.get(op, 0.0) for p in passes) for op in OP_CLASSES}
+            split[kind] = {**ops, "rest": max(sum(p.ms for p in passes) - sum(ops.values()), 0.0)}
+    return split
 
 
 def itl_percentiles(gaps: list[float]) -> dict[str, float | None]:

@@ -112,7 +112,7 @@ def run_queue(args) -> dict:
         "ttft_ms_p50": summary["ttft_ms_p50"], "itl_ms": summary["itl_ms"],
         "itl_ms_from_start": summary["itl_ms_from_start"], "ttft_ms_joined_p50": summary["ttft_ms_joined_p50"],
         "transfer": summary["transfer"],
-        "time_ms": summary["time_ms"],
+        "time_ms": summary["time_ms"], "ops_ms": summary["ops_ms"],
         "float32_pool": summary.get("float32_pool"),
         "sampling": dataclasses.asdict(settings),
         "conditions": f"{len(requests)} requests of the built-in {args.queue} queue served to their end, "
@@ -156,6 +156,9 @@ def print_report(report: dict) -> None:
     total = sum(split.values()) or 1.0
     print("where the clock went: " + ", ".join(f"{name.replace('_', ' ')} {ms:,.0f} ms ({ms / total:.0%})"
                                                for name, ms in split.items() if ms))
+    for kind, ops in report["ops_ms"].items():  # the kernels' own clocks within each kind of pass
+        print(f"  within the {kind} passes: " + ", ".join(f"{op.replace('_', ' ')} {ms:,.0f} ms"
+                                                          for op, ms in ops.items()))
     start, joined = report["itl_ms_from_start"], report["ttft_ms_joined_p50"]
     if joined is not None and start["p99"] is not None:
         print(f"requests there from the start: ITL p99 {ms(start['p99'])}, max {ms(start['max'])} ms; those that "
