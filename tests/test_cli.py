@@ -257,8 +257,9 @@ def test_the_kv_budget_is_said_in_the_operator_s_words(capsys, monkeypatch):
     monkeypatch.setenv("DECODE_LAB_SESSION_MB", "1")
     code, _, err = run(capsys, "profile", "--model", "small", "--batch", "32", "--context", "127", "--steps", "1")
     assert code == 2 and "session" not in err
-    # small: 2 (K, V) × 4 layers × 2 KV heads × 32 × 4 B = 2,048 B a position; 128 positions in 32 slots, twice
-    assert err.startswith("--batch 32 with --context 127 needs up to 16 MiB of KV cache, past the 1 MiB that "
+    # small: 2 (K, V) × 4 layers × 2 KV heads × 32 × 4 B = 2,048 B a position; 128 positions in each of 32 padded
+    # slots, reserved whole (measure.check_batch: memory.padded_bytes)
+    assert err.startswith("--batch 32 with --context 127 needs up to 8 MiB of KV cache, past the 1 MiB that "
                           "DECODE_LAB_SESSION_MB allows"), err
 
 
