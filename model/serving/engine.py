@@ -1,33 +1,8 @@
-"""A server over a paged KV cache (paged.py): admission when blocks are free, preemption by recompute when a growing
-request finds none, a prefix cache of full prompt blocks, and chunked prefill; every step one forward pass of the
-model's own, its rows (prompt chunks and decodes) side by side, or with EngineSettings.mixed False (the Serving page)
-each prompt's pass alone, then one pass of the decode rows, which gives the same tokens.
-
-The scheduling follows nano-vllm's Scheduler (nanovllm/engine/scheduler.py) and vLLM's (vllm/v1/core/sched/
-scheduler.py): each step the running requests first, in the order they were admitted (a decode needs one more
-block when its position starts one; when none is free, the latest admitted request is preempted: its blocks freed,
-back to the front of the queue, its positions computed again when it is admitted again, its tokens kept), then
-the waiting ones in order of arrival, each admitted only when the blocks of every position it already has (its
-prompt, after a preemption its tokens too) are free, less those the prefix cache gives it. A request's prompt is
-prefilled whole in the step it is admitted, or with chunked prefill (Sarathi-Serve, vLLM's default) `chunk`
-positions a step at most, together with the decode rows of that step.
-
-With `offload` (tiers.py), a victim holding at least `swap_from` positions is preempted by swap instead (vLLM V0's
-`_preempt_by_swap`): its blocks copied out to a slower tier, its computed positions kept; admitted again (first in
-the queue, when the pool has its blocks free), its blocks come back and it goes on where it stopped. A victim the
-tier cannot take (full, or its file could not be made) or whose blocks come back damaged is computed again, and the
-step says why.
-
-Every request's tokens are its solo run's, and with the decode kernels (float32 on a CPU, the packed linears) its
-logits are too, bit for bit on any CPU they build on (tests/test_paged.py): every query of a pass (a prompt's chunk,
-the rest after a prefix-cache hit, a decode, a preempted request's positions computed again) is attended in the
-kernels over exactly the keys its solo run's pass attends it over, in the kernels' own order of sums
-(kernels.attend_spans), and the products sum each row alone. A prompt's chunk still reads the keys of its whole
-prompt (the ones not computed yet masked) and is two positions long at least, and a prefix-cache hit is a multiple of
-paged.ALIGN positions, so that the paths off the kernels (torch's product and softmax: a bfloat16 model, a GPU, no
-compiler) see the shapes of the prompt's one prefill (paged.py); only prompt blocks are cached (a written token's
-keys come from a decode step, not a prefill). Gemma 3's GELU is torch's, whose rounding of a number can depend on
-where it lies: its rows are their solo runs within that rounding (tests/test_batch.py, GELU_TOL).
+"""The serving engine (nano-vllm's LLMEngine and Scheduler, vLLM v1's Scheduler): requests added, stepped, aborted.
+Each step schedules the running requests first (grown, or the latest admitted preempted: computed again later, or
+with `offload` moved out to a tier, tiers.py), then the waiting ones in order of arrival (received from a prefill
+worker, moved back in, a prefix-cache hit, a whole prompt or a chunk), and runs their rows in one forward pass
+(runner.py). docs/serving.md (Serving II and III) says how, and why every request's tokens are its solo run's.
 """
 
 from __future__ import annotations
@@ -53,7 +28,7 @@ from model.serving.memory import (
     pool_dtype,
     too_small,
 )
-from model.serving.paged import PagedLayout, Row
+from model.serving.paged import Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
 from model.serving.tiers import Offload, check_tier, tier_maker, tier_slots
@@ -64,8 +39,7 @@ MAX_RUNNING = 128  # requests running at once at most, whatever the blocks allow
 
 @dataclass(frozen=True)
 class StepProgress:
-    """Where a step is, told after each layer of each of its passes (with separate passes each prefill, then the
-    decode pass; mixed, the one pass)."""
+    """Where a step is, told after each layer of each of its passes."""
     step: int        # the step's index
     prefilled: int   # prefill passes done so far in this step
     prefills: int    # prefill passes the step runs in all (0 when mixed)
@@ -81,9 +55,8 @@ class StepProgress:
 
 
 class Progress:
-    """A step's `report`, told where the step is (`prefilled` so far, then block i of the pass under way done);
-    `clock()` runs as time.perf_counter() but stands still while the report runs (it draws a page), so that no
-    step's time counts it."""
+    """A step's `report`, told after each layer; `clock()` stands still while the report runs (it draws a page), so
+    that no step's time counts it."""
 
     def __init__(self, report: Callable[[StepProgress], None] | None, step: int, prefills: int, rows: int,
                  layers: int):
@@ -113,11 +86,8 @@ class EngineSettings:
     tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary one)
     tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
-    history: int | None = None        # the last steps (and finished requests) kept; None: all (a queue's run), a
-                                      # number: a server that runs for hours keeps its memory bounded
-    mixed: bool = True                # True: a step's spans in one pass; False: each span that prefills in a pass
-                                      # of its own, then the decode spans in one (nano-vllm never mixes the two in
-                                      # a pass): the Serving page times each prefill and the decode batch apart
+    history: int | None = None        # the last steps (and finished requests) kept; None: all (a queue's run)
+    mixed: bool = True                # False: each prefilling span in a pass of its own, then the decodes in one
 
 
 @dataclass(frozen=True)
@@ -126,8 +96,7 @@ class Span:
     request: int
     start: int
     stop: int
-    kind: str  # "prefill" (its prompt, first time), "recompute" (after a preemption), "decode", "received" (its
-               # prompt prefilled by another worker, its keys and values written into its blocks: no rows here)
+    kind: str  # "prefill" | "recompute" (after a preemption) | "decode" | "received" (from a prefill worker: no rows)
 
 
 @dataclass(frozen=True)
@@ -167,9 +136,8 @@ class StepRecord:
     preempted: list[int]          # requests whose blocks were taken back this step, to compute again later
     left: list[int]               # requests that finished this step and freed their blocks
     cached_positions: dict[int, int]
-    tier: list[tuple[int, str]]   # (request, "out" | "in" | "short" | "full" | "unwritable" | "damaged"): moved out,
-                                  # moved back in, or computed again because it held fewer positions than swap_from,
-                                  # the tier was full, its file could not be made, or a block came back damaged
+    tier: list[tuple[int, str]]   # (request, "out" | "in" | why it was computed again instead: "short" | "full" |
+                                  # "unwritable" | "damaged")
     tier_ms: float                # moving blocks out and in
     received_ms: float            # waiting for and receiving prompts prefilled elsewhere (disaggregated.py)
     forward_ms: float             # the forward passes (the sum of passes' ms)
@@ -181,8 +149,7 @@ class StepRecord:
     bytes_reserved: int           # blocks held × block bytes, at the step's peak (before the finished left)
     bytes_held: int               # positions those blocks hold × bytes per position, then
     passes: list[PassRecord]      # the step's forward passes, in the order they ran
-    slots: list[int | None] | None  # the padded memory's: per slot the request holding it during the step (None:
-                                    # free); None for blocks
+    slots: list[int | None] | None  # the padded memory's: per slot its request (None: free); None for blocks
 
     @property
     def ms(self) -> float:
@@ -193,12 +160,6 @@ class StepRecord:
         return sum(s.stop - s.start for s in self.spans if s.kind != "decode")
 
 
-def smallest_budget(layout: PagedLayout, requests: list[Request]) -> int:
-    """The bytes of the blocks the longest request holds at its longest (every position but its last token)."""
-    longest = max(len(r.prompt_ids) + r.max_new_tokens - 1 for r in requests)
-    return layout.request_blocks(longest) * layout.block_bytes
-
-
 def longest_held(info, requests: list[Request]) -> int:
     """The positions the longest request holds at its longest (a server's open queue: the context)."""
     if not requests:
@@ -207,9 +168,7 @@ def longest_held(info, requests: list[Request]) -> int:
 
 
 def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Request]) -> None:
-    """A block size that is a power of two within the context, a chunk of MIN_CHUNK positions to the context, and
-    a budget that holds the longest request whole (else it could never run to its end), each refused in one
-    sentence; what the padded memory does not have."""
+    """Settings and requests the engine could never run to their end, refused in one sentence each."""
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
     check_memory(settings.memory, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
@@ -223,7 +182,8 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
         if len(request.prompt_ids) >= context:
             raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
     layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests), settings.kv_dtype)
-    least = smallest_budget(layout, requests) if requests else layout.block_bytes
+    longest = max((len(r.prompt_ids) + r.max_new_tokens - 1 for r in requests), default=0)  # its last token unfed
+    least = layout.request_blocks(longest) * layout.block_bytes if requests else layout.block_bytes
     if settings.budget_bytes < least:
         raise too_small(settings.memory, settings.budget_bytes, mib_up(least))
     for request in requests:
@@ -261,8 +221,7 @@ class Engine:
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
-        # what brings a request's keys and values from outside the pool (disaggregated.PrefillConnector): step_begins
-        # before each schedule (its ms), step_ends after each step, reset, close
+        # what brings a request's keys and values from outside the pool (disaggregated.PrefillConnector)
         self.connector = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
@@ -275,8 +234,7 @@ class Engine:
         return not self.waiting and not self.running
 
     def reset(self) -> None:
-        """Every block back in the pool, every request waiting again from its start, the tier's slots free and its
-        file deleted."""
+        """Every block back in the pool, every request waiting again from its start, the tier emptied."""
         if self.connector is not None:
             self.connector.reset()
         self.cache.reset()
@@ -288,21 +246,16 @@ class Engine:
         self.steps.clear()
 
     def close(self) -> None:
-        """The tier's file deleted and the pool's memory let go (a run that ends keeps neither): the server takes no
-        more steps."""
+        """The tier's file deleted and the pool's memory let go: the engine takes no more steps."""
         if self.connector is not None:
             self.connector.close()
         if self.offload is not None:
             self.offload.close()
         self.cache.release()
 
-    # -- requests arriving and leaving while it runs (a server's) --------------------------------------------------
-
     def add_request(self, prompt_ids: list[int], max_new_tokens: int,
                     settings: SamplingSettings | None = None, *, ignore_eos: bool = False) -> Request:
-        """A request that arrives now (it is scheduled from the next step on), refused in one sentence (InputError)
-        when it could never run here: a prompt that fills the context, sampling settings out of range, or more
-        positions than the whole pool holds."""
+        """A request that arrives now (scheduled from the next step on); InputError when it could never run here."""
         request = Request(self.next_id, list(prompt_ids), max_new_tokens, settings or SamplingSettings(),
                           arrival_step=self.steps_run, ignore_eos=ignore_eos)
         context = self.info.context_length
@@ -321,8 +274,8 @@ class Engine:
         return request
 
     def abort(self, request_id: int) -> bool:
-        """The request ends now (stop_reason "abort"): its blocks back in the pool at once, its tier slots freed;
-        False when it is not waiting or running. The plan of a step stopped midway is made again."""
+        """The request ends now (stop_reason "abort"), its blocks and tier slots freed; False when it is not waiting
+        or running. The plan of a step stopped midway is made again."""
         request = self.requests.get(request_id)
         if request is None or request.stop_reason is not None:
             return False
@@ -345,11 +298,11 @@ class Engine:
             for request in left:
                 self.requests.pop(request.id, None)
 
-    # -- preemption ------------------------------------------------------------------------------------------------
+    # -- scheduling ------------------------------------------------------------------------------------------------
 
     def _preempt(self, seq: Request, tier: list[tuple[int, str]]) -> None:
-        """Its blocks out to the tier (its positions kept: its hashes too, so that the blocks it gets back, which the
-        prefix cache does not know, are not cached again), or given back to be computed again."""
+        """Its blocks out to the tier (its positions and hashes kept: the blocks it gets back are not cached again),
+        or given back to be computed again."""
         rid = seq.id
         why = "off"
         if self.offload is not None:
@@ -372,8 +325,8 @@ class Engine:
         return (seq.computed + 1 if decoding else self._chunk_end(seq, budget)), decoding
 
     def _swap_in(self, seq: Request, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
-        """A moved-out request first in the queue: its blocks back into the pool and its next span (None: too few
-        blocks free, it waits), or False when a block came back damaged (its positions to compute again)."""
+        """A moved-out request's blocks back into the pool and its next span (None: too few blocks free, it waits),
+        or False when a block came back damaged (its positions to compute again)."""
         rid = seq.id
         stop, decoding = self._next_stop(seq, budget)
         out = self.offload.out[rid]
@@ -391,12 +344,9 @@ class Engine:
         self.cache.grow(seq, stop)
         return self._span(seq, stop, decoding)
 
-    # -- scheduling --------------------------------------------------------------------------------------------------
-
     def _chunk_end(self, seq: Request, budget: int | None) -> int | None:
-        """Where the request's next span ends within `budget` positions (None: no limit), its prompt's part at least
-        two positions (unless the prompt is one): a chunk of one query over a whole prompt's keys rounds differently
-        from that row of the prompt's one prefill (measured on SmolLM2). None when the budget leaves no such end."""
+        """Where the request's next span ends within `budget` positions (None: no limit), its prompt's part two
+        positions at least unless the prompt is one (docs/serving.md); None when the budget leaves no such end."""
         start, prompt, end = seq.computed, seq.prompt_len, len(seq.tokens)
         stop = end if budget is None else min(end, start + budget)
         if stop == prompt - 1 and start < stop:
@@ -408,11 +358,26 @@ class Engine:
     def _schedule(self, index: int) -> Plan:
         spans, admitted, preempted, cached, tier = [], [], [], {}, []
         moved_ms = self._moved_ms()
-        budget = self.settings.chunk
+
+        def budget() -> int | None:
+            """The chunk's positions the spans so far leave (None: no chunk)."""
+            if self.settings.chunk is None:
+                return None
+            return self.settings.chunk - sum(s.stop - s.start for s in spans if s.kind not in ("decode", "received"))
+
+        def start_running(seq: Request, span: Span, hit_positions: int) -> None:
+            self.waiting.popleft()
+            self.running.append(seq)
+            admitted.append(seq.id)
+            cached[seq.id] = hit_positions
+            if seq.joined_step is None:
+                seq.joined_step, seq.cached_positions = index, hit_positions
+            spans.append(span)
+
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            stop, decoding = self._next_stop(seq, budget)
+            stop, decoding = self._next_stop(seq, budget())
             if stop is None:
                 i += 1
                 continue
@@ -424,8 +389,6 @@ class Engine:
                     break
             else:
                 spans.append(self._span(seq, stop, decoding))
-                if not decoding and budget is not None:
-                    budget -= stop - seq.computed
                 i += 1
         for seq in self.waiting:
             if seq.arrival_step > index:
@@ -440,44 +403,24 @@ class Engine:
                 if seq.received_kv is None or self.layout.request_blocks(len(seq.tokens)) > self.cache.pool.n_free:
                     break  # its prompt not here yet, or its blocks not free
                 self.connector.load(self.cache, seq)
-                self.waiting.popleft()
-                self.running.append(seq)
-                admitted.append(seq.id)
-                cached[seq.id] = 0
-                if seq.joined_step is None:
-                    seq.joined_step = index
-                spans.append(Span(seq.id, 0, seq.prompt_len, "received"))
+                start_running(seq, Span(seq.id, 0, seq.prompt_len, "received"), 0)
                 continue
             if seq.kv_at == "tier":
-                span = self._swap_in(seq, budget, tier)
+                span = self._swap_in(seq, budget(), tier)
                 if span is None:
                     break
                 if span is not False:
-                    self.waiting.popleft()
-                    self.running.append(seq)
-                    admitted.append(seq.id)
-                    cached[seq.id] = 0
-                    spans.append(span)
-                    if budget is not None and span.kind != "decode":
-                        budget -= span.stop - span.start
+                    start_running(seq, span, 0)
                     continue
             hit = self.cache.prefix_hit(seq) if self.settings.prefix_cache else [[] for _ in self.layout.groups]
             hit_positions = len(hit[0]) * self.layout.block_size
             seq.computed = hit_positions
-            stop = self._chunk_end(seq, budget)
+            stop = self._chunk_end(seq, budget())
             if stop is None or not self.cache.can_admit(seq, hit):
                 seq.computed = 0
                 break  # admission waits for blocks (or for the next step's chunk)
             self.cache.admit(seq, hit)
-            self.waiting.popleft()
-            self.running.append(seq)
-            admitted.append(seq.id)
-            cached[seq.id] = hit_positions
-            if seq.joined_step is None:
-                seq.joined_step, seq.cached_positions = index, hit_positions
-            spans.append(self._span(seq, stop, False))
-            if budget is not None:
-                budget -= stop - seq.computed
+            start_running(seq, self._span(seq, stop, False), hit_positions)
         return Plan(spans, admitted, preempted, cached, tier, self._moved_ms() - moved_ms)
 
     def _moved_ms(self) -> float:
@@ -499,11 +442,10 @@ class Engine:
 
     @torch.inference_mode()
     def step(self, report: Callable[[StepProgress], None] | None = None) -> StepRecord:
-        """One iteration: schedule (once), the forward passes over the spans' rows (one mixed pass, or with
-        settings.mixed False each prefilling span's pass, then the decodes'), each request that computed its last
-        token draws the next; hashes, windows and the finished ones' blocks then. report(progress) runs after each
-        layer and may stop the step there by raising (the page's Stop): the plan stays, and the next call runs its
-        passes again whole (they write the same positions); their time is not counted."""
+        """One iteration: schedule (once), the forward passes over the spans' rows, each request that computed its
+        last token draws the next; hashes, windows and the finished ones' blocks then. report(progress) runs after
+        each layer and may stop the step by raising (the page's Stop): the plan stays, and the next call runs its
+        passes again whole (they write the same positions)."""
         index = self.steps_run
         if self.plan is None:
             if self.connector is not None:
@@ -564,18 +506,15 @@ class Engine:
         slots = None if self.slots is None else self.cache.slot_holders(self.running, self.slots)
         held_blocks = len(self.cache.held_blocks())
         shared = self.cache.pool.shared()
-        left = []
-        for seq in list(self.running):
-            if seq.stop_reason is not None:
-                seq.left_step = index
-                left.append(seq)
-                self.cache.free(seq)
-                self.running.remove(seq)
+        left = [seq for seq in self.running if seq.stop_reason is not None]
+        for seq in left:
+            seq.left_step = index
+            self.cache.free(seq)
+            self.running.remove(seq)
         self._forget_finished(left)
-        left = [seq.id for seq in left]
-        step = StepRecord(index, plan.spans, plan.admitted, plan.preempted, left, plan.cached_positions, plan.tier,
-                         plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn), len(self.running) + len(left),
-                         held_blocks, shared, reserved, held, passes, slots)
+        step = StepRecord(index, plan.spans, plan.admitted, plan.preempted, [seq.id for seq in left],
+                          plan.cached_positions, plan.tier, plan.tier_ms, received_ms, forward_ms, draw_ms, len(drawn),
+                          len(self.running) + len(left), held_blocks, shared, reserved, held, passes, slots)
         self.steps.append(step)
         self.steps_run += 1
         if self.settings.history is not None and len(self.steps) > self.settings.history:
