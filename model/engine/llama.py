@@ -153,19 +153,17 @@ def apply_rope(x, cos, sin):
 
 @dataclass(frozen=True)
 class RowKeys:
-    """The keys each row of a batched decode reads (model/serving/slots.py): row r's query attends over buffer indices
-    first[r] .. end[r] − 1 of its own slot and nothing else, exactly the keys its solo decode attends over. Given in
-    place of a mask, so that each row is attended over those keys alone: over a padded buffer with −∞ beyond a row's
-    end, the products and the softmax run over a longer row of keys and round differently, and a row's logits would
-    depend on how long the others are."""
+    """The keys each row of a flattened pass reads (model/serving/paged.py): the rows lie side by side in one
+    sequence, row r with queries[r] new positions from buffer index starts[r] of its own keys, which it reads from
+    first[r] .. end[r] − 1 and nothing else (a prompt's chunk reads as many keys as its whole prompt's prefill, the
+    later ones masked), exactly the keys its solo run attends over. Given in place of a mask, so that each row is
+    attended over those keys alone: over a padded buffer with −∞ beyond a row's end, the products and the softmax run
+    over a longer row of keys and round differently, and a row's logits would depend on how long the others are."""
     first: tuple[int, ...]
     end: tuple[int, ...]
-    # a flattened pass (model/serving/paged.py): the rows lie side by side in one sequence, row r with queries[r]
-    # new positions from buffer index starts[r] (its keys may run past them: a prompt's chunk reads as many keys as
-    # its whole prompt's prefill, the later ones masked); None: one query per row of the batch, its last key
-    queries: tuple[int, ...] | None = None
-    starts: tuple[int, ...] | None = None
-    window: int | None = None  # of a flattened pass's sliding layers, for their masks
+    queries: tuple[int, ...]
+    starts: tuple[int, ...]
+    window: int | None = None  # of the pass's sliding layers, for their masks
 
     def last_queries(self) -> list[int]:
         """Where each row's last query lies in a flattened pass."""
@@ -199,7 +197,7 @@ def attend(q, k, v, keys: torch.Tensor | RowKeys | None, scale: float, fused: bo
     of it, a decode step, beside any other rows, on any CPU, which torch's product (MKL's blocking, chosen per CPU
     and per shape) does not give."""
     if isinstance(keys, RowKeys):
-        return attend_rows(q, k, v, keys, scale, fused)
+        return attend_flat(q, k, v, keys, scale, fused)
     if fused and q.dtype == k.dtype == v.dtype == torch.float32 and q.stride(-1) == 1:
         if k.stride(-1) != 1 or k.stride() != v.stride():
             k, v = k.contiguous(), v.contiguous()
@@ -235,26 +233,6 @@ def visible_spans(mask: torch.Tensor | None, T: int, S: int) -> tuple[torch.Tens
     if not bool((seen | (mask == float("-inf"))).all()) or not bool((seen.sum(-1) == end - first).all()):
         return None
     return first.contiguous(), end.contiguous()
-
-
-def attend_rows(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
-    """attend for a batched decode, each row over its own keys (RowKeys); rows that read the same keys share one
-    product. q (B, n_heads, 1, d_head), k and v (B, n_kv, S, d_head), S the longest row's keys -> out (B, 1,
-    n_heads·d_head), weights (B, n_heads, 1, S), zero outside a row's keys."""
-    if rows.queries is not None:
-        return attend_flat(q, k, v, rows, scale, fused)
-    B, n_heads, T, d_head = q.shape
-    spans = list(zip(rows.first, rows.end))
-    if set(spans) == {(0, k.shape[2])}:  # every row reads every key (one row, say): the plain attend, no copies
-        return attend(q, k, v, None, scale, fused)
-    out = q.new_empty(B, T, n_heads * d_head)
-    weights = q.new_zeros(B, n_heads, T, k.shape[2])
-    batches = [slice(0, B)] if len(set(spans)) == 1 else [slice(r, r + 1) for r in range(B)]  # views, no copy
-    for batch in batches:
-        first, end = spans[batch.start]
-        out[batch], weights[batch, :, :, first:end] = attend(q[batch], k[batch, :, first:end], v[batch, :, first:end],
-                                                             None, scale, fused)
-    return out, weights
 
 
 def attend_flat(q, k, v, rows: RowKeys, scale: float, fused: bool = False):
@@ -601,8 +579,8 @@ class Block(nn.Module):
         if self.decode_layer is not None and on_tiles(self.self_attn.o_proj, x):  # torch's ops, products on tiles
             return self.forward_ops(x, cos, sin, keys, cache, layer, heads_off)
         if (self.decode_layer is not None and x.shape[1] == 1 and x.dtype == torch.float32 and cache is not None
-                and not heads_off and (keys is None or (isinstance(keys, RowKeys) and keys.queries is None))):
-            return self.decode(x, cos, sin, keys, cache, layer)
+                and not heads_off and keys is None):
+            return self.decode(x, cos, sin, cache, layer)
         if (self.decode_layer is not None and getattr(cache, "reads_in_place", False) and x.dtype == torch.float32
                 and not heads_off):
             return self.pass_in_place(x, cos, sin, cache, layer)
@@ -614,7 +592,7 @@ class Block(nn.Module):
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, weights, qkv
 
-    def decode(self, x, cos, sin, keys: RowKeys | None, cache, layer):
+    def decode(self, x, cos, sin, cache, layer):
         """forward for one new position per row, in two calls of the decode kernels where forward makes some twenty
         torch ops: the same functions in the same order (kernels.cpp, decode_in and decode_out), so the same bits
         (tests/test_engine.py); what it saves is timed in docs/benchmarks.md."""
@@ -622,7 +600,7 @@ class Block(nn.Module):
         qkv = kernels.decode_in(self.decode_layer, x, cos, sin)                  # (B, 1, n_heads + 2·n_kv, d_head)
         q, k, v = qkv.transpose(1, 2).split((attn.n_heads, attn.n_kv_heads, attn.n_kv_heads), dim=1)
         k, v = cache.append(layer, k, v)                                          # (B, n_kv, S, d_head)
-        first, end = key_spans(keys, x.shape[0], k.shape[2])
+        first, end = every_key(x.shape[0], k.shape[2])
         out, weights = kernels.decode_out(self.decode_layer, x, qkv, k, v, first, end)
         return out, weights, (q, k, v)
 
@@ -660,16 +638,10 @@ class Block(nn.Module):
 
 
 @functools.lru_cache(maxsize=64)
-def _spans(first: tuple[int, ...], end: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.tensor(first), torch.tensor(end)
-
-
-def key_spans(keys: RowKeys | None, rows: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The buffer indices each row's query reads, first[r] .. end[r] − 1, as two int64 tensors: RowKeys', or every
-    one of the S keys (None). Made once per set of spans (a step's layers share them)."""
-    if keys is None:
-        return _spans((0,) * rows, (S,) * rows)
-    return _spans(keys.first, keys.end)
+def every_key(rows: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffer indices each row's query reads, first[r] .. end[r] − 1, as two int64 tensors: every one of the S
+    keys. Made once per shape (a step's layers share them)."""
+    return torch.zeros(rows, dtype=torch.int64), torch.full((rows,), S, dtype=torch.int64)
 
 
 def causal_mask(n_new: int, n_past: int, device, dtype, window: int | None = None,
@@ -749,10 +721,9 @@ class DecoderOnly(nn.Module):
         """ids (B, T) at `positions`, appended to `cache` (None: no cache, nothing kept).
         One sequence: positions (T,), by default the T positions after what the cache holds; each layer kind's
         causal mask is built once (a sliding kind from the first key its cache layer still holds).
-        A batched decode over a slotted cache (model/serving): positions (B, 1), each row at its own, and `keys`, per
-        layer kind, the keys each row reads in its own slot (RowKeys), in place of the mask. A flattened pass over a
-        paged cache (model/serving/paged.py): ids (1, N) and positions (N,) of rows of different lengths side by
-        side, `keys` RowKeys with each row's query count; the cache gives each row its own keys.
+        A flattened pass over a paged cache (model/serving/paged.py): ids (1, N) and positions (N,) of rows of
+        different lengths side by side, and `keys`, per layer kind, RowKeys with each row's query count and the keys
+        it reads, in place of the mask; the cache gives each row its own keys.
         last_logits_only: the LM head runs on the last position alone (inference needs no other), which saves T − 1
         rows of vocab-sized logits; in a flattened pass on each row's last. activation_checkpointing (training, no
         cache): each block's inner activations are not kept for backward but recomputed there, block by block; the
@@ -797,7 +768,7 @@ class DecoderOnly(nn.Module):
             if after_layer is not None:
                 after_layer(i)
         if last_logits_only:
-            flat = next((k for k in keys.values() if isinstance(k, RowKeys) and k.queries is not None), None)
+            flat = next((k for k in keys.values() if isinstance(k, RowKeys)), None)
             x = x[:, -1:] if flat is None else x[:, flat.last_queries()]
         hidden = self.model.norm(x)                              # (B, T or 1, hidden)
         logits = self.lm_head(hidden)                            # (B, T or 1, vocab)
