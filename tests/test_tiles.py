@@ -117,14 +117,14 @@ def test_a_tiled_bfloat16_model_attends_a_float32_pool_in_place_within_bfloat16_
     """A bfloat16 model with tile products keeps its keys and values in a float32 pool that the engine's pass reads
     where they lie (kernels.attend_paged, its queries widened to float32): a prompt's last logits are the model's own
     bfloat16 forward's within bfloat16 rounding. Red if attend_flat hands attend_paged a bfloat16 query."""
-    from model.serving.memory import make_memory, memory_layout, pool_dtype
+    from model.serving.memory import BlockMemory, memory_layout, pool_dtype
     from model.serving.runner import prompt_alone, reads_in_place, run_rows
 
     model = with_weights(request.getfixturevalue(name), "bfloat16", tiles=True)
     n = 40
     ids = (torch.arange(n) * 7 % 49 + 1)[None]                                  # (1, n)
     layout = memory_layout(model.info, "paged", 16, n)
-    cache = make_memory(layout, layout.request_blocks(n) * len(layout.groups), pool_dtype("float32", model.kv_dtype),
+    cache = BlockMemory(layout, layout.request_blocks(n) * len(layout.groups), pool_dtype("float32", model.kv_dtype),
                         model.device)
     assert cache.keys.dtype == torch.float32 and reads_in_place(model.module, cache)
     paged = run_rows(model.module, cache, prompt_alone(cache, n), ids)[0].float()  # (vocab,)

@@ -19,7 +19,7 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.costs import flops, prefill_counts, weight_bytes
-from model.serving.memory import MAX_SLOTS, BlockMemory, make_memory, memory_layout, padded_bytes
+from model.serving.memory import MAX_SLOTS, BlockMemory, memory_layout, padded_bytes
 from model.serving.paged import Row
 from model.serving.quality import Quality, held_out, measure_quality, text_ids
 from model.serving.request import Request
@@ -127,7 +127,7 @@ def filled_memory(model: NativeModel, batch: int, context: int,
     same `context` prefilled positions of filler ids and room for one more: request 0's prompt through the runner,
     its blocks copied into the others'. tick() runs after each layer of the prefill (a caller that may stop there)."""
     layout = memory_layout(model.info, "padded", 0, context + 1)
-    memory = make_memory(layout, batch * len(layout.groups), model.kv_dtype, model.device)
+    memory = BlockMemory(layout, batch * len(layout.groups), model.kv_dtype, model.device)
     ids = filler_ids(model, context)
     requests = [Request(r, ids, 1) for r in range(batch)]
     for request in requests:

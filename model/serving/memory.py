@@ -1,20 +1,14 @@
-"""Where a server keeps its requests' keys and values, behind one protocol (vLLM v1's KVCacheManager, nano-vllm's
-BlockManager): may a request be admitted, grow it to n positions, free it, what the prefix cache already holds of
-it, and the bytes reserved and held. BlockMemory answers it, the paged pool (paged.PagedCache): blocks handed out as
-a request's positions need them, a prefix cache of full prompt blocks, a sliding group's blocks given back once its
-window passes them.
-
-The engine's two memories are both BlockMemory: "paged", blocks of block_size positions; "padded", the vLLM paper's
-"reserve the maximum" baseline under the same scheduler, one block per request and layer group holding the queue's
-longest request whole (a one-entry block table, the Serving page's slot), so a request reserves its whole length at
-admission and never grows. memory_layout, memory_blocks and memory_slots are the one place that tells the two apart.
+"""Where the engine keeps its requests' keys and values (vLLM v1's KVCacheManager, nano-vllm's BlockManager): may a
+request be admitted, grow it, free it, what the prefix cache holds of it, the bytes reserved and held. Both memories
+are a BlockMemory: "paged", blocks of block_size positions; "padded", the vLLM paper's "reserve the maximum" baseline,
+one block per layer group holding the queue's longest request whole (the Serving page's slot). memory_layout,
+memory_blocks and memory_slots are the one place that tells the two apart.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -27,13 +21,6 @@ from model.serving.request import Request
 
 MEMORIES = ("paged", "padded")
 MAX_SLOTS = 32  # padded slots at most
-
-
-class KVMemory(Protocol):
-    def can_admit(self, request: Request, hit: list[list[int]]) -> bool: ...
-    def grow(self, request: Request, positions: int) -> bool: ...
-    def free(self, request: Request) -> None: ...
-    def usage(self, running: list[Request]) -> tuple[int, int]: ...
 
 
 class BlockMemory(PagedCache):
@@ -55,16 +42,14 @@ class BlockMemory(PagedCache):
         return True
 
     def free(self, request: Request) -> None:
-        """Every block of the request given back, the last first (vLLM's KVCacheManager.free frees in reverse: a
-        prefix's later blocks are handed out again before its first ones)."""
+        """Every block of the request given back, the last first (as vLLM's KVCacheManager.free)."""
         for table in self.tables.pop(request.id, []):
             self.pool.free([b for b in reversed(table) if b is not None])
         request.hashes = []
 
     def prefix_hit(self, request: Request) -> list[list[int]]:
         """Per group, the cached blocks that hold the longest prefix of its tokens: full prompt blocks, found in
-        every group, a multiple of ALIGN positions and at least one position short of its tokens (the last one's
-        logits are computed: vLLM's get_computed_blocks caps a hit at num_tokens − 1, kv_cache_manager.py)."""
+        every group, a multiple of ALIGN positions and at least one position short of its tokens."""
         size, tokens = self.layout.block_size, request.tokens
         most = min(request.prompt_len, len(tokens) - 1) // size
         found: list[list[int]] = [[] for _ in self.layout.groups]
@@ -122,41 +107,15 @@ class BlockMemory(PagedCache):
                     table[j] = None
 
     def slot_holders(self, running: list[Request], slots: int) -> list[int | None]:
-        """The padded memory's slots: per slot the request holding it (None: free). A request's block of group 0
-        tells its slot: a padded request takes one block per group, in group order, from the head of the free queue
-        and gives them back in the same order to its end, so the queue always holds whole slots (block ids s × groups
-        + g)."""
+        """The padded memory's slots: per slot the request holding it (None: free). A padded request takes and gives
+        back one block per group in group order, so its block of group 0 is block slot × groups."""
         holders: list[int | None] = [None] * slots
         for request in running:
             holders[self.tables[request.id][0][0] // len(self.layout.groups)] = request.id
         return holders
 
-    def view(self, running: list[Request]) -> PoolView:
-        """The pool as a page draws it: per block its first holder, holders, whether the prefix cache finds it,
-        its kind and the positions it holds; each request's tables."""
-        n, size = self.n_blocks, self.layout.block_size
-        holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
-        sliding = np.zeros(n, dtype=bool)
-        for seq in sorted(running, key=lambda s: s.id):
-            for group, table in zip(self.layout.groups, self.tables.get(seq.id, [])):
-                for j, block in enumerate(table):
-                    if block is None:
-                        continue
-                    if holder[block] < 0:
-                        holder[block] = seq.id
-                    sliding[block] = group.window is not None
-                    filled[block] = max(filled[block], min(size, max(0, seq.computed - j * size)))
-        blocks = self.pool.blocks
-        cached = np.array([(b.group, b.hash) in self.pool.cached and self.pool.cached[(b.group, b.hash)]
-                           == b.id for b in blocks], dtype=bool)
-        tables = {rid: [[-1 if b is None else b for b in table] for table in tables]
-                  for rid, tables in self.tables.items()}
-        return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, size, tables,
-                        [g.window for g in self.layout.groups])
-
-    def usage(self, running: list[Request]) -> tuple[int, int]:
-        """(bytes of the blocks held, bytes of the positions they hold): a block holds its positions up to its
-        owners' computed length; the rest of a last block is the waste."""
+    def filled(self, running: list[Request]) -> dict[int, int]:
+        """Per held block, the positions it holds: up to its holders' computed length (the rest is the waste)."""
         size = self.layout.block_size
         filled: dict[int, int] = {}
         for request in running:
@@ -164,8 +123,36 @@ class BlockMemory(PagedCache):
                 for j, block_id in enumerate(table):
                     if block_id is not None:
                         filled[block_id] = max(filled.get(block_id, 0), min(size, request.computed - j * size))
-        return (len(filled) * self.layout.block_bytes,
-                sum(max(0, n) for n in filled.values()) * self.layout.position_bytes)
+        return filled
+
+    def view(self, running: list[Request]) -> PoolView:
+        """The pool as a page draws it: per block its first holder, holders, whether the prefix cache finds it,
+        its kind and the positions it holds; each request's tables."""
+        n = self.n_blocks
+        holder, filled = np.full(n, -1), np.zeros(n, dtype=int)
+        sliding = np.zeros(n, dtype=bool)
+        for seq in sorted(running, key=lambda s: s.id):
+            for group, table in zip(self.layout.groups, self.tables.get(seq.id, [])):
+                for block in table:
+                    if block is None:
+                        continue
+                    if holder[block] < 0:
+                        holder[block] = seq.id
+                    sliding[block] = group.window is not None
+        for block, positions in self.filled(running).items():
+            filled[block] = positions
+        blocks = self.pool.blocks
+        cached = np.array([(b.group, b.hash) in self.pool.cached and self.pool.cached[(b.group, b.hash)]
+                           == b.id for b in blocks], dtype=bool)
+        tables = {rid: [[-1 if b is None else b for b in table] for table in tables]
+                  for rid, tables in self.tables.items()}
+        return PoolView(holder, np.array([b.refs for b in blocks]), cached, sliding, filled, self.layout.block_size,
+                        tables, [g.window for g in self.layout.groups])
+
+    def usage(self, running: list[Request]) -> tuple[int, int]:
+        """(bytes of the blocks held, bytes of the positions they hold)."""
+        filled = self.filled(running)
+        return len(filled) * self.layout.block_bytes, sum(filled.values()) * self.layout.position_bytes
 
 
 @dataclass(frozen=True)
@@ -205,10 +192,8 @@ def pool_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload: str | None,
                  prefill_worker: bool, kv_dtype: str = "float32") -> None:
-    """What the padded baseline does not have, refused in one sentence: it shares no block (no prefix cache), holds
-    a whole request from its admission (no chunks to make room for) and moves none out. A pool in fewer bits holds
-    float32 or fp8 (KIVI's int8 keeps a float residual per group, which blocks do not hold), and takes no prompt
-    from a prefill worker (the worker sends float keys and values)."""
+    """What the padded baseline does not have (a shared block, chunks, a tier, a prefill worker), and a pool in
+    another dtype than float32 and fp8 or an fp8 pool with a prefill worker, refused in one sentence."""
     if kv_dtype not in POOL_DTYPES:
         raise InputError("pool_kv_dtype", kv_dtype=kv_dtype)
     if kv_dtype != "float32" and prefill_worker:
@@ -233,8 +218,7 @@ def memory_blocks(info: ModelInfo, memory: str, layout: PagedLayout, budget_byte
     if memory == "padded":
         groups = len(layout.groups)
         if n_blocks < groups:
-            raise InputError("padded_budget", budget_number=round(budget_bytes / 2**20, 2),
-                             least_number=-(-groups * layout.block_bytes * 100 // 2**20) / 100)
+            raise too_small(memory, budget_bytes, mib_up(groups * layout.block_bytes))
         n_blocks = min(MAX_SLOTS, n_blocks // groups) * groups
     return n_blocks
 
@@ -244,6 +228,6 @@ def memory_slots(memory: str, layout: PagedLayout, n_blocks: int) -> int | None:
     return n_blocks // len(layout.groups) if memory == "padded" else None
 
 
-def make_memory(layout: PagedLayout, n_blocks: int, dtype: torch.dtype, device: torch.device) -> KVMemory:
-    """A pool of `n_blocks` blocks of `layout` (dtype, device)."""
-    return BlockMemory(layout, n_blocks, dtype, device)
+def mib_up(n_bytes: int) -> float:
+    """Bytes as MiB, rounded up to 2 decimals (a budget of that many MiB holds them)."""
+    return -(-n_bytes * 100 // 2**20) / 100

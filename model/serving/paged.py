@@ -1,27 +1,8 @@
-"""The paged KV cache (vLLM's PagedAttention): the cache memory as one pool of fixed-size blocks, a block table per
-request, and one forward pass over rows of different lengths side by side, each row reading its keys through its
-table.
-
-- Layers in groups (as vLLM's hybrid allocator, vllm/v1/core/kv_cache_utils.py): a group is g layers of one kind,
-  g the greatest common divisor of the kinds' layer counts (a Llama: one group of every layer; Gemma 3 270M: its 3
-  full layers and 5 groups of 3 of its 15 sliding ones, in layer order), so that a block, block_size positions of one
-  group's layers, has the same bytes whichever kind holds it, and a block a sliding group frees serves any other.
-  vLLM takes the smallest count instead, pads a kind's last group and deals a kind's layers out to its groups in turn;
-  for Gemma 3 both give groups of 3. Each request holds one block table per group.
-- A pass (PagedPass) writes each new position's K and V into its block, then gives each row its keys and values
-  gathered from its table's blocks (a copy, (1, n_kv, positions, d_head), the layout of a solo cache's buffer), and
-  llama.attend_flat attends each row over exactly the keys its solo run's pass attends over. Where the model attends
-  in the decode kernels over a float32 pool on a CPU (runner.reads_in_place), PagedPassInPlace copies nothing: every
-  query of the pass is attended in one op over its keys where they lie, read through its table
-  (kernels.attend_paged), and a Llama layer runs as two calls of the kernels around the pass's writes
-  (llama.Block.pass_in_place: decode_in, decode_out_paged), the ops of a decode step's layer.
-- Bit for bit (float32 on a CPU, the packed linears): every query is attended in the decode kernels over exactly the
-  keys it sees, in the kernels' own order of sums (kernels.attend_spans), as its solo run's pass attends it, so a row
-  has the same bits whatever rows, chunks or prefix hits are beside it, on any CPU. A prompt's chunk (chunked
-  prefill, the rest after a prefix-cache hit) reads the keys of its whole prompt, the ones not computed yet masked,
-  which also keeps torch's product (a bfloat16 model, a GPU, a machine without a compiler) over the same shapes as
-  the prompt's one prefill. A prefix-cache hit is a multiple of ALIGN positions, for the same reason: torch's
-  softmax finishes a row's last keys outside its vector loop.
+"""The paged KV cache (vLLM's PagedAttention): one pool of fixed-size blocks holding the keys and values of a group
+of layers of one kind (layer_groups), a block table per request and group, and one forward pass over rows of
+different lengths side by side, each row reading its keys through its tables: gathered into a copy (PagedPass), or
+where they lie (PagedPassInPlace, the decode kernels over a float32 pool on a CPU). docs/serving.md (Serving II, and
+"Every request's tokens are its solo run's") says how, and why each row keeps its solo run's bits.
 """
 
 from __future__ import annotations
@@ -35,9 +16,8 @@ from model.engine.llama import BlockKeys, RowKeys
 from model.engine.runtime import ModelInfo
 from model.serving.blocks import BlockPool
 
-# positions: a prefix-cache hit is a multiple of this, 16 float32 filling one AVX-512 vector (a multiple of every
-# narrower one): under torch's softmax (the paths off the kernels), hits of 8 and 9 positions, which a 12-position
-# prompt's prefill had computed in its softmax's tail, rounded SmolLM2's logits 5e-5 away from the solo run's
+# positions: a prefix-cache hit is a multiple of this, 16 float32 filling one AVX-512 vector, so that torch's
+# softmax (off the kernels) sums a hit's keys in its vector loop as the prompt's one prefill did
 ALIGN = 16
 FP8 = torch.float8_e4m3fn  # an fp8 pool's numbers (vLLM's --kv-cache-dtype fp8)
 FP8_MAX = 448.0            # e4m3's largest finite number
@@ -51,7 +31,7 @@ class LayerGroup:
 
 def layer_groups(windows: tuple[int | None, ...]) -> tuple[LayerGroup, ...]:
     """The model's layers in groups of one kind, all of the same size (the kinds' layer counts' greatest common
-    divisor), in the order of their first layers."""
+    divisor: a block has the same bytes whichever kind holds it), in the order of their first layers."""
     kinds: dict[int | None, list[int]] = {}
     for layer, window in enumerate(windows):
         kinds.setdefault(window, []).append(layer)
@@ -96,17 +76,15 @@ class PagedLayout:
         return -(-positions // self.block_size)
 
     def request_blocks(self, positions: int) -> int:
-        """The most blocks a request of `positions` positions holds at once: every group's table, a sliding one's
-        too (its prompt is prefilled over every position)."""
+        """The most blocks a request of `positions` positions holds at once: every group's table, sliding ones too."""
         return len(self.groups) * self.blocks(positions)
 
 
 @dataclass(frozen=True)
 class Row:
     """One row of a pass: `queries` new positions of one request from `start`, reading keys up to `keys_end`. A
-    prompt's chunk (`masked`) reads the keys of its whole prompt from position 0, those it does not see (later ones,
-    not computed yet) masked, as the prefill of the whole prompt does; any other row is one query over exactly the
-    keys it sees, as a decode step does."""
+    prompt's chunk (`masked`) reads its whole prompt's keys from position 0, those it does not see masked, as the
+    prompt's one prefill does; any other row is one query over exactly the keys it sees, as a decode step does."""
     request: int
     start: int
     queries: int
@@ -159,7 +137,6 @@ class PagedCache:
         k_scale, v_scale = self.scales[layer]
         return (keys.float() * k_scale).to(dtype), (values.float() * v_scale).to(dtype)
 
-
     @property
     def nbytes_reserved(self) -> int:
         """The pool's memory, every block: what the budget bought."""
@@ -174,8 +151,7 @@ class PagedCache:
         self.tables.clear()
 
     def release(self) -> None:
-        """The pool's memory let go now (a run that ends: its session closed, not at a garbage collection): K and V
-        of no block; the cache takes no more steps."""
+        """The pool's memory let go now, not at a garbage collection: the cache takes no more steps."""
         self.keys, self.values = (store.new_empty(*store.shape[:2], 0, *store.shape[3:])
                                   for store in (self.keys, self.values))
         self.tables.clear()
@@ -189,10 +165,10 @@ class PagedPass:
         self.cache, self.rows = cache, rows
         layout, size = cache.layout, cache.layout.block_size
         positions = [p for row in rows for p in range(row.start, row.end)]
-        owners = [row.request for row in rows for _ in range(row.queries)]
+        self.owners = [row.request for row in rows for _ in range(row.queries)]
         self.positions = torch.tensor(positions, device=device)                               # (N,)
         self.offsets = torch.tensor([p % size for p in positions], device=device)             # (N,)
-        self.write_blocks = [torch.tensor([cache.tables[r][g][p // size] for r, p in zip(owners, positions)],
+        self.write_blocks = [torch.tensor([cache.tables[r][g][p // size] for r, p in zip(self.owners, positions)],
                                           device=device) for g in range(len(layout.groups))]  # per group (N,)
         # per request and kind, the first block its rows read (0 under a prompt's chunk) and the blocks up to its last
         # row's end: each request's keys are gathered once per layer for all its rows
@@ -230,18 +206,15 @@ class PagedPass:
 
 class PagedPassInPlace(PagedPass):
     """A PagedPass whose layers read their keys where they lie, through the tables (BlockKeys for
-    kernels.attend_paged, via llama.attend_flat), instead of a gathered copy per request: for a model that attends in
-    the decode kernels over a float32 pool on a CPU (runner.reads_in_place). Each query reads exactly the span of
-    positions its row's mask leaves it, so its bits are those of the copy's path (attend_one for a decode row,
-    attend_spans for a prompt's chunk)."""
+    kernels.attend_paged), instead of a gathered copy (runner.reads_in_place). Each query reads exactly the positions
+    its row's mask leaves it, so its bits are those of the copy's path."""
 
     def __init__(self, cache: PagedCache, rows: list[Row], device: torch.device):
         super().__init__(cache, rows, device)
         layout = cache.layout
-        owners = [row.request for row in rows for _ in range(row.queries)]
-        requests = list(dict.fromkeys(owners))
+        requests = list(dict.fromkeys(self.owners))
         index = {request: i for i, request in enumerate(requests)}
-        self.query_row = torch.tensor([index[owner] for owner in owners], dtype=torch.int64, device=device)
+        self.query_row = torch.tensor([index[owner] for owner in self.owners], dtype=torch.int64, device=device)
         # per group each request's table, padded to one width; None (a block a sliding window passed) as 0, never read
         width = max(len(cache.tables[request][g]) for request in requests for g in range(len(layout.groups)))
         self.tables = [torch.tensor([[0 if b is None else b for b in cache.tables[request][g]]

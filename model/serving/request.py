@@ -1,7 +1,5 @@
-"""One request as every server of the room sees it (nano-vllm's Sequence, vLLM v1's Request): what was asked (its
-prompt, its token budget, its sampling settings, when it arrives), what it has drawn, and where its keys and values
-are — blocks of the pool (a padded slot is one block a group) and how many positions they hold, a tier it was moved
-out to, or a prefill worker that computes its prompt.
+"""One request (nano-vllm's Sequence, vLLM v1's Request): what was asked, what it has drawn, and where its keys and
+values are: blocks of the pool, a tier it was moved out to, or a prefill worker that computes its prompt.
 """
 
 from __future__ import annotations
@@ -32,20 +30,16 @@ class Request:
     joined_step: int | None = None
     left_step: int | None = None
     stop_reason: str | None = None                        # "eos" | "context_full" | "max_new_tokens" | "abort"
-    token_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # with `logprobs`:
-                                                          # per token, its log-probability and the top n (id, lp)
+    token_logprobs: list[tuple[float, list[tuple[int, float]]]] = field(default_factory=list)  # (lp, top n (id, lp))
     cached_positions: int = 0                             # positions its first admission found in the prefix cache
     # where its keys and values are
     computed: int = 0                                     # positions whose keys and values its blocks hold
     hashes: list[int] = field(default_factory=list)       # chained hashes of its prompt's full blocks cached so far
     preemptions: int = 0
-    kv_at: str = "here"                                   # "here" | "tier": its blocks moved out by a preemption |
-                                                          # "remote": a prefill worker computes its prompt
+    kv_at: str = "here"                                   # "here" | "tier" (moved out) | "remote" (a prefill worker)
     # its prompt computed by a prefill worker, its first token not drawn yet
     first_logits: torch.Tensor | None = None              # (vocab,) of the prompt's last position
-    received_kv: list[torch.Tensor] | None = None         # from a prefill worker, per block group the keys and values
-                                                          # of the positions it holds, (2, group layers, n_kv,
-                                                          # positions, d_head), not yet written into its blocks
+    received_kv: list[torch.Tensor] | None = None         # per group (2, group layers, n_kv, positions, d_head)
 
     def restart(self) -> Request:
         """Back to not served: no tokens, no keys and values anywhere, not arrived."""
@@ -75,10 +69,8 @@ class Request:
                                        self.max_new_tokens)
 
     def choose(self, logits: torch.Tensor) -> int:
-        """The next token from this request's logits (vocab,): the argmax when greedy, else sampling.sample at the
-        draw index of its solo run (generate.py draws its k-th token, counting from 0, at step k). With `logprobs`,
-        the token's log-probability under the model's distribution (before temperature and filters, as vLLM returns
-        by default) and the top `logprobs` are kept."""
+        """The next token from this request's logits (vocab,), drawn as its solo run draws it (generate.py); with
+        `logprobs`, its log-probability and the top ones before temperature and filters (as vLLM returns them)."""
         if self.settings.greedy:
             chosen = int(torch.argmax(logits))
         else:
@@ -92,8 +84,7 @@ class Request:
 
     @property
     def ttft_ms(self) -> float | None:
-        """Time to first token: from its arrival (the run's start for a request there from the beginning) to its
-        first."""
+        """Time to first token, from its arrival."""
         return self.token_ms[0] - (self.arrived_ms or 0.0) if self.token_ms else None
 
     @property

@@ -1,6 +1,5 @@
-"""The room's pass over a paged memory (nano-vllm's ModelRunner.run_model): the rows of a step, prompt chunks and
-decodes side by side, through one call of the model's own forward, each row reading its request's block tables;
-and the same pass for one prompt alone in a private pool, which the prefill worker and the tier's crossover run.
+"""The room's one call of the model's forward (nano-vllm's ModelRunner.run_model): a step's rows over a paged
+memory, or one prompt alone in a private pool (the prefill worker's and the tier's crossover's pass).
 """
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ from model.serving.paged import PagedCache, PagedPass, PagedPassInPlace, Row
 
 
 def prompt_alone(cache: PagedCache, n: int) -> list[Row]:
-    """Every block of `cache` back in its pool, blocks for request 0's n-position prompt in every group, and the
-    pass's one masked row over it (the prompt's solo prefill)."""
+    """`cache` emptied, blocks for request 0's n-position prompt, and its one masked row (its solo prefill)."""
     cache.reset()
     layout = cache.layout
     cache.tables[0] = [[cache.pool.allocate(g) for _ in range(layout.blocks(n))] for g in range(len(layout.groups))]
@@ -23,8 +21,8 @@ def prompt_alone(cache: PagedCache, n: int) -> list[Row]:
 
 
 def reads_in_place(module: DecoderOnly, cache: PagedCache) -> bool:
-    """Whether a pass reads its keys where they lie (PagedPassInPlace): the model attends in the decode kernels
-    (pack_linears) and the pool is float32 on a CPU, what kernels.attend_paged reads."""
+    """Whether a pass reads its keys where they lie (PagedPassInPlace): the model attends in the decode kernels over
+    a float32 pool on a CPU."""
     attention = module.model.layers[0].self_attn
     return (bool(getattr(attention, "fused", False)) and cache.keys.dtype == torch.float32
             and cache.keys.device.type == "cpu")
@@ -32,9 +30,8 @@ def reads_in_place(module: DecoderOnly, cache: PagedCache) -> bool:
 
 def run_rows(module: DecoderOnly, cache: PagedCache, rows: list[Row], ids: torch.Tensor,
              after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
-    """The rows' token ids (1, N) through the model over `cache` (their blocks allocated): per row the logits of
-    its last position, (rows, vocab). after_layer(i) runs once block i has; a caller may stop the pass there by
-    raising, and the same pass can run again whole (it writes the same positions)."""
+    """The rows' token ids (1, N) through the model over `cache` (their blocks allocated): per row its last
+    position's logits, (rows, vocab). after_layer(i) runs once block i has, and may stop the pass by raising."""
     paged = (PagedPassInPlace if reads_in_place(module, cache) else PagedPass)(cache, rows, ids.device)
     return module(ids, paged, positions=paged.positions, keys=paged.row_keys, last_logits_only=True,
                   after_layer=after_layer).logits[0]
