@@ -1,9 +1,7 @@
-"""Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill): a prefill worker, a second
-process with the same model, prefills each arriving prompt as a solo run does (one masked row, the runner's pass)
-and sends its keys and values (what the cache formula counts) and its last logits; this process writes them into
-blocks of its pool and decodes. The worker is the engine's connector (PrefillConnector). Requests go over a pipe,
-tensors over torch.distributed in a process group of the pair's own. A worker that does not start or dies leaves the
-run to go on here, saying so. docs/serving.md, "Prefill and decode on two workers", says how and what was measured.
+"""Prefill and decode on two workers (DistServe, Splitwise; vLLM's disaggregated prefill): a second process prefills
+each arriving prompt as a solo run does and sends its keys, values and last logits, which the engine's connector
+(PrefillConnector) writes into blocks of its pool to decode. docs/serving.md, "Prefill and decode on two workers",
+says how and what was measured.
 """
 
 from __future__ import annotations
@@ -38,6 +36,10 @@ log = logging.getLogger(__name__)
 STARTUP_S = 180.0     # the worker's import and model load, at most
 TRANSFER_S = 60.0     # torch.distributed's timeout: a transfer that takes longer fails (the worker is taken as dead)
 POLL_S = 0.05
+DEFAULT_MAX_WORKERS = 2
+_live_workers: set[int] = set()  # a place per prefill worker of this process, taken before its process starts
+_workers_lock = threading.Lock()
+_said_ignored: set[str] = set()  # the DECODE_LAB_MAX_WORKERS values already logged as ignored
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,8 @@ class Pairing:
 
 
 def pairing(device: torch.device) -> Pairing:
-    """NCCL needs a GPU per rank (two ranks on one GPU are refused, NVIDIA/nccl#418): on a machine with two or more
-    GPUs the worker takes the one after this process's and the pair uses NCCL; with one GPU (or on a CPU) the worker
-    shares this process's device and the pair uses gloo, its tensors copied through host memory."""
+    """NCCL, the worker on the next GPU, where there are two GPUs or more (NCCL refuses two ranks on one GPU);
+    otherwise gloo through host memory, the worker on this process's device."""
     if device.type == "cuda":
         count = torch.cuda.device_count()
         if count >= 2:
@@ -65,8 +66,7 @@ def pairing(device: torch.device) -> Pairing:
 
 
 def pair_group(store_file: str, rank: int, backend_name: str):
-    """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through a FileStore at
-    `store_file`."""
+    """The two workers' own process group (rank 0 decodes, rank 1 prefills), met through a FileStore."""
     store = dist.FileStore(store_file, 2)
     store.set_timeout(timedelta(seconds=TRANSFER_S))
     if backend_name == "nccl":
@@ -75,8 +75,7 @@ def pair_group(store_file: str, rank: int, backend_name: str):
 
 
 def worker_device(device: str) -> str:
-    """The device string load_model takes for the worker's `device`: a numbered GPU made the current one first
-    ("cuda:1" loads as "cuda" on GPU 1)."""
+    """The device string load_model takes for `device`: a numbered GPU made the current one first."""
     if device.startswith("cuda:"):
         torch.cuda.set_device(int(device.split(":")[1]))
         return "cuda"
@@ -101,8 +100,7 @@ class Transfer:
 
 def prefill_worker(conn, store_file: str, model_name: str, device: str, block_size: int, threads: int,
                    backend_name: str) -> None:
-    """Rank 1: load the model on `device` (pairing's worker_device), say "ready", join the pair's group over
-    `backend_name`, then prefill each prompt it is sent."""
+    """Rank 1: load the model, say "ready", join the pair's group, then prefill each prompt it is sent."""
     torch.set_num_threads(threads)
     model = load_model(model_name, worker_device(device))
     conn.send(("ready",))
@@ -135,9 +133,8 @@ def prefill_worker(conn, store_file: str, model_name: str, device: str, block_si
 
 @contextmanager
 def main_set_aside() -> Iterator[None]:
-    """A spawned process first runs its parent's __main__ again (multiprocessing's spawn: by its path, or by its
-    module's name), and a script run by `streamlit run` is __main__ while it runs: the worker would run the app's
-    page again. With a bare module as __main__ while the worker starts, it imports only what prefill_worker needs."""
+    """A spawned process runs its parent's __main__ again, which under `streamlit run` is the app's page: a bare
+    module stands there while the worker starts."""
     main = sys.modules["__main__"]
     bare = types.ModuleType("__main__")
     sys.modules["__main__"] = bare
@@ -149,8 +146,7 @@ def main_set_aside() -> Iterator[None]:
 
 
 def end_worker(conn, process, reserved: int, store_dir: str) -> None:
-    """The worker told to stop, then ended (killed if it does not within a few seconds); its place among
-    max_workers() free again, the pair's store deleted."""
+    """The worker told to stop (killed if it does not within seconds), its place freed, the pair's store deleted."""
     _live_workers.discard(reserved)
     shutil.rmtree(store_dir, ignore_errors=True)
     with suppress(OSError):
@@ -167,21 +163,12 @@ class WorkerGone(Exception):
 
 
 class WorkersBusy(WorkerGone):
-    """This process already runs max_workers() prefill workers: each holds a model of its own (SmolLM2's about
-    1.25 GB), so a classroom server's tabs could otherwise exhaust its memory."""
-
-
-_live_workers: set[int] = set()  # a place per prefill worker of this process, taken before its process starts
-_workers_lock = threading.Lock()
-
-
-DEFAULT_MAX_WORKERS = 2
-_said_ignored: set[str] = set()  # the DECODE_LAB_MAX_WORKERS values already logged as ignored
+    """This process already runs max_workers() prefill workers, each holding a model of its own."""
 
 
 def max_workers() -> int:
-    """The most prefill workers this process runs at once (DECODE_LAB_MAX_WORKERS, default 2; a value that is no
-    whole number is ignored, with a log line once, and the default holds)."""
+    """The most prefill workers this process runs at once (DECODE_LAB_MAX_WORKERS; no whole number: logged once,
+    the default)."""
     value = os.environ.get("DECODE_LAB_MAX_WORKERS", "").strip()
     if not value:
         return DEFAULT_MAX_WORKERS
@@ -196,8 +183,8 @@ def max_workers() -> int:
 
 
 def worker_bytes(model: LoadedModel, block_size: int) -> tuple[int, int]:
-    """What a prefill worker holds beside its own Python and torch (a SmolLM2 worker's whole process was about
-    1.25 GB): (the model loaded again, its held bytes; its KV cache, blocks for one request of the whole context)."""
+    """What a prefill worker holds beside its own Python and torch: (its model's bytes, its KV cache's: blocks for
+    one request of the whole context)."""
     layout = PagedLayout.of(model.info, block_size)
     weights = model.facts.held_bytes if model.facts is not None else held_bytes(model.module)
     return (weights, layout.request_blocks(model.info.context_length) * layout.block_bytes)
@@ -209,7 +196,7 @@ def live_workers() -> int:
 
 class PrefillWorker:
     """The prefill worker as this process sees it: started at once (WorkerGone when it cannot), prompts submitted,
-    their results received as the pipe says they are ready."""
+    results received."""
 
     def __init__(self, model: NativeModel, model_name: str, block_size: int):
         with _workers_lock:
@@ -229,9 +216,8 @@ class PrefillWorker:
         self.wire = torch.device("cpu") if self.pairing.host_copies else model.device
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        # the pair's own store, a file in a folder only this user may enter: no second worker, in this session or
-        # another, shares it, and nothing listens on a port for it (torch's TCPStore listens on every interface,
-        # whatever host it is given)
+        # the pair's own store, a file in a folder only this user may enter (torch's TCPStore would listen on every
+        # interface)
         self.store_dir = tempfile.mkdtemp(prefix="decode-lab-pair-")
         store_file = os.path.join(self.store_dir, "store")
         self.process = context.Process(target=prefill_worker, daemon=True, args=(
@@ -240,7 +226,7 @@ class PrefillWorker:
         with main_set_aside():
             self.process.start()
         child.close()
-        # ended by stop() (a page's run when its session ends: ui/session_end.py), or when this object is dropped
+        # ended by stop(), or when this object is dropped
         self._end = weakref.finalize(self, end_worker, self.conn, self.process, id(self._reserved), self.store_dir)
         try:
             if self._next(STARTUP_S) != ("ready",):
@@ -297,12 +283,9 @@ class PrefillWorker:
 
 
 class PrefillConnector:
-    """The prefill worker as the engine's KV connector (the shape of vLLM's KVConnector): before each step's
-    schedule it sends the prompts that arrived to the worker and takes the keys and values that came back; the
-    scheduler sees only that a request's blocks are coming (kv_at "remote") and admits it once they are here
-    (received_kv), in order of arrival as any other, when its blocks are free. A request preempted here is computed
-    again here. With nothing running and the next prompt not received yet, a step waits for it (on the clock: its
-    TTFT counts the wait)."""
+    """The prefill worker as the engine's KV connector (vLLM's KVConnector): before each step's schedule it sends the
+    prompts that arrived and takes what came back; the scheduler sees only that a request's blocks are coming
+    (kv_at "remote"). A request preempted here is computed again here."""
 
     def __init__(self, model: NativeModel, model_name: str, block_size: int):
         self.model, self.model_name, self.block_size = model, model_name, block_size
@@ -340,7 +323,7 @@ class PrefillConnector:
 
     def _exchange(self, engine: Engine) -> float:
         """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing
-        could run without it); the ms spent waiting and receiving."""
+        could run without it, on the clock); the ms spent."""
         index = engine.steps_run
         t0 = time.perf_counter()
         try:
@@ -366,9 +349,8 @@ class PrefillConnector:
         return (time.perf_counter() - t0) * 1000
 
     def load(self, cache: PagedCache, seq: Request) -> None:
-        """A prompt prefilled by the worker into blocks of its own (the scheduler checked they are free): per group,
-        blocks for every position it has, a sliding group's places before the first position received left empty,
-        and the received keys and values written at their positions."""
+        """A prompt prefilled by the worker into blocks of its own (the scheduler checked they are free), a sliding
+        group's places before the first position received left empty."""
         kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
         layout = cache.layout
         size, n = layout.block_size, seq.prompt_len
@@ -396,8 +378,7 @@ class PrefillConnector:
 
 def disaggregated_engine(model: NativeModel, requests: list[Request], settings: EngineSettings,
                          model_name: str) -> Engine:
-    """An engine whose prompts a prefill worker of `model_name` computes (its connector), checked before the worker
-    starts."""
+    """An engine whose prompts a prefill worker of `model_name` computes, checked before the worker starts."""
     engine = Engine(model, requests, settings)
     engine.connector = PrefillConnector(model, model_name, settings.block_size)
     return engine

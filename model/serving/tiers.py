@@ -1,7 +1,5 @@
-"""A second, slower tier for the paged cache's blocks (vLLM V0's preemption by swap, LMCache's and vLLM V1's
-OffloadingConnector): a preempted request's blocks moved out of the pool, checked when they come back, and its
-computed positions kept instead of computed again; and the crossover, measured on this machine, from which a move out
-and back beats the recompute. docs/serving.md, "Serving III", says how and what was measured.
+"""A second, slower tier for the pool's blocks (vLLM V0's preemption by swap, vLLM V1's OffloadingConnector, LMCache)
+and the crossover from which a move out and back beats the recompute; docs/serving.md, "Serving III", says how.
 """
 
 from __future__ import annotations
@@ -43,6 +41,8 @@ UNWRITABLE = {errno.ENOENT: "tier.missing", errno.ENOTDIR: "tier.missing", errno
               errno.EDQUOT: "tier.full", errno.EFBIG: "tier.full"}
 CROSSOVER_MOST_POSITIONS = 512  # the longest recompute timed (a prefill of 512 positions: about a second of SmolLM2)
 CROSSOVER_REPEATS = 3           # each point's times: the median of this many
+DEFAULT_TIER_MB = 1024
+_live_bytes: dict[int, int] = {}  # the bytes of every tier alive in this process: tier_cap_bytes() at most
 
 
 def block_shape(layout: PagedLayout) -> tuple[int, ...]:
@@ -69,11 +69,9 @@ def digest(block: torch.Tensor) -> bytes:
 
 
 class Tier:
-    """`n_slots` slots of block_shape in the pool's dtype; slots handed out from a free queue; the hash of each held
-    slot's bytes. A disk tier's slots lie in its file, written and read through the file's descriptor (pwrite,
-    preadv), never through a memory mapping: a file cut short or a disk failing under it is then a short read or an
-    OSError, which comes back as a damaged block, not as a SIGBUS that would end the whole server. A host tier's lie
-    in `store`."""
+    """`n_slots` slots of block_shape in the pool's dtype, handed out from a free queue, each held slot's bytes
+    hashed. A disk tier's slots lie in its file, read and written through its descriptor, never a memory mapping (a
+    file cut short is then a damaged block, not a SIGBUS); a host tier's in `store`."""
 
     def __init__(self, kind: str, n_slots: int, layout: PagedLayout, dtype: torch.dtype,
                  store: torch.Tensor | None = None, path: Path | None = None, fd: int | None = None):
@@ -82,8 +80,7 @@ class Tier:
         self.slot_bytes = slot_bytes(layout, dtype)
         self.free_slots: deque[int] = deque(range(n_slots))
         self.hashes: dict[int, bytes] = {}
-        # the file closed and deleted by close() (a page's run when its session ends: ui/session_end.py), or when the
-        # tier is dropped without it
+        # the file closed and deleted by close(), or when the tier is dropped without it
         self._deleted = weakref.finalize(self, release_file, fd, path) if path is not None else None
         _live_bytes[id(self)] = self.nbytes
         weakref.finalize(self, _live_bytes.pop, id(self), None)
@@ -98,7 +95,7 @@ class Tier:
 
     def write(self, blocks: torch.Tensor) -> list[int]:
         """blocks (k, *block_shape) on the host into k free slots (the caller checked n_free); their slots. OSError
-        when the file cannot take them (its slots are then free again)."""
+        when the file cannot take them."""
         slots = [self.free_slots.popleft() for _ in range(blocks.shape[0])]
         try:
             for slot, block in zip(slots, blocks):
@@ -113,8 +110,7 @@ class Tier:
         return slots
 
     def read(self, slots: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """A copy of the slots' blocks, and those of the slots whose bytes no longer match their hash (or that the
-        file no longer holds whole: cut short, or a read that failed)."""
+        """A copy of the slots' blocks, and the slots whose bytes no longer match their hash or could not be read."""
         if self.fd is None:
             blocks = self.store[torch.tensor(slots, dtype=torch.long)]
             return blocks, [slot for slot, block in zip(slots, blocks) if digest(block) != self.hashes[slot]]
@@ -142,22 +138,13 @@ class Tier:
             self._deleted()
 
 
-# the bytes of every tier alive in this process (a server's visitors together): TIER_CAP_BYTES at most
-_live_bytes: dict[int, int] = {}
-
-
-DEFAULT_TIER_MB = 1024
-
-
 def tier_cap_bytes() -> int:
-    """The most bytes the tiers of this process may hold together (DECODE_LAB_TIER_MB, default 1024 MiB): a
-    classroom server's tabs cannot fill its disk."""
+    """The most bytes the tiers of this process may hold together (DECODE_LAB_TIER_MB)."""
     return env_megabytes("DECODE_LAB_TIER_MB", DEFAULT_TIER_MB)
 
 
 def release_file(fd: int | None, path: Path) -> None:
-    """Close the tier's file and delete it; a folder that no longer lets it go (made read-only) is logged, the file
-    left for the sweep at the next start (sweep_stale_tiers)."""
+    """Close the tier's file and delete it; a folder that no longer lets it go is logged (sweep_stale_tiers)."""
     if fd is not None:
         with suppress(OSError):
             os.close(fd)
@@ -168,8 +155,7 @@ def release_file(fd: int | None, path: Path) -> None:
 
 
 def sweep_stale_tiers(folder: Path) -> list[Path]:
-    """Delete the tier files in `folder` of processes no longer alive (a server killed, or one whose folder was
-    read-only at the end); the ones deleted."""
+    """Delete the tier files in `folder` of processes no longer alive; the ones deleted."""
     swept = []
     for path in folder.glob(f"{TIER_FILE_PREFIX}*.tier"):
         pid = path.name.removeprefix(TIER_FILE_PREFIX).partition("-")[0]
@@ -185,9 +171,8 @@ def unwritable(folder: str, n_bytes: int, reason: str) -> InputError:
 
 
 def disk_tier(folder: str, slots: int, layout: PagedLayout, dtype: torch.dtype) -> Tier:
-    """A new file of `slots` blocks in `folder`; InputError (tier_unwritable) when the folder is missing, not a
-    folder, read-only or too full to reserve it (nothing is left behind), tier_cap when this process's tiers would
-    pass tier_cap_bytes."""
+    """A new file of `slots` blocks in `folder`, reserved whole; InputError when the folder cannot take it (nothing is
+    left behind) or this process's tiers would pass tier_cap_bytes."""
     n_bytes = slots * slot_bytes(layout, dtype)
     cap, live = tier_cap_bytes(), sum(_live_bytes.values())
     if live + n_bytes > cap:
@@ -228,8 +213,7 @@ def tier_maker(kind: str, folder: str | None, slots: int, layout: PagedLayout,
 
 
 def tier_slots(layout: PagedLayout, budget_bytes: int, tier_bytes: int | None) -> int:
-    """The slots of the tier an Engine makes: as many as its pool of `budget_bytes` has blocks, or `tier_bytes`'
-    worth."""
+    """The slots of the tier an Engine makes: as many as its pool has blocks, or `tier_bytes`' worth."""
     return (budget_bytes if tier_bytes is None else tier_bytes) // layout.block_bytes
 
 
@@ -240,8 +224,8 @@ def tier_file_bytes(model: NativeModel, block_size: int, budget_bytes: int, tier
 
 
 def check_tier_folder(model: NativeModel, settings) -> None:
-    """The tier an Engine under `settings` (EngineSettings with an offload) makes, made and deleted at once: its
-    folder's refusal names its own size, before anything else (the crossover's smaller scratch tier) is made."""
+    """The tier an Engine under `settings` makes, made and deleted at once: its folder's refusal names its own size,
+    before the crossover's smaller scratch tier is made."""
     layout = PagedLayout.of(model.info, settings.block_size)
     slots = tier_slots(layout, settings.budget_bytes, settings.tier_bytes)
     check_tier(settings.offload, model.device)
@@ -251,8 +235,7 @@ def check_tier_folder(model: NativeModel, settings) -> None:
 
 
 def tier_kind(device: torch.device) -> str:
-    """The second tier below a pool on `device`: host memory below a GPU's, a file on disk below a CPU's (whose
-    pool is in host memory already)."""
+    """The second tier below a pool on `device`: host memory below a GPU's, a file on disk below a CPU's."""
     return "host" if device.type == "cuda" else "disk"
 
 
@@ -280,9 +263,8 @@ class Moves:
 
 
 class Offload:
-    """A pool's second tier (made by `make_tier`, at once so that a folder that cannot take it is said before any
-    step, and again after a reset at the first move out), the slots each moved-out request holds there, and the
-    moves."""
+    """A pool's second tier (made at once, so that a folder that cannot take it is said before any step, and again
+    after a reset at the first move out), the slots each moved-out request holds there, and the moves."""
 
     def __init__(self, make_tier: Callable[[], Tier], block_bytes: int, swap_from: int | None):
         self.make_tier, self.block_bytes, self.swap_from = make_tier, block_bytes, swap_from
@@ -301,9 +283,7 @@ class Offload:
         self.went_out, self.came_back = {}, {}
 
     def move_out(self, cache: PagedCache, request: int) -> str | None:
-        """The request's blocks (every table, in order; None places stay None) copied into the tier; None when done,
-        else why not: "full" (too few free slots) or "unwritable" (the tier could not be made or written:
-        self.failure)."""
+        """The request's blocks copied into the tier; None when done, else why not ("full", "unwritable")."""
         if self.tier is None:
             try:
                 self.tier = self.make_tier()
@@ -333,8 +313,8 @@ class Offload:
         return len(held(self.out[request]))
 
     def move_in(self, cache: PagedCache, request: int) -> list[list[int | None]] | None:
-        """The request's blocks read back, checked, into newly allocated blocks of the pool (the caller checked
-        n_free); its tables, or None when a block came back damaged (nothing allocated). Its slots are free after."""
+        """The request's blocks read back, checked, into new blocks of the pool (the caller checked n_free); its
+        tables, or None when a block came back damaged. Its slots are free after."""
         out = self.out.pop(request)
         slots = held(out)
         t0 = time.perf_counter()
@@ -454,10 +434,9 @@ def round_trip(offload: Offload, cache: PagedCache) -> tuple[float, float]:
 @torch.inference_mode()
 def measure_crossover(model: NativeModel, layout: PagedLayout, kind: str, folder: str | None,
                       said_bytes: int | None = None) -> Crossover:
-    """Each point's move out, move back (through a tier of its own, `kind` in `folder`, deleted after) and recompute
-    (the same positions' prefill over a scratch pool, the server's pass), CROSSOVER_REPEATS times after a warm-up.
-    A folder that cannot take that scratch tier is refused naming `said_bytes` where given: the run's own tier, which
-    a page measures the crossover for before its Start (the scratch tier is smaller)."""
+    """Each point's move out and back (through a scratch tier, deleted after) and recompute (the same positions'
+    prefill, the runner's pass), CROSSOVER_REPEATS times after a warm-up. A folder that cannot take the scratch tier
+    is refused naming `said_bytes` where given (the run's own tier, which is larger)."""
     check_tier(kind, model.device)
     points = crossover_positions(model.info.context_length, layout.block_size)
     blocks = layout.request_blocks(points[-1])
