@@ -19,12 +19,13 @@ from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.memory import (
+    BlockMemory,
     PoolView,
     check_memory,
-    make_memory,
     memory_blocks,
     memory_layout,
     memory_slots,
+    mib_up,
     pool_dtype,
     too_small,
 )
@@ -195,11 +196,6 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
                              least_number=mib_up(layout.block_bytes))
 
 
-def mib_up(n_bytes: int) -> float:
-    """Bytes as MiB, rounded up to 2 decimals (a budget of that many MiB holds them)."""
-    return -(-n_bytes * 100 // 2**20) / 100
-
-
 class Engine:
     """Iteration-level scheduling over one BlockMemory of settings.budget_bytes; `step()` runs one iteration."""
 
@@ -208,7 +204,7 @@ class Engine:
         self.model, self.info, self.settings = model, model.info, settings
         self.layout = memory_layout(model.info, settings.memory, settings.block_size,
                                     longest_held(model.info, requests), settings.kv_dtype)
-        self.cache = make_memory(self.layout, memory_blocks(model.info, settings.memory, self.layout,
+        self.cache = BlockMemory(self.layout, memory_blocks(model.info, settings.memory, self.layout,
                                                             settings.budget_bytes),
                                  pool_dtype(settings.kv_dtype, model.kv_dtype), model.device)
         self.slots = memory_slots(settings.memory, self.layout, self.cache.n_blocks)  # None: blocks
