@@ -385,20 +385,17 @@ class Crossover:
     block_size: int
     conditions: dict = field(default_factory=dict)
 
-    def _per_block(self, ms: Callable[[CrossoverPoint], float]) -> float:
-        return statistics.median(ms(p) / p.blocks for p in self.points)
-
     @property
     def ms_per_block_out(self) -> float:
-        return self._per_block(lambda p: p.out_ms)
+        return statistics.median(p.out_ms / p.blocks for p in self.points)
 
     @property
     def ms_per_block_in(self) -> float:
-        return self._per_block(lambda p: p.in_ms)
+        return statistics.median(p.in_ms / p.blocks for p in self.points)
 
     @property
     def recompute_ms_per_block(self) -> float:
-        return self._per_block(lambda p: p.recompute_ms)
+        return statistics.median(p.recompute_ms / p.blocks for p in self.points)
 
     @property
     def positions(self) -> int | None:
