@@ -57,7 +57,7 @@ def time_split_table(steps: list[StepRecord]) -> None:
     ops = kv_runs.op_split(steps)
     columns = [*OP_CLASSES, "rest"]
     st.html(table_html([t("serving.ops_kind")] + [t("serving.op_" + op) for op in columns],
-                       [[t("serving.time_forward_" + kind)]
+                       [[t("serving.ops_row_" + kind)]
                         + [f"{decimal(by_op[op])} ms ({decimal(100 * by_op[op] / (sum(by_op.values()) or 1))} %)"
                            for op in columns] for kind, by_op in ops.items()]))
     st.caption(t("serving.ops_caption"))
