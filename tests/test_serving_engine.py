@@ -11,6 +11,7 @@ from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.errors import InputError
 from model.serving.engine import Engine, EngineSettings
+from model.serving.request import Request
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +212,13 @@ def test_a_runs_passes_carry_the_kernels_clocks(small):
     assert all(sum(p.ops_ms.values()) <= p.ms for p in passes)
     assert set(run.summary()["ops_ms"]) == {p.kind for p in passes}
     run.close()
+
+
+def test_reset_forgets_a_stopped_steps_wait_for_the_prefill_worker(small):
+    """A step stopped after its connector's exchange keeps the wait it measured for the step run again; Reset starts
+    the clock over, that wait included (red once with reset leaving received_ms: the next step counted it)."""
+    engine = Engine(small, [Request(0, [1, 5, 6], 2)], EngineSettings(budget_bytes=2**20))
+    engine.received_ms = 5.0
+    engine.reset()
+    record = engine.step()
+    assert engine.received_ms == 0.0 and record.received_ms == 0.0 and engine.clock_ms == record.ms

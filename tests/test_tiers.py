@@ -16,9 +16,10 @@ from test_batch import EXACT, row_tol
 from test_paged import MB, least_budget, queue, serve_and_check, wide_gemma3  # noqa: F401  (wide_gemma3: the fixture)
 
 from model.errors import InputError
+from model.serving.crossover import Crossover, CrossoverPoint, measure_crossover
 from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedLayout
-from model.serving.tiers import TIER_FILE_PREFIX, Crossover, CrossoverPoint, disk_tier, measure_crossover
+from model.serving.tiers import TIER_FILE_PREFIX, disk_tier
 
 
 def tight(model, folder, **settings) -> tuple[list, EngineSettings]:

@@ -9,10 +9,10 @@ import threading
 import streamlit as st
 
 from model.engine.runtime import LoadedModel
+from model.serving.crossover import Crossover, measure_crossover
 from model.serving.engine import Engine
 from model.serving.forecast import FirstMove
 from model.serving.paged import PagedLayout
-from model.serving.tiers import Crossover, measure_crossover
 from ui import svg
 from ui.errors import error_sentence
 from ui.i18n import decimal, number, t

@@ -238,7 +238,7 @@ class Engine:
             self.offload.reset()
         requests = [r.restart() for r in self.requests.values()]
         self.waiting = deque(sorted(requests, key=lambda r: r.arrival_step))
-        self.running, self.plan, self.clock_ms, self.steps_run = [], None, 0.0, 0
+        self.running, self.plan, self.clock_ms, self.steps_run, self.received_ms = [], None, 0.0, 0, 0.0
         self.steps.clear()
 
     def close(self) -> None:

@@ -16,13 +16,14 @@ import numpy as np
 from model.engine.kernels import OP_CLASSES
 from model.engine.runtime import NativeModel
 from model.errors import InputError
+from model.serving.crossover import Crossover, measure_crossover
 from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings, StepProgress, StepRecord, check_paged
 from model.serving.memory import MEMORIES, check_memory, memory_layout, memory_slots
 from model.serving.paged import PagedLayout
 from model.serving.queues import compared_chunks
 from model.serving.request import Request
-from model.serving.tiers import Crossover, check_tier_folder, measure_crossover
+from model.serving.tiers import check_tier_folder
 
 LAYOUTS = MEMORIES
 DEFAULT_PADDED_SLOTS = 4  # the mixed queue's default budget: what the padded cache needs for this many of its longest
