@@ -131,11 +131,12 @@ def print_report(report: dict) -> None:
     print(f"machine: {machine['copy_gb_s']:.2f} GB/s copy, {machine['read_gb_s']:.2f} GB/s read, "
           f"{machine['matmul_gflops']:.1f} GFLOP/s matmul ({machine['how']})")
     print(cpu_line(machine["cpu"], machine["bf16_products"]))
-    print(f"{'dtype':<9}{'batch':>6}{'context':>8}{'p50 ms':>9}{'p95':>8}{'p99':>8}{'tok/s':>9}{'MB read':>9}"
+    width = max([9] + [len(r["dtype"]) + 1 for r in report["rows"]])  # "bfloat16-weights" is 16 characters
+    print(f"{'dtype':<{width}}{'batch':>6}{'context':>8}{'p50 ms':>9}{'p95':>8}{'p99':>8}{'tok/s':>9}{'MB read':>9}"
           f"{'GB/s':>7}{'of read':>9}{'of copy':>9}{'GFLOP/s':>9}")
     for r in report["rows"]:
         s = r["step_ms"]
-        print(f"{r['dtype']:<9}{r['batch']:>6}{r['context']:>8}{s['p50']:>9.2f}{s['p95']:>8.2f}{s['p99']:>8.2f}"
+        print(f"{r['dtype']:<{width}}{r['batch']:>6}{r['context']:>8}{s['p50']:>9.2f}{s['p95']:>8.2f}{s['p99']:>8.2f}"
               f"{r['tokens_per_s']:>9.1f}{r['bytes_read'] / 1e6:>9.1f}{r['achieved_gb_s']:>7.2f}"
               f"{r['achieved_gb_s'] / r['machine_read_gb_s']:>9.0%}{r['achieved_gb_s'] / r['machine_gb_s']:>9.0%}"
               f"{r['achieved_gflops']:>9.2f}")
