@@ -477,8 +477,9 @@ def test_bfloat16_weights_are_the_float32_product_over_the_rounded_weights_bit_f
 @needs_kernels
 def test_a_bfloat16_weights_model_is_the_float32_model_over_rounded_weights(small):
     """with_weights(model, "bfloat16-weights"): every Block's layer still in the decode kernels, half the packed bytes,
-    the norms and the cache float32, the shared model untouched, and the logits of the float32 model whose matrices
-    are rounded to bfloat16 (torch's product on a dense copy: within float32's rounding)."""
+    the norms and the cache float32, the shared model untouched, the logits of the float32 model whose matrices are
+    rounded to bfloat16 (torch's product on a dense copy: within float32's rounding), and each cached step's logits
+    a full recompute's, bit for bit."""
     from model.engine.llama import Block, dense_copy, packed_weights
     from model.engine.lowbit import with_rounded_linears, with_weights
 
@@ -493,6 +494,12 @@ def test_a_bfloat16_weights_model_is_the_float32_model_over_rounded_weights(smal
     reference = with_rounded_linears(dense_copy(small.module))
     torch.testing.assert_close(model.module(ids).logits, reference(ids).logits, atol=1e-4, rtol=1e-5)
     assert not torch.allclose(model.module(ids).logits, small.module(ids).logits, atol=1e-4, rtol=1e-5)
+    # each cached decode step's logits are the full recompute's at its position, bit for bit
+    full = model.every_logits(ids[0].tolist(), model.new_cache())
+    cache = model.new_cache()
+    model.forward(ids[0, :3].tolist(), cache, False)
+    for position in range(3, 6):
+        assert torch.equal(model.forward([int(ids[0, position])], cache, False)[0], full[position]), position
 
 
 @needs_kernels
