@@ -197,8 +197,8 @@ with why("serving-timing"):
 # -- where the time goes: the roofline ---------------------------------------------------------------------------
 st.subheader(t("serving.roofline"))
 # bfloat16-weights off the kernels is float32 on torch's product, over rounded weights
-roofs = machine(run_info.device, run_info.dtype if is_packed(run_model.module) or run_info.dtype != "bfloat16-weights"
-                else "float32")
+packed = is_packed(run_model.module)
+roofs = machine(run_info.device, run_info.dtype if packed or run_info.dtype != "bfloat16-weights" else "float32")
 # the slanted roof is the read bandwidth: a step's counted bytes are reads (weights, cache), not copies
 ridge = roofs.matmul_gflops / roofs.read_gb_s  # FLOPs per byte where the slanted roof meets the flat one
 points = analysis.roofline_points(server)
@@ -210,7 +210,7 @@ product = (t("serving.product_" + roofs.dtype.replace("-", "_"), rows=timing.KER
 st.caption(t("serving.machine", gb_s=decimal(roofs.read_gb_s), copy=decimal(roofs.copy_gb_s), product=product,
              gflops=decimal(roofs.matmul_gflops), threads=roofs.threads, device=roofs.device)
            + (" " + t("serving.roof_torch")
-              if roofs.dtype not in timing.KERNEL_PEAKS and is_packed(run_model.module) and not tiled else ""))
+              if roofs.dtype not in timing.KERNEL_PEAKS and packed and not tiled else ""))
 if tiled:  # its small passes in the kernels, its large ones on the tiles
     st.caption(t("serving.roof_tiles", rows=tile_rows(run_info.dtype),
                  gflops=decimal(machine(run_info.device, "bfloat16").matmul_gflops)))

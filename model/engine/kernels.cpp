@@ -324,11 +324,10 @@ void matmul_bf16w(const float* x, int64_t rows, int64_t K, const uint32_t* w, in
   // is the whole panel): at one row the weights then stream at the float32 product's rate, about twice as slow
   // without
   const int row_tiles = int((rows + ROWS - 1) / ROWS), lines = (4 + row_tiles - 1) / row_tiles;
-  const int64_t next_lines = pairs * 4;
   each_tile(rows, blocks, threads, [&]<int R, int J>(int64_t r, int64_t g, int64_t j, int64_t in_panel) {
     const int64_t at = r * ldy + (g * BLOCKS + j) * LANES;
     const int64_t part = (r / ROWS) * lines * pairs;  // in lines of 64 bytes
-    const int64_t in_next = std::min<int64_t>(BLOCKS, blocks - (g + 1) * BLOCKS) * next_lines / BLOCKS;
+    const int64_t in_next = std::min<int64_t>(BLOCKS, blocks - (g + 1) * BLOCKS) * pairs;  // a line a block a pair
     const bool fetch = J == BLOCKS && g + 1 < n_panels && part < in_next;
     const float* in = x + r * K;
     const uint32_t* from = w + panels.start(g) + j * LANES;

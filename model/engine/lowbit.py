@@ -53,9 +53,9 @@ from model.engine.llama import (
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 
-DTYPES = ("float32", "bfloat16", "bfloat16-weights", "int8")
 PRODUCTS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bfloat16-weights": torch.bfloat16,
             "int8": torch.int8}  # what each dtype's packed weights hold
+DTYPES = tuple(PRODUCTS)
 ACTIVATIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "bfloat16-weights": torch.float32,
                "int8": torch.float32}  # what its products take and give, and its norms and cache hold
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from model.engine import kernels
+from model.engine.lowbit import PRODUCTS
 from model.engine.runtime import LoadedModel, synchronize
 
 
@@ -103,7 +104,7 @@ def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: st
     decode kernels' products those weights run in (model/engine/kernels.py): float32 rows (int8: rounded to int16
     inside) times an (n × n) int8 or bfloat16 weight, over KERNEL_PEAK_ROWS rows."""
     if dtype in KERNEL_PEAKS:
-        weight = KERNEL_PEAKS[dtype]
+        weight = PRODUCTS[dtype]
         packed = kernels.pack(torch.randn(n, n), weight, kernels.Arena(kernels.packed_nbytes(n, n, weight)))
         x = torch.randn(KERNEL_PEAK_ROWS, n)
         ms = percentile(timed(device, lambda: kernels.matmul(x, packed), repeats), 50)
@@ -115,7 +116,7 @@ def matmul_peak(device: torch.device, n: int = 1024, repeats: int = 5, dtype: st
 
 DEFAULT_CONTEXTS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
-# the dtypes whose peak is the decode kernels' own product (matmul_peak), with the weights' dtype there, and its rows:
-# enough to be bound by its arithmetic, not by reading the weight (1,024 would take longer for the same rate)
-KERNEL_PEAKS = {"int8": torch.int8, "bfloat16-weights": torch.bfloat16}
+# the dtypes whose peak is the decode kernels' own product (matmul_peak), and its rows: enough to be bound by its
+# arithmetic, not by reading the weight (1,024 would take longer for the same rate)
+KERNEL_PEAKS = ("int8", "bfloat16-weights")
 KERNEL_PEAK_ROWS = 64
