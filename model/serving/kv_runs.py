@@ -96,7 +96,7 @@ def variants(queue: str, context_length: int, block_size: int, budget_bytes: int
 
 
 class QueueRun:
-    """A fresh copy of `requests` served under `settings`, a step at a time; each step's Sample kept. With an
+    """A fresh copy of `requests` served under `settings`, a step at a time; each step's StepRecord kept. With an
     offload, a victim is moved out from the crossover's positions: `crossover` when given (measured before on this
     machine for this model and block size: a page keeps one), else measured first."""
 
@@ -146,8 +146,8 @@ class QueueRun:
 
     def summary(self) -> dict:
         """The run's `kv` object (serve-bench --json) with its tokens per second and TTFT / ITL percentiles."""
-        samples, settings = self.steps, self.settings
-        reserved = sum(s.bytes_reserved for s in samples)
+        steps, settings = self.steps, self.settings
+        reserved = sum(s.bytes_reserved for s in steps)
         server = self.server
         clock_s = server.clock_ms / 1000
         ttfts = [r.ttft_ms for r in self.requests if r.ttft_ms is not None]
@@ -158,16 +158,16 @@ class QueueRun:
             "budget_bytes": settings.budget_bytes, "prefix_cache": settings.prefix_cache, "chunk": settings.chunk,
             "pool_blocks": server.cache.n_blocks, "block_bytes": server.layout.block_bytes,
             "slots": memory_slots(settings.layout, server.layout, server.cache.n_blocks),
-            "max_concurrent": max((s.running for s in samples), default=0),
-            "bytes_reserved_peak": max((s.bytes_reserved for s in samples), default=0),
-            "bytes_held_peak": max((s.bytes_held for s in samples), default=0),
-            "waste_fraction": (reserved - sum(s.bytes_held for s in samples)) / reserved if reserved else 0.0,
-            "shared_blocks": max((s.blocks_shared for s in samples), default=0),
-            "prefill_positions_computed": sum(s.prefill_positions for s in samples),
-            "preemptions": sum(len(s.preempted) for s in samples),
-            "steps": len(samples),
-            "tokens": sum(s.tokens for s in samples),
-            "tokens_per_s": sum(s.tokens for s in samples) / clock_s if clock_s else 0.0,
+            "max_concurrent": max((s.running for s in steps), default=0),
+            "bytes_reserved_peak": max((s.bytes_reserved for s in steps), default=0),
+            "bytes_held_peak": max((s.bytes_held for s in steps), default=0),
+            "waste_fraction": (reserved - sum(s.bytes_held for s in steps)) / reserved if reserved else 0.0,
+            "shared_blocks": max((s.blocks_shared for s in steps), default=0),
+            "prefill_positions_computed": sum(s.prefill_positions for s in steps),
+            "preemptions": sum(len(s.preempted) for s in steps),
+            "steps": len(steps),
+            "tokens": sum(s.tokens for s in steps),
+            "tokens_per_s": sum(s.tokens for s in steps) / clock_s if clock_s else 0.0,
             "ttft_ms_p50": float(np.percentile(ttfts, 50)) if ttfts else None,
             "itl_ms": itl_percentiles(itls),
             # the requests there from the start, and the TTFT of those that arrived later (long-join: the decodes
@@ -175,8 +175,8 @@ class QueueRun:
             "itl_ms_from_start": itl_percentiles([gap for r in self.requests if r.arrival_step == 0
                                                   for gap in r.itl_ms]),
             "ttft_ms_joined_p50": float(np.percentile(joined, 50)) if joined else None,
-            "time_ms": time_split(samples),
-            "ops_ms": op_split(samples),
+            "time_ms": time_split(steps),
+            "ops_ms": op_split(steps),
             "offload": self.offload_summary(),
             "transfer": self.transfer_summary(),
         }
