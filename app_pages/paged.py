@@ -263,7 +263,8 @@ if compared_runs is not None:
                         t("paged.col_waste"), t("paged.col_prefill"), t("paged.col_shared"), t("paged.col_preempted"),
                         t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
                         t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
-    st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue))
+    st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue),
+                 differs=t("paged.differs_" + run_queue))
                + (" " + t("paged.fp8_caption") if any(v.settings.kv_dtype == "fp8" for v, _, _ in compared_runs)
                   else ""))
 st.page_link(page("kv").path, label=t("kv.link"), icon=page("kv").icon)

@@ -55,7 +55,9 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     same = sum(a == b for a, b in zip(fp8_tokens, [r.new_ids for r in run.requests]))
     said = (text("paged.some_same", lang).format(same=same, n=len(run.requests)) if 0 < same < len(run.requests)
             else text("paged.same" if same else "paged.not_same", lang))
-    assert f"<td>{said}</td>" in page and text("paged.fp8_caption", lang) in " ".join(c.value for c in at.caption)
+    captions = " ".join(c.value for c in at.caption)
+    assert f"<td>{said}</td>" in page and text("paged.fp8_caption", lang) in captions
+    assert text("paged.differs_mixed", lang) in captions  # what the comparison holds equal, and what it does not
     mine_kv = run.summary()
     assert fp8_kv["kv_dtype"] == "fp8" and 4 * fp8_kv["block_bytes"] == mine_kv["block_bytes"]  # a byte a number
     assert fp8_kv["pool_blocks"] == mine_kv["budget_bytes"] // fp8_kv["block_bytes"] >= 4 * mine_kv["pool_blocks"]
@@ -124,6 +126,8 @@ def test_long_join_carries_its_chunks_beside_the_decode_rows_and_compares_three_
     assert len(chunked) > 1 and all(any(span.kind == "decode" for span in s.spans) for s in chunked)
     variants = [(v.name, v.chunk) for v, _, _ in at.session_state["paged_compared"]]
     assert variants == [("whole", None), ("chunks", large)]
+    captions = " ".join(c.value for c in at.caption)  # the caption says the chunk differs, not the memory
+    assert text("paged.differs_long-join", "en") in captions and text("paged.differs_mixed", "en") not in captions
     lanes = charts(at)[1]
     assert lanes.count(f'fill="#225ea8"><title>request {long_id}, step') == len(chunked)
 
