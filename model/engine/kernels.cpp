@@ -396,12 +396,60 @@ void rms_norm(const float* x, int64_t rows, int64_t n, const float* w, float eps
   }
 }
 
+// e^x of 16 numbers at a time: Cephes' expf (a degree-6 polynomial after taking out the power of two), within a
+// couple of units in the last place of std::exp; a number's bits do not depend on the lane it lies in
+static inline f32x16 exp16(f32x16 x) {
+  x = x > 88.3f ? 88.3f : x;  // e^x stays within float32's normal numbers (a NaN stays NaN)
+  x = x < -87.3f ? -87.3f : x;
+  const f32x16 magic = f32x16{} + 12582912.0f;  // 1.5 · 2²³: adding it rounds to a whole number
+  const f32x16 n = (x * 1.44269504088896341f + magic) - magic;
+  f32x16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f32x16 p = f32x16{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const f32x16 e = p * (r * r) + r + 1.0f;
+  const i32x16 two_n = (__builtin_convertvector(n, i32x16) + 127) << 23;
+  f32x16 scale;
+  std::memcpy(&scale, &two_n, sizeof scale);
+  return e * scale;
+}
+
+// Scores w[0 .. S) into attention weights, in place: e^(w_s − most) 16 at a time (exp16; the last S mod 16 in the
+// same vector code, filled up), summed in LANES running sums (s mod LANES) added as a tree (lanes_sum), the last S
+// mod 16 after them, then each divided by the sum. The same bits wherever the keys lie and whatever rows are beside
+// them; every attention of the kernels weighs its keys here (one scalar std::exp per key had been half the decode
+// attention's time)
+static inline void softmax_in_place(float* w, int64_t S, float most) {
+  f32x16 lanes = {};
+  int64_t s = 0;
+  for (; s + LANES <= S; s += LANES) {
+    const f32x16 e = exp16(load16(w + s) - most);
+    store16(w + s, e);
+    lanes += e;
+  }
+  float total = lanes_sum(lanes);
+  if (s < S) {
+    f32x16 e = {};
+    std::memcpy(&e, w + s, (S - s) * sizeof(float));
+    e = exp16(e - most);
+    std::memcpy(w + s, &e, (S - s) * sizeof(float));
+    for (int64_t i = 0; i < S - s; ++i) total += e[i];
+  }
+  s = 0;
+  for (; s + LANES <= S; s += LANES) store16(w + s, load16(w + s) / total);
+  for (; s < S; ++s) w[s] /= total;
+}
+
 // Attention of one new query per row over that row's S keys, float32 (a decode step): q (B, heads, d) at strides
 // q_b, q_h; k and v (B, kv heads, S, d) at strides kv_b, kv_h, kv_s (views into a cache's buffers, never copied); query
 // head h reads kv head h / (heads / kv heads). Per head: score_s = (q · k_s) / scale, each dot product in LANES
-// running sums then added as a tree (lanes_sum); weight_s = exp(score_s − max) / Σ exp(...), the sum over s in
-// turn; out = Σ_s weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row
-// whatever rows are beside it
+// running sums then added as a tree (lanes_sum); weight_s = exp(score_s − max) / Σ exp(...) (softmax_in_place);
+// out = Σ_s weight_s · v_s in turn. out (B, heads · d), weights (B, heads, S). The same bits for a row whatever rows
+// are beside it
 static inline float dot(const float* a, const float* b, int64_t n) {
   f32x16 lanes = {};
   int64_t i = 0;
@@ -414,24 +462,32 @@ static inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+extern "C++" {  // templates, within the extern "C" block
+// Key s + AHEAD's numbers and value s's asked into L2 while key s's score is computed: a query's keys and values lie
+// in memory, block by block, and one stream of dependent reads left the core waiting on them (attention took twice
+// the time of its reads); the values are read again only after every score, from L2 then
+constexpr int64_t AHEAD = 8;
+template <typename At>
+static inline void fetch_ahead(const float* kh, const float* vh, int64_t s, int64_t S, const At& at, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) {
+    if (s + AHEAD < S) __builtin_prefetch(kh + at(s + AHEAD) + i, 0, 2);
+    __builtin_prefetch(vh + at(s) + i, 0, 2);
+  }
+}
+
 // One query head over S keys and values, key and value s at kh + at(s) and vh + at(s): out (d), weights (S). Where
 // they lie changes no sum: a cache's contiguous buffer (attend_head) and a paged pool read through a block table
 // (attend_paged) give the same bits
-extern "C++" {  // a template, within the extern "C" block
 template <typename At>
 static void attend_head_at(const float* qh, const float* kh, const float* vh, int64_t S, const At& at, int64_t d,
                            float scale, float* o, float* w) {
   float most = -INFINITY;
   for (int64_t s = 0; s < S; ++s) {
+    fetch_ahead(kh, vh, s, S, at, d);
     w[s] = dot(qh, kh + at(s), d) / scale;
     most = std::max(most, w[s]);
   }
-  float total = 0.0f;
-  for (int64_t s = 0; s < S; ++s) {
-    w[s] = std::exp(w[s] - most);
-    total += w[s];
-  }
-  for (int64_t s = 0; s < S; ++s) w[s] /= total;
+  softmax_in_place(w, S, most);
   int64_t i0 = 0;
   for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {  // 64 outputs at a time in registers
     f32x16 sum[BLOCKS] = {};
@@ -456,6 +512,7 @@ static void attend_group_at(const float* q, int64_t q_h, const float* kh, const 
   float most[G];
   for (int g = 0; g < G; ++g) most[g] = -INFINITY;
   for (int64_t s = 0; s < S; ++s) {
+    fetch_ahead(kh, vh, s, S, at, d);
     const float* ks = kh + at(s);
     f32x16 lanes[G] = {};
     int64_t i = 0;
@@ -470,15 +527,7 @@ static void attend_group_at(const float* q, int64_t q_h, const float* kh, const 
       most[g] = std::max(most[g], w[g * S + s]);
     }
   }
-  for (int g = 0; g < G; ++g) {
-    float* wg = w + g * S;
-    float total = 0.0f;
-    for (int64_t s = 0; s < S; ++s) {
-      wg[s] = std::exp(wg[s] - most[g]);
-      total += wg[s];
-    }
-    for (int64_t s = 0; s < S; ++s) wg[s] /= total;
-  }
+  for (int g = 0; g < G; ++g) softmax_in_place(w + g * S, S, most[g]);
   int64_t i0 = 0;
   for (; i0 + BLOCKS * LANES <= d; i0 += BLOCKS * LANES) {
     f32x16 sum[G][BLOCKS] = {};
@@ -601,29 +650,9 @@ void attend_paged(const float* q, int64_t N, int64_t heads, int64_t d, int64_t q
 }
 
 // SiLU(gate) · up of each row of gate_up (rows, 2I at row stride ld: gate, then up), into y (rows, I): gate / (1 +
-// exp(−gate)) · up. exp as Cephes' expf (a degree-6 polynomial after taking out the power of two), 16 numbers at a
-// time; the last I mod 16 go through the same vector code, filled up with zeros, so every number gets the same bits
-// wherever it lies: a row beside any others, a decode step's row and a prefill's (the shared model's MLP, llama.MLP)
-static inline f32x16 exp16(f32x16 x) {
-  x = x > 88.3f ? 88.3f : x;  // e^x stays within float32's normal numbers (a NaN stays NaN)
-  x = x < -87.3f ? -87.3f : x;
-  const f32x16 magic = f32x16{} + 12582912.0f;  // 1.5 · 2²³: adding it rounds to a whole number
-  const f32x16 n = (x * 1.44269504088896341f + magic) - magic;
-  f32x16 r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  f32x16 p = f32x16{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const f32x16 e = p * (r * r) + r + 1.0f;
-  const i32x16 two_n = (__builtin_convertvector(n, i32x16) + 127) << 23;
-  f32x16 scale;
-  std::memcpy(&scale, &two_n, sizeof scale);
-  return e * scale;
-}
-
+// exp(−gate)) · up, exp16 16 numbers at a time; the last I mod 16 go through the same vector code, filled up with
+// zeros, so every number gets the same bits wherever it lies: a row beside any others, a decode step's row and a
+// prefill's (the shared model's MLP, llama.MLP)
 static inline f32x16 silu_times(f32x16 gate, f32x16 up) { return gate / (1.0f + exp16(-gate)) * up; }
 
 void silu_mul(const float* gate_up, int64_t rows, int64_t I, int64_t ld, float* y) {
