@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 
-from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings
 from model.serving.kv_runs import default_budget
 from model.serving.queues import built_in_queue
@@ -29,6 +28,11 @@ def one_process(small):
 
 def fresh(requests):
     return [dataclasses.replace(r).restart() for r in requests]
+
+
+def disaggregated_engine(model, requests, settings, model_name):
+    """An engine whose prompts a prefill worker of `model_name` computes."""
+    return Engine(model, requests, dataclasses.replace(settings, prefill_worker=model_name))
 
 
 def test_two_workers_give_the_one_process_tokens_and_send_the_formula_s_bytes_and_reset_ends_the_worker(

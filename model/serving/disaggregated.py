@@ -16,17 +16,18 @@ import threading
 import time
 import types
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from model.engine.loading import held_bytes, load_model
 from model.engine.runtime import LoadedModel, ModelInfo, NativeModel
-from model.serving.engine import Engine, EngineSettings
 from model.serving.paged import PagedCache, PagedLayout
 from model.serving.request import Request
 from model.serving.runner import prompt_alone, run_rows
@@ -282,6 +283,17 @@ class PrefillWorker:
         self._end()
 
 
+class EngineState(Protocol):
+    """What the connector reads of the engine that made it (engine.Engine, a floor above: it imports this module)."""
+    waiting: deque[Request]
+    running: list[Request]
+    requests: dict[int, Request]
+    steps_run: int
+
+    @property
+    def finished(self) -> bool: ...
+
+
 class PrefillConnector:
     """The prefill worker as the engine's KV connector (vLLM's KVConnector): before each step's schedule it sends the
     prompts that arrived and takes what came back; the scheduler sees only that a request's blocks are coming
@@ -295,7 +307,7 @@ class PrefillConnector:
         self.worker: PrefillWorker | None = None
         self._start(None)
 
-    def _start(self, engine: Engine | None) -> None:
+    def _start(self, engine: EngineState | None) -> None:
         try:
             self.worker = PrefillWorker(self.model, self.model_name, self.block_size)
         except WorkersBusy:
@@ -303,7 +315,7 @@ class PrefillConnector:
         except WorkerGone:
             self._alone("start", engine)
 
-    def _alone(self, why: str, engine: Engine | None) -> None:
+    def _alone(self, why: str, engine: EngineState | None) -> None:
         """The worker gone: every prompt it has not sent back is prefilled here from now on."""
         self.close()
         self.failure = (why, 0 if engine is None else engine.steps_run)
@@ -311,17 +323,17 @@ class PrefillConnector:
             if seq.kv_at == "remote" and seq.received_kv is None:
                 seq.kv_at = "here"
 
-    def step_begins(self, engine: Engine) -> float:
+    def step_begins(self, engine: EngineState) -> float:
         """Before a step's schedule: the exchange with the worker (one started again after a reset); its ms."""
         if self.worker is None and self.failure is None:
             self._start(engine)
         return 0.0 if self.worker is None else self._exchange(engine)
 
-    def step_ends(self, engine: Engine) -> None:
+    def step_ends(self, engine: EngineState) -> None:
         if engine.finished:  # nothing left to prefill: the worker and the group let go
             self.close()
 
-    def _exchange(self, engine: Engine) -> float:
+    def _exchange(self, engine: EngineState) -> float:
         """Send the prompts that arrived, take the results that are ready (waiting for the next one when nothing
         could run without it, on the clock); the ms spent."""
         index = engine.steps_run
@@ -375,10 +387,3 @@ class PrefillConnector:
             self.worker.stop()
             self.worker = None
 
-
-def disaggregated_engine(model: NativeModel, requests: list[Request], settings: EngineSettings,
-                         model_name: str) -> Engine:
-    """An engine whose prompts a prefill worker of `model_name` computes, checked before the worker starts."""
-    engine = Engine(model, requests, settings)
-    engine.connector = PrefillConnector(model, model_name, settings.block_size)
-    return engine

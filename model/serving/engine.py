@@ -18,6 +18,7 @@ from model.engine.kernels import op_seconds
 from model.engine.runtime import NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
+from model.serving.disaggregated import PrefillConnector
 from model.serving.memory import (
     BlockMemory,
     PoolView,
@@ -84,6 +85,7 @@ class EngineSettings:
     prefix_cache: bool = False
     chunk: int | None = None  # positions of prompts a step prefills at most; None: every admitted prompt whole
     offload: str | None = None        # a preempted request's blocks to a second tier: "disk" | "host"; None: recompute
+    prefill_worker: str | None = None  # the model a prefill worker of its own loads (disaggregated.py); None: here
     tier_folder: str | None = None    # the disk tier's folder (None: the system's temporary one)
     tier_bytes: int | None = None     # the tier's size (None: as many blocks as the pool)
     swap_from: int | None = 0         # positions a victim holds from which it is moved out (None: never)
@@ -173,7 +175,8 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
     if not isinstance(model, NativeModel):
         raise InputError("serving_needs_native", model=model.info.name)
     check_memory(settings.memory, prefix_cache=settings.prefix_cache, chunk=settings.chunk,
-                 offload=settings.offload, prefill_worker=False, kv_dtype=settings.kv_dtype)
+                 offload=settings.offload, prefill_worker=settings.prefill_worker is not None,
+                 kv_dtype=settings.kv_dtype)
     size, context = settings.block_size, model.info.context_length
     if size < 1 or size & (size - 1) or size > context:
         raise InputError("paged_block_size", size=size, context=context)
@@ -217,13 +220,14 @@ class Engine:
         self.plan: Plan | None = None
         self.clock_ms = 0.0
         self.offload: Offload | None = None
-        # what brings a request's keys and values from outside the pool (disaggregated.PrefillConnector)
-        self.connector = None
         self.received_ms = 0.0  # this step's, so far
         if settings.offload is not None:
             slots = tier_slots(self.layout, settings.budget_bytes, settings.tier_bytes)
             self.offload = Offload(tier_maker(settings.offload, settings.tier_folder, slots, self.layout,
                                               self.cache.keys.dtype), self.layout.block_bytes, settings.swap_from)
+        # what brings a request's keys and values from outside the pool: its worker started once the checks passed
+        self.connector = None if settings.prefill_worker is None else PrefillConnector(
+            model, settings.prefill_worker, settings.block_size)
 
     @property
     def finished(self) -> bool:

@@ -17,7 +17,6 @@ from model.engine.kernels import OP_CLASSES
 from model.engine.runtime import NativeModel
 from model.errors import InputError
 from model.serving.crossover import Crossover, measure_crossover
-from model.serving.disaggregated import disaggregated_engine
 from model.serving.engine import Engine, EngineSettings, StepProgress, StepRecord, check_paged
 from model.serving.memory import MEMORIES, check_memory, memory_layout, memory_slots
 from model.serving.paged import PagedLayout
@@ -118,9 +117,8 @@ class QueueRun:
         if settings.prefill_worker is not None:
             if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
                 raise InputError("disaggregate_alone")
-            self.server = disaggregated_engine(model, self.requests, engine, settings.prefill_worker)
-        else:
-            self.server = Engine(model, self.requests, engine)
+            engine = dataclasses.replace(engine, prefill_worker=settings.prefill_worker)
+        self.server = Engine(model, self.requests, engine)
 
     @property
     def steps(self) -> list[StepRecord]:
