@@ -19,7 +19,7 @@ from ui.models import page_start
 from ui.pages import page
 from ui.pool_view import budget_slider, draw_pool, draw_request_lanes, request_legend
 from ui.serving_panel import comparison, counts_row, run_sentences, step_time_chart, time_split_table
-from ui.serving_run import asked_steps, run_buttons, run_queue_steps
+from ui.serving_run import asked_steps, run_buttons, run_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.widgets import table_html
@@ -159,7 +159,8 @@ if state.paged_run is None and state.paged_opened_for != (info.name, info.device
 
 # -- the steps a click asked for: here, where a click on Stop (or anything else) reaches them -------------------------
 run = state.paged_run
-wanted, stopped = asked_steps("paged", run, lambda to_end: run_queue_steps(run, to_end))
+wanted, stopped = asked_steps("paged", run,
+                              lambda to_end: run_steps(run.server, to_end, "paged_stop", "paged.progress"))
 run_buttons("paged", run, "action.start", start, reset, run_key="paged_run_button", play=True)
 callback_error_here()
 if run is None:

@@ -19,7 +19,7 @@ from ui.i18n import decimal, labels, number, t
 from ui.models import chosen_model, page_start
 from ui.pool_view import budget_slider, draw_request_lanes
 from ui.serving_panel import comparison, counts_row, run_sentences, time_split_table
-from ui.serving_run import asked_steps, run_buttons, run_queue_steps
+from ui.serving_run import asked_steps, run_buttons, run_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
 from ui.tier_view import (
@@ -130,7 +130,8 @@ if wanted == "start" and (mode == "workers" or crossover is not None):
     wanted = "one" if state.tiers_run is not None else None
 run = state.tiers_run
 state.tiers_wanted = wanted  # a start's first step, Next's or Run's: asked_steps runs them
-wanted, stopped = asked_steps("tiers", run, lambda to_end: run_queue_steps(run, to_end))
+wanted, stopped = asked_steps("tiers", run,
+                              lambda to_end: run_steps(run.server, to_end, "paged_stop", "paged.progress"))
 run_buttons("tiers", run, "action.start", lambda: request("start"), reset, run_key="tiers_run_button", play=True)
 callback_error_here()
 if run is None:

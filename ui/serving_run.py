@@ -50,18 +50,19 @@ class StopBar:
 
 
 class StepBar:
-    """How far the step under way is, and in a run to the end how many requests are served."""
+    """How far the step under way is, and in a run to the end how many requests are served; `one_pass` the text of
+    a pass over every row (the Serving page's, its decode rows apart; the Paged KV and Tiers pages', one mixed pass)."""
 
-    def __init__(self, server: Engine, to_end: bool):
-        self.server, self.to_end = server, to_end
-        self.stop_bar = StopBar("serving_stop", t("serving.running"))
+    def __init__(self, server: Engine, to_end: bool, key: str, one_pass: str):
+        self.server, self.to_end, self.one_pass = server, to_end, one_pass
+        self.stop_bar = StopBar(key, t("serving.running"))
 
     def show(self, progress: StepProgress) -> None:
         if progress.prefilled < progress.prefills:
             text = t("serving.progress_prefill", step=progress.step, k=progress.prefilled + 1, n=progress.prefills,
                      layer=progress.layer, layers=progress.layers)
         else:
-            text = t("serving.progress_decode", step=progress.step, rows=progress.rows, layer=progress.layer,
+            text = t(self.one_pass, step=progress.step, rows=progress.rows, layer=progress.layer,
                      layers=progress.layers)
         done = progress.done
         if self.to_end:
@@ -72,40 +73,17 @@ class StepBar:
         self.stop_bar.draw(done, text)
 
 
-def run_steps(server: Engine, to_end: bool) -> str | None:
-    """One step, or steps until every request is served, under a StepBar; the sentence saying why a step failed,
-    or None."""
-    bar = StepBar(server, to_end)
+def run_steps(server: Engine, to_end: bool, key: str = "serving_stop",
+              one_pass: str = "serving.progress_decode") -> str | None:
+    """One step, or steps until every request is served, under a StepBar (its Stop button's key, its text of a pass);
+    the sentence saying why a step failed, or None. The serving pages' one run of steps."""
+    bar = StepBar(server, to_end, key, one_pass)
     error = None
     while not server.finished and error is None:
         _, error = attempt(lambda: server.step(bar.show))
         if not to_end:
             break
     bar.stop_bar.clear()
-    return error
-
-
-def run_queue_steps(run: QueueRun, to_end: bool) -> str | None:
-    """The Paged KV page's run: one step (one pass over every row), or steps until every request is served, under a
-    Stop bar; the sentence saying why a step failed, or None."""
-    bar = StopBar("paged_stop", t("serving.running"))
-    total = len(run.requests)
-
-    def show(progress: StepProgress) -> None:
-        text = t("paged.progress", step=progress.step, rows=progress.rows, layer=progress.layer,
-                 layers=progress.layers)
-        done = progress.done
-        if to_end:
-            served = sum(r.left_step is not None for r in run.requests)
-            text, done = t("serving.progress_served", served=served, total=total) + " · " + text, served / total
-        bar.draw(done, text)
-
-    error = None
-    while not run.finished and error is None:
-        _, error = attempt(lambda: run.server.step(show))
-        if not to_end:
-            break
-    bar.clear()
     return error
 
 
