@@ -756,16 +756,28 @@ void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, 
   layer_rest(L, x, rows, attended.data(), out, threads);
 }
 
-// decode_out for a flattened pass over a paged pool (llama.Block.pass_in_place): the rows' queries (in qkv, from
-// decode_in) attended as attend_paged attends them, through the tables, then the rest of the layer as decode_out
-// has it; no attention weights
-void decode_out_paged(const Layer* L, const float* x, int64_t rows, const float* qkv, const float* k, const float* v,
-                      int64_t n_blocks, int64_t block_size, const int64_t* tables, int64_t width, const int64_t* row,
-                      const int64_t* first, const int64_t* end, float* out, int threads) {
-  const int64_t d = L->d_head;
-  std::vector<float> attended(rows * L->heads * d);
-  attend_paged(qkv, rows, L->heads, d, d, (L->heads + 2 * L->kv_heads) * d, k, v, L->kv_heads, n_blocks, block_size,
-               tables, width, row, first, end, L->scale, attended.data(), threads);
+// A layer of a flattened pass over a paged pool (llama.Block.pass_in_place) in one call: decode_in on the pass's N
+// positions as rows, their new keys and values copied into the layer's stores k and v (kv heads, n_blocks,
+// block_size, d) at block blocks[t], offset offsets[t], then each query attended as attend_paged attends it, through
+// the tables, and the rest of the layer as decode_out has it; no attention weights. The same functions in the same
+// order as decode_in, the pool's write and decode_out_paged's ops called one by one (a call instead of some ten small
+// torch and Python ops a layer, whose time had been a fifth of a one-row pass's): the same bits
+void layer_paged(const Layer* L, const float* x, int64_t rows, const float* cos, const float* sin, int64_t cs_row,
+                 float* k, float* v, const int64_t* blocks, const int64_t* offsets, int64_t n_blocks,
+                 int64_t block_size, const int64_t* tables, int64_t width, const int64_t* row, const int64_t* first,
+                 const int64_t* end, float* out, int threads) {
+  const int64_t d = L->d_head, kv_heads = L->kv_heads, stride = (L->heads + 2 * kv_heads) * d;
+  std::vector<float> qkv(rows * stride), attended(rows * L->heads * d);
+  decode_in(L, x, rows, cos, sin, cs_row, qkv.data(), threads);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t at = ((h * n_blocks + blocks[t]) * block_size + offsets[t]) * d;
+      const float* heads = qkv.data() + t * stride + (L->heads + h) * d;  // its key head, then kv_heads on its value
+      std::copy(heads, heads + d, k + at);
+      std::copy(heads + kv_heads * d, heads + (kv_heads + 1) * d, v + at);
+    }
+  attend_paged(qkv.data(), rows, L->heads, d, d, stride, k, v, kv_heads, n_blocks, block_size, tables, width, row,
+               first, end, L->scale, attended.data(), threads);
   layer_rest(L, x, rows, attended.data(), out, threads);
 }
 

@@ -63,8 +63,8 @@ SIGNATURES = {"matmul_f32": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _int),
                                _ptr, ctypes.c_float, _ptr, _int),
               "decode_in": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _int),
               "decode_out": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _int),
-              "decode_out_paged": (_ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _ptr,
-                                   _int),
+              "layer_paged": (_ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr,
+                              _ptr, _ptr, _ptr, _int),
               "silu_mul": (_ptr, _i64, _i64, _i64, _ptr),
               "op_seconds": (_ptr,), "bf16_instructions": (), "int8_instructions": ()}
 
@@ -573,18 +573,21 @@ def decode_out(decode: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch
     return out, weights
 
 
-@profiled("decode_out_paged")
-def decode_out_paged(decode: DecodeLayer, x: torch.Tensor, qkv: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     tables: torch.Tensor, row: torch.Tensor, first: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-    """decode_out for a flattened pass's N rows (x (N, 1, hidden), qkv from decode_in) over a paged pool: the
-    attention as attend_paged's (k and v one layer's stores, tables, row, first and end as there), then the rest of
-    the layer -> the block's output (N, 1, hidden)."""
-    layer = decode.layer
+@profiled("layer_paged")
+def layer_paged(decode: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor, tables: torch.Tensor, row: torch.Tensor,
+                first: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """A layer of a flattened pass's N positions (x (N, 1, hidden)) over a paged pool, in one op: decode_in, each
+    position's new key and value written into its block (blocks, offsets (N,) int64) of the layer's stores k and v,
+    the attention as attend_paged's (tables, row, first and end as there), then the rest of the layer as
+    decode_out's -> the block's output (N, 1, hidden)."""
+    layer, d = decode.layer, decode.layer.d_head
     out = torch.empty_like(x)
-    kernels().decode_out_paged(ctypes.byref(layer), x.data_ptr(), x.shape[0], qkv.data_ptr(), k.data_ptr(),
-                               v.data_ptr(), k.shape[1], k.shape[2], tables.data_ptr(), tables.shape[1],
-                               row.data_ptr(), first.data_ptr(), end.data_ptr(), out.data_ptr(),
-                               torch.get_num_threads())
+    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
+    kernels().layer_paged(ctypes.byref(layer), x.data_ptr(), x.shape[0], cos.data_ptr(), sin.data_ptr(),
+                          d if cos.shape[0] > 1 else 0, k.data_ptr(), v.data_ptr(), blocks.data_ptr(),
+                          offsets.data_ptr(), k.shape[1], k.shape[2], tables.data_ptr(), tables.shape[1],
+                          row.data_ptr(), first.data_ptr(), end.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out
 
 

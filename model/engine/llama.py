@@ -605,18 +605,14 @@ class Block(nn.Module):
         return out, weights, (q, k, v)
 
     def pass_in_place(self, x, cos, sin, cache, layer):
-        """forward for a flattened pass over a paged pool whose keys are read in place (paged.PagedPassInPlace): the
-        pass's N positions as decode_in's rows, their keys and values written into their blocks, then decode_out's
-        rest of the layer after attend_paged's attention; the ops Block.decode runs, so the bits of forward's."""
-        attn, N = self.self_attn, x.shape[1]
-        rows = x.contiguous().view(N, 1, -1)
-        qkv = kernels.decode_in(self.decode_layer, rows, cos, sin)               # (N, 1, n_heads + 2·n_kv, d_head)
-        heads = qkv.view(N, -1, attn.head_dim)
-        k, v = (heads[:, start:start + attn.n_kv_heads].transpose(0, 1)[None]  # (1, n_kv, N, d_head)
-                for start in (attn.n_heads, attn.n_heads + attn.n_kv_heads))
-        read, _ = cache.append(layer, k, v)
-        out = kernels.decode_out_paged(self.decode_layer, rows, qkv, read.keys, read.values, read.tables, read.row,
-                                       read.first, read.end)
+        """forward for a flattened pass over a paged pool whose keys are read in place (paged.PagedPassInPlace), in
+        one call of the decode kernels (kernels.layer_paged): the pass's N positions as decode_in's rows, their keys
+        and values written into their blocks, then decode_out's rest of the layer after attend_paged's attention; the
+        ops Block.decode runs, so the bits of forward's."""
+        N = x.shape[1]
+        read, blocks, offsets = cache.in_place(layer)
+        out = kernels.layer_paged(self.decode_layer, x.contiguous().view(N, 1, -1), cos, sin, read.keys, read.values,
+                                  blocks, offsets, read.tables, read.row, read.first, read.end)
         return out.view(1, N, -1), None, None
 
     def decode_weights(self) -> kernels.DecodeLayer | None:

@@ -234,11 +234,17 @@ class PagedPassInPlace(PagedPass):
 
     reads_in_place = True  # llama.Block.pass_in_place: a Llama layer then runs in the decode kernels' two calls
 
+    def in_place(self, layer: int) -> tuple[BlockKeys, torch.Tensor, torch.Tensor]:
+        """The layer's stores and the tables as one BlockKeys, and where the pass's new positions go in those stores
+        (their blocks and offsets, (N,) each): for llama.Block.pass_in_place, whose one kernel call writes them."""
+        group, i = self.cache.where[layer]
+        read = BlockKeys(self.cache.keys[i], self.cache.values[i], self.tables[group], self.query_row,
+                         *self.query_spans[self.cache.layout.groups[group].window])
+        return read, self.write_blocks[group], self.offsets
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[BlockKeys, BlockKeys]:
         """The new positions' K, V (1, n_kv, N, d_head) into their blocks; returns the layer's stores and the tables
         as one BlockKeys (for k and v alike), nothing copied."""
-        group, i = self.cache.where[layer]
-        self.cache.write(layer, self.write_blocks[group], self.offsets, k[0], v[0])  # (n_kv, N, d_head)
-        read = BlockKeys(self.cache.keys[i], self.cache.values[i], self.tables[group], self.query_row,
-                         *self.query_spans[self.cache.layout.groups[group].window])
+        read, blocks, offsets = self.in_place(layer)
+        self.cache.write(layer, blocks, offsets, k[0], v[0])  # (n_kv, N, d_head)
         return read, read
