@@ -17,7 +17,7 @@ from ui.controls import decimal_slider
 from ui.errors import callback_error_here, guarded, guarded_in_callback
 from ui.i18n import decimal, number, t
 from ui.models import page_start, shared_model_in
-from ui.serving_panel import run_sentences, step_time_chart, time_split_table
+from ui.serving_panel import counts_row, run_sentences, step_time_chart, time_split_table
 from ui.serving_run import asked_steps, machine, pass_costs, run_buttons, run_steps
 from ui.session_end import hold
 from ui.state import keep_across_pages
@@ -168,14 +168,12 @@ if tiled:  # under the lanes, the page's key figure: which exactness holds for t
 tokens = sum(s.tokens for s in steps)
 last = steps[-1]
 last_rows = sum(len(p.spans) for p in last.passes if p.kind == "decode")  # the last step's decode batch
-with st.container(horizontal=True):
-    st.metric(t("serving.steps"), len(steps))
-    st.metric(t("serving.tokens"), tokens)
-    st.metric(t("serving.tokens_per_s"), decimal(tokens / (server.clock_ms / 1000)))
-    st.metric(t("serving.last_step"), f"{decimal(last.ms)} ms", help=t(
-        "serving.last_step_help", rows=last_rows,
-        prefill=decimal(sum(p.ms for p in last.passes if p.kind == "prefill")),
-        decode=decimal(sum(p.ms for p in last.passes if p.kind == "decode"))))
+counts_row([(t("serving.steps"), len(steps)), (t("serving.tokens"), tokens),
+            (t("serving.tokens_per_s"), decimal(tokens / (server.clock_ms / 1000))),
+            (t("serving.last_step"), f"{decimal(last.ms)} ms", t(
+                "serving.last_step_help", rows=last_rows,
+                prefill=decimal(sum(p.ms for p in last.passes if p.kind == "prefill")),
+                decode=decimal(sum(p.ms for p in last.passes if p.kind == "decode"))))])
 step_time_chart([s.ms for s in steps], t("serving.step_ms"))
 
 

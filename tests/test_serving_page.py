@@ -69,6 +69,10 @@ def test_steps_then_run_to_end_serve_every_request(lang, roofs, monkeypatch):
     assert len(server.steps) == 1 and server.steps[0].admitted == [0, 1] and not at.error
     click(at, "serving_next")
     assert len(server.steps) == 2 and [p.kind for p in server.steps[1].passes] == ["decode"]
+    # the shared counts row: the last step's time, its "?" saying what the step ran (its 2 decode rows)
+    last = {m.label: m for m in at.metric}[text("serving.last_step", lang)]
+    assert last.value == f"{decimal(server.steps[1].ms, 1, lang)} ms"
+    assert last.proto.help.startswith(text("serving.last_step_help", lang).format(rows=2, prefill="", decode="")[:12])
     click(at, "serving_run")
     assert server.finished and at.button(key="serving_next").disabled
     assert all(r.stop_reason is not None for r in server.requests.values())

@@ -28,11 +28,11 @@ def run_sentences(stopped_text: str | None, changed: bool) -> None:
         st.caption(t("paged.settings_next_run"))
 
 
-def counts_row(counts: Sequence[tuple[str, object]]) -> None:
-    """The run's counts side by side, each a label and its value."""
+def counts_row(counts: Sequence[tuple[str, object] | tuple[str, object, str]]) -> None:
+    """The run's counts side by side, each a label and its value, and where given the help its "?" shows."""
     with st.container(horizontal=True):
-        for label, value in counts:
-            st.metric(label, value)
+        for label, value, *help_text in counts:
+            st.metric(label, value, help=help_text[0] if help_text else None)
 
 
 def step_time_chart(ms: list[float], axis: str) -> None:
