@@ -360,9 +360,14 @@ class PrefillConnector:
             self._alone("died", engine)
         return (time.perf_counter() - t0) * 1000
 
-    def load(self, cache: PagedCache, seq: Request) -> None:
+    def blocks_coming(self, cache: PagedCache, seq: Request, stop: int) -> int | None:
+        """The pool's blocks the request's received prompt takes (its first token's place too); None while the worker
+        has not sent it."""
+        return None if seq.received_kv is None else cache.layout.request_blocks(len(seq.tokens))
+
+    def load(self, cache: PagedCache, seq: Request) -> bool:
         """A prompt prefilled by the worker into blocks of its own (the scheduler checked they are free), a sliding
-        group's places before the first position received left empty."""
+        group's places before the first position received left empty; True (a transfer's tensors are not checked)."""
         kv, seq.received_kv, seq.kv_at = seq.received_kv, None, "here"
         layout = cache.layout
         size, n = layout.block_size, seq.prompt_len
@@ -376,6 +381,7 @@ class PrefillConnector:
             offsets = (at % size).to(cache.keys.device)
             for store, received in zip((cache.keys, cache.values), group_kv):
                 store[:, :, blocks, offsets] = received.to(store.device)
+        return True
 
     def reset(self) -> None:
         """The worker ended (a new one starts at the next step), the transfers forgotten."""

@@ -324,23 +324,27 @@ class Engine:
         decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
         return (seq.computed + 1 if decoding else self._chunk_end(seq, budget)), decoding
 
-    def _swap_in(self, seq: Request, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
-        """A moved-out request's blocks back into the pool and its next span (None: too few blocks free, it waits),
-        or False when a block came back damaged (its positions to compute again)."""
-        rid = seq.id
-        stop, decoding = self._next_stop(seq, budget)
-        out = self.offload.out[rid]
-        grown = sum(max(0, self.layout.blocks(stop) - len(table)) for table in out) if stop is not None else 0
-        if stop is None or self.offload.blocks_held(rid) + grown > self.cache.pool.n_free:
+    def _connector(self, seq: Request) -> Offload | PrefillConnector:
+        """What holds the keys and values of a request whose blocks lie outside the pool (vLLM's KV connector): the
+        tier it was moved out to, or the prefill worker that computes its prompt."""
+        return self.offload if seq.kv_at == "tier" else self.connector
+
+    def _bring_in(self, seq: Request, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
+        """A request whose blocks are coming, loaded into blocks of the pool by its connector, and its span: the
+        prompt received whole from a prefill worker, or the next span of one moved back in from the tier. None: they
+        are not here yet or too few blocks are free (it waits); False: they came back damaged (computed again)."""
+        received = seq.kv_at == "remote"
+        stop, decoding = (seq.prompt_len, False) if received else self._next_stop(seq, budget)
+        connector = self._connector(seq)
+        needed = None if stop is None else connector.blocks_coming(self.cache, seq, stop)
+        if needed is None or needed > self.cache.pool.n_free:
             return None
-        tables = self.offload.move_in(self.cache, rid)
-        seq.kv_at = "here"
-        if tables is None:
-            tier.append((rid, "damaged"))
-            seq.computed, seq.hashes = 0, []
+        loaded = connector.load(self.cache, seq)
+        if received:
+            return Span(seq.id, 0, stop, "received")
+        tier.append((seq.id, "in" if loaded else "damaged"))
+        if not loaded:
             return False
-        tier.append((rid, "in"))
-        self.cache.tables[rid] = tables
         self.cache.grow(seq, stop)
         return self._span(seq, stop, decoding)
 
@@ -399,16 +403,10 @@ class Engine:
         while (not preempted and self.waiting and self.waiting[0].arrival_step <= index
                and len(self.running) < MAX_RUNNING):
             seq = self.waiting[0]
-            if seq.kv_at == "remote":
-                if seq.received_kv is None or self.layout.request_blocks(len(seq.tokens)) > self.cache.pool.n_free:
-                    break  # its prompt not here yet, or its blocks not free
-                self.connector.load(self.cache, seq)
-                start_running(seq, Span(seq.id, 0, seq.prompt_len, "received"), 0)
-                continue
-            if seq.kv_at == "tier":
-                span = self._swap_in(seq, budget(), tier)
+            if seq.kv_at != "here":
+                span = self._bring_in(seq, budget(), tier)
                 if span is None:
-                    break
+                    break  # its blocks not here yet, or not free
                 if span is not False:
                     start_running(seq, span, 0)
                     continue

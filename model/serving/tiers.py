@@ -25,6 +25,7 @@ import torch
 from model.engine.runtime import NativeModel, synchronize
 from model.errors import InputError
 from model.serving.paged import PagedCache, PagedLayout
+from model.serving.request import Request
 from model.weights.catalog import env_megabytes
 
 log = logging.getLogger(__name__)
@@ -303,8 +304,21 @@ class Offload:
         self.went_out[request] = held(self.out[request])
         return None
 
-    def blocks_held(self, request: int) -> int:
-        return len(held(self.out[request]))
+    def blocks_coming(self, cache: PagedCache, seq: Request, stop: int) -> int:
+        """The pool's blocks the request takes once its blocks are back and it grows to `stop` positions."""
+        out = self.out[seq.id]
+        return len(held(out)) + sum(max(0, cache.layout.blocks(stop) - len(table)) for table in out)
+
+    def load(self, cache: PagedCache, seq: Request) -> bool:
+        """Its blocks moved back into the pool (the scheduler checked blocks_coming are free); False when one came
+        back damaged: its positions are computed again."""
+        tables = self.move_in(cache, seq.id)
+        seq.kv_at = "here"
+        if tables is None:
+            seq.computed, seq.hashes = 0, []
+            return False
+        cache.tables[seq.id] = tables
+        return True
 
     def move_in(self, cache: PagedCache, request: int) -> list[list[int | None]] | None:
         """The request's blocks read back, checked, into new blocks of the pool (the caller checked n_free); its
