@@ -4,17 +4,20 @@ queue's FLOPs by the project's cost model (costs.flops over every step's spans: 
 and its bytes at the read rate: every weight once, each row's keys and values), against the engine's clock.
 
     .venv/bin/python benchmarks/queue_roof.py [--model smollm2] [--queue mixed]
-        [--dtype float32|bfloat16|bfloat16-weights] [--tiles] [--threads 1] [--budget-mb 200]
+        [--dtype float32|bfloat16|bfloat16-weights] [--tiles] [--threads 1] [--budget-mb 200] [--solo]
 
 With --tiles a pass of llama.TILE_ROWS rows or more multiplies on the AMX tiles, so its roof is the bfloat16 peak
 (torch's 1024 × 1024 bfloat16 matmul, oneDNN's tiles), a smaller pass's the peak of its arithmetic (bfloat16-weights
 sums in float32: torch's float32 peak, above the kernels' own); the compute roof is printed at the float32 peak too,
-the one a float32 queue is held to. Not part of ./dev test.
+the one a float32 queue is held to. --solo then serves each request alone in the same mode and counts the requests
+whose tokens are those they had in the queue (with --tiles a row's bits depend on the rows beside it). Not part of
+./dev test.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 
@@ -46,11 +49,13 @@ def main() -> None:
     parser.add_argument("--tiles", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget-mb", type=float, default=200)
+    parser.add_argument("--solo", action="store_true", help="also serve each request alone and compare its tokens")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = with_weights(load_model(args.model, "cpu", operator=True), args.dtype, tiles=args.tiles)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    engine = Engine(model, built_in_queue(model, args.queue), EngineSettings(budget_bytes=int(args.budget_mb * 2**20)))
+    settings = EngineSettings(budget_bytes=int(args.budget_mb * 2**20))
+    engine = Engine(model, built_in_queue(model, args.queue), settings)
     started = time.perf_counter()
     while not engine.finished:
         engine.step()
@@ -83,6 +88,19 @@ def main() -> None:
           f"({clock / compute_s:.2f}×)")
     print(f"roofline bound (each step its FLOPs at its peak or its bytes at the read rate, the larger) "
           f"{roofline_s:.2f} s ({clock / roofline_s:.2f}×); the decode-only steps' reads alone {decode_read_s:.2f} s")
+    if args.solo:
+        same = [r.id for r in engine.requests.values() if solo_tokens(model, r, settings) == r.new_ids]
+        print(f"served alone, {len(same)} of {len(engine.requests)} requests gave the tokens they had in the queue")
+    engine.close()
+
+
+def solo_tokens(model, request, settings: EngineSettings) -> list[int]:
+    """The request's tokens served alone (from step 0) by an engine of the same settings."""
+    alone = Engine(model, [dataclasses.replace(request, arrival_step=0).restart()], settings)
+    while not alone.finished:
+        alone.step()
+    alone.close()
+    return next(iter(alone.requests.values())).new_ids
 
 
 if __name__ == "__main__":
