@@ -421,8 +421,7 @@ static inline f32x16 exp16(f32x16 x) {
 // Scores w[0 .. S) into attention weights, in place: e^(w_s − most) 16 at a time (exp16; the last S mod 16 in the
 // same vector code, filled up), summed in LANES running sums (s mod LANES) added as a tree (lanes_sum), the last S
 // mod 16 after them, then each divided by the sum. The same bits wherever the keys lie and whatever rows are beside
-// them; every attention of the kernels weighs its keys here (one scalar std::exp per key had been half the decode
-// attention's time)
+// them; every attention of the kernels weighs its keys here
 static inline void softmax_in_place(float* w, int64_t S, float most) {
   f32x16 lanes = {};
   int64_t s = 0;
@@ -760,8 +759,8 @@ void decode_out(const Layer* L, const float* x, int64_t rows, const float* qkv, 
 // positions as rows, their new keys and values copied into the layer's stores k and v (kv heads, n_blocks,
 // block_size, d) at block blocks[t], offset offsets[t], then each query attended as attend_paged attends it, through
 // the tables, and the rest of the layer as decode_out has it; no attention weights. The same functions in the same
-// order as decode_in, the pool's write and decode_out_paged's ops called one by one (a call instead of some ten small
-// torch and Python ops a layer, whose time had been a fifth of a one-row pass's): the same bits
+// order as when decode_in, the pool's write, attend_paged and the rest of the layer were called one by one from
+// Python (some ten small torch and Python ops a layer: 2-3 ms of a 25 ms one-row SmolLM2 pass): the same bits
 void layer_paged(const Layer* L, const float* x, int64_t rows, const float* cos, const float* sin, int64_t cs_row,
                  float* k, float* v, const int64_t* blocks, const int64_t* offsets, int64_t n_blocks,
                  int64_t block_size, const int64_t* tables, int64_t width, const int64_t* row, const int64_t* first,
