@@ -83,7 +83,10 @@ def test_two_sessions_run_their_workers_at_once(small, one_process):
 
 def test_a_worker_killed_mid_run_leaves_the_run_to_this_process_and_no_request_is_lost(small, one_process):
     requests, settings, tokens = one_process
-    server = disaggregated_engine(small, fresh(requests), settings, "small")
+    # a request a step: the worker is killed before it has every prompt (all at once, on a loaded machine it could
+    # have sent them all before the first receive); each request's tokens are its solo run's, whenever it arrives
+    staggered = [dataclasses.replace(r, arrival_step=i) for i, r in enumerate(fresh(requests))]
+    server = disaggregated_engine(small, staggered, settings, "small")
     try:
         while not server.connector.transfers:
             server.step()
