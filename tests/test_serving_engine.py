@@ -166,6 +166,19 @@ def test_a_pool_in_fewer_bits_is_fp8_and_takes_no_prefill_worker(small):
     assert refused.value.code == "pool_kv_dtype_workers"
 
 
+@pytest.mark.parametrize("alongside", [dict(prefix_cache=True), dict(chunk=32), dict(offload="host")])
+def test_a_prefill_worker_beside_another_mode_is_refused_by_the_engine_before_any_worker_starts(small, alongside):
+    """The engine that builds the prefill connector refuses it beside a prefix cache, chunks or a tier (red once with
+    the refusal in QueueRun alone, where it had been: the engine then started a worker for such a run)."""
+    from model.serving.disaggregated import live_workers
+    from model.serving.queues import built_in_queue
+
+    with pytest.raises(InputError) as refused:
+        Engine(small, built_in_queue(small, "mixed"),
+               EngineSettings(budget_bytes=2**20, prefill_worker="small", **alongside))
+    assert refused.value.code == "disaggregate_alone" and live_workers() == 0
+
+
 def test_where_the_clock_went_adds_up_to_the_clock(small):
     """kv_runs.time_split's parts (the pages' table, serve-bench's line) sum to the engine's clock, each pass
     counted once, by its kind: prompts alone, prompts with decode rows beside them, decode rows alone. Made red by a

@@ -324,18 +324,14 @@ class Engine:
         decoding = seq.computed == len(seq.tokens) - 1 and seq.computed >= seq.prompt_len
         return (seq.computed + 1 if decoding else self._chunk_end(seq, budget)), decoding
 
-    def _connector(self, seq: Request) -> Offload | PrefillConnector:
-        """What holds the keys and values of a request whose blocks lie outside the pool (vLLM's KV connector): the
-        tier it was moved out to, or the prefill worker that computes its prompt."""
-        return self.offload if seq.kv_at == "tier" else self.connector
-
     def _bring_in(self, seq: Request, budget: int | None, tier: list[tuple[int, str]]) -> Span | bool | None:
-        """A request whose blocks are coming, loaded into blocks of the pool by its connector, and its span: the
-        prompt received whole from a prefill worker, or the next span of one moved back in from the tier. None: they
-        are not here yet or too few blocks are free (it waits); False: they came back damaged (computed again)."""
+        """A request whose blocks are coming, loaded into blocks of the pool by its connector (vLLM's KV connector),
+        and its span: the prompt received whole from the prefill worker, or the next span of one moved back in from
+        the tier. None: they are not here yet or too few blocks are free (it waits); False: they came back damaged
+        (computed again)."""
         received = seq.kv_at == "remote"
         stop, decoding = (seq.prompt_len, False) if received else self._next_stop(seq, budget)
-        connector = self._connector(seq)
+        connector = self.connector if received else self.offload
         needed = None if stop is None else connector.blocks_coming(self.cache, seq, stop)
         if needed is None or needed > self.cache.pool.n_free:
             return None

@@ -15,7 +15,6 @@ import numpy as np
 
 from model.engine.kernels import OP_CLASSES
 from model.engine.runtime import NativeModel
-from model.errors import InputError
 from model.serving.crossover import Crossover, measure_crossover
 from model.serving.engine import Engine, EngineSettings, StepProgress, StepRecord, check_paged
 from model.serving.memory import MEMORIES, check_memory, memory_layout, memory_slots
@@ -115,8 +114,6 @@ class QueueRun:
                 model, PagedLayout.of(model.info, settings.block_size), settings.offload, settings.tier_folder)
             engine = dataclasses.replace(engine, swap_from=self.crossover.positions)
         if settings.prefill_worker is not None:
-            if settings.prefix_cache or settings.chunk is not None or settings.offload is not None:
-                raise InputError("disaggregate_alone")
             engine = dataclasses.replace(engine, prefill_worker=settings.prefill_worker)
         self.server = Engine(model, self.requests, engine)
 

@@ -192,8 +192,9 @@ def pool_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
 
 def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload: str | None,
                  prefill_worker: bool, kv_dtype: str = "float32") -> None:
-    """What the padded baseline does not have (a shared block, chunks, a tier, a prefill worker), and a pool in
-    another dtype than float32 and fp8 or an fp8 pool with a prefill worker, refused in one sentence."""
+    """What the padded baseline does not have (a shared block, chunks, a tier, a prefill worker), a pool in another
+    dtype than float32 and fp8 or an fp8 pool with a prefill worker, and a prefill worker beside a prefix cache,
+    chunks or a tier, refused in one sentence."""
     if kv_dtype not in POOL_DTYPES:
         raise InputError("pool_kv_dtype", kv_dtype=kv_dtype)
     if kv_dtype != "float32" and prefill_worker:
@@ -203,6 +204,8 @@ def check_memory(memory: str, *, prefix_cache: bool, chunk: int | None, offload:
             raise InputError("padded_no_workers")
         if prefix_cache or chunk is not None or offload is not None:
             raise InputError("padded_no_paging")
+    if prefill_worker and (prefix_cache or chunk is not None or offload is not None):
+        raise InputError("disaggregate_alone")
 
 
 def too_small(memory: str, budget_bytes: int, least_mib: float) -> InputError:

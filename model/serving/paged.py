@@ -232,7 +232,7 @@ class PagedPassInPlace(PagedPass):
             self.query_spans[window] = (torch.tensor(first, dtype=torch.int64, device=device),
                                         torch.tensor(end, dtype=torch.int64, device=device))
 
-    reads_in_place = True  # llama.Block.pass_in_place: a Llama layer then runs in the decode kernels' two calls
+    reads_in_place = True  # llama.Block.pass_in_place: a Llama layer then runs in one call of the decode kernels
 
     def in_place(self, layer: int) -> tuple[BlockKeys, torch.Tensor, torch.Tensor]:
         """The layer's stores and the tables as one BlockKeys, and where the pass's new positions go in those stores
