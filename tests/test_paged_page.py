@@ -70,7 +70,6 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     assert text("paged.pool", lang) in [h.value for h in at.subheader]
 
 
-
 def test_a_step_under_way_says_it_is_one_pass_over_every_row(monkeypatch):
     """The Stop bar's text is the Paged KV page's (one mixed pass), not the Serving page's decode pass: made red by
     the Serving page's text under the one run_steps the serving pages share."""
@@ -82,6 +81,7 @@ def test_a_step_under_way_says_it_is_one_pass_over_every_row(monkeypatch):
     click(open_page(), "paged_start")
     one_pass = text("paged.progress", "en").split("{rows}")[0].format(step=0)
     assert drawn and all(said.startswith(one_pass) for said in drawn), drawn[:2]
+
 
 def test_the_pool_is_drawn_block_by_block_with_each_request_s_tables():
     at = click(open_page(), "paged_start")

@@ -544,6 +544,13 @@ class DecodeLayer:
         return None
 
 
+def rope_rows(cos: torch.Tensor, sin: torch.Tensor, d: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """cos and sin (B or 1 rows of d numbers) as decode_in's kernel reads them, (rows, d), and their row stride (0:
+    one row for every row of x). The caller holds the tensors while the kernel reads them (a reshape may copy)."""
+    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
+    return cos, sin, d if cos.shape[0] > 1 else 0
+
+
 @profiled("decode_in")
 def decode_in(decode: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, 1, hidden) -> the q, k and v heads (B, 1, heads + 2·kv_heads, d_head), q and k turned by RoPE at cos and
@@ -551,9 +558,9 @@ def decode_in(decode: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: torc
     layer = decode.layer
     B, d = x.shape[0], layer.d_head
     qkv = x.new_empty(B, 1, layer.heads + 2 * layer.kv_heads, d)
-    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
-    kernels().decode_in(ctypes.byref(layer), x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(),
-                        d if cos.shape[0] > 1 else 0, qkv.data_ptr(), torch.get_num_threads())
+    cos, sin, cs_row = rope_rows(cos, sin, d)
+    kernels().decode_in(ctypes.byref(layer), x.data_ptr(), B, cos.data_ptr(), sin.data_ptr(), cs_row, qkv.data_ptr(),
+                        torch.get_num_threads())
     return qkv
 
 
@@ -581,13 +588,13 @@ def layer_paged(decode: DecodeLayer, x: torch.Tensor, cos: torch.Tensor, sin: to
     position's new key and value written into its block (blocks, offsets (N,) int64) of the layer's stores k and v,
     the attention as attend_paged's (tables, row, first and end as there), then the rest of the layer as
     decode_out's -> the block's output (N, 1, hidden)."""
-    layer, d = decode.layer, decode.layer.d_head
+    layer = decode.layer
     out = torch.empty_like(x)
-    cos, sin = cos.reshape(-1, d), sin.reshape(-1, d)
-    kernels().layer_paged(ctypes.byref(layer), x.data_ptr(), x.shape[0], cos.data_ptr(), sin.data_ptr(),
-                          d if cos.shape[0] > 1 else 0, k.data_ptr(), v.data_ptr(), blocks.data_ptr(),
-                          offsets.data_ptr(), k.shape[1], k.shape[2], tables.data_ptr(), tables.shape[1],
-                          row.data_ptr(), first.data_ptr(), end.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    cos, sin, cs_row = rope_rows(cos, sin, layer.d_head)
+    kernels().layer_paged(ctypes.byref(layer), x.data_ptr(), x.shape[0], cos.data_ptr(), sin.data_ptr(), cs_row,
+                          k.data_ptr(), v.data_ptr(), blocks.data_ptr(), offsets.data_ptr(), k.shape[1], k.shape[2],
+                          tables.data_ptr(), tables.shape[1], row.data_ptr(), first.data_ptr(), end.data_ptr(),
+                          out.data_ptr(), torch.get_num_threads())
     return out
 
 
