@@ -260,10 +260,13 @@ if compared_runs is not None:
                      ms(kv["ttft_ms_p50"]), ms(kv["itl_ms_from_start"]["p99"]), ms(kv["itl_ms_from_start"]["max"]),
                      ms(kv["ttft_ms_joined_p50"]), decimal(kv["tokens_per_s"]),
                      same_tokens(tokens, mine)])
-    st.html(table_html([t("paged.col_variant"), t("paged.col_at_once"), t("paged.col_reserved"), t("paged.col_held"),
-                        t("paged.col_waste"), t("paged.col_prefill"), t("paged.col_shared"), t("paged.col_preempted"),
-                        t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
-                        t("serving.tokens_per_s"), t("paged.col_tokens")], rows))
+    labels = [t("paged.col_variant"), t("paged.col_at_once"), t("paged.col_reserved"), t("paged.col_held"),
+              t("paged.col_waste"), t("paged.col_prefill"), t("paged.col_shared"), t("paged.col_preempted"),
+              t("paged.col_ttft"), t("paged.col_itl_p99"), t("paged.col_itl_max"), t("paged.col_ttft_joined"),
+              t("serving.tokens_per_s"), t("paged.col_tokens")]
+    # a setting a column, a measure a row: thirteen measures side by side were wider than a 1280 screen
+    columns = list(zip(labels, *rows))
+    st.html(table_html(list(columns[0]), [list(measure) for measure in columns[1:]]))
     st.caption(t("paged.comparison_caption", queue=t("paged.queue_" + run_queue),
                  differs=t("paged.differs_" + run_queue))
                + (" " + t("paged.fp8_caption") if any(v.settings.kv_dtype == "fp8" for v, _, _ in compared_runs)

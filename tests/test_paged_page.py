@@ -62,7 +62,12 @@ def test_steps_then_run_to_end_then_the_comparison_with_padded(lang):
     assert fp8_kv["kv_dtype"] == "fp8" and 4 * fp8_kv["block_bytes"] == mine_kv["block_bytes"]  # a byte a number
     assert fp8_kv["pool_blocks"] == mine_kv["budget_bytes"] // fp8_kv["block_bytes"] >= 4 * mine_kv["pool_blocks"]
     assert fp8_kv["max_concurrent"] > mine_kv["max_concurrent"]
-    assert f"<td>{text('paged.variant_paged', lang)}</td>" in page and "mini-table" in page
+    assert f"<th>{text('paged.variant_paged', lang)}</th>" in page and "mini-table" in page
+    # a setting a column, a measure a row: the fourteen columns of a setting a row were wider than a 1280 screen
+    head = "".join(f"<th>{escape(text(k, lang))}</th>" for k in ("paged.col_variant", "paged.variant_paged",
+                                                                 "paged.variant_padded", "paged.variant_paged_fp8"))
+    assert f"<thead><tr>{head}</tr></thead>" in page
+    assert f"<tr><td>{escape(text('paged.col_waste', lang))}</td>" in page
     padded = compared[0][1]
     assert padded["layout"] == "padded" and run.summary()["max_concurrent"] > padded["max_concurrent"]
     assert len(charts(at)) == 4  # the pool, the lanes, the bytes reserved and held, the step times
@@ -226,7 +231,7 @@ def test_browser_serves_the_mixed_queue_and_compares(app_server, browser_page, l
     wait_idle(page, 180_000)
     page.get_by_text(text("paged.comparison", lang)).wait_for()
     page.locator("table.mini-table").last.wait_for()
-    assert page.locator("td", has_text=text("paged.variant_padded", lang)).count() == 1
+    assert page.locator("th", has_text=text("paged.variant_padded", lang)).count() == 1
     page.get_by_role("button", name=text("action.reset", lang)).click()
     wait_idle(page)
     assert page.locator("[data-testid='stException']").count() == 0 and not errors
@@ -311,8 +316,8 @@ def test_a_language_switch_renames_the_compared_rows():
     from html import escape
 
     page = html(at)
-    assert f"<td>{escape(text('paged.variant_padded', 'en'))}</td>" in page
-    assert f"<td>{escape(text('paged.variant_padded', 'vi'))}</td>" not in page
+    assert f"<th>{escape(text('paged.variant_padded', 'en'))}</th>" in page
+    assert f"<th>{escape(text('paged.variant_padded', 'vi'))}</th>" not in page
 
 
 def captions(at) -> list[str]:
