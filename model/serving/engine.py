@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from model.engine.kernels import op_seconds
-from model.engine.runtime import NativeModel, synchronize
+from model.engine.runtime import ModelInfo, NativeModel, synchronize
 from model.engine.sampling import SamplingSettings, check_settings_or_refuse
 from model.errors import InputError
 from model.serving.disaggregated import PrefillConnector
@@ -30,7 +30,7 @@ from model.serving.memory import (
     pool_dtype,
     too_small,
 )
-from model.serving.paged import Row
+from model.serving.paged import PagedLayout, Row
 from model.serving.request import Request
 from model.serving.runner import run_rows
 from model.serving.tiers import Offload, check_tier, tier_maker, tier_slots
@@ -170,6 +170,22 @@ def longest_held(info, requests: list[Request]) -> int:
     return min(info.context_length, max(len(r.prompt_ids) + r.max_new_tokens for r in requests))
 
 
+def check_requests(info: ModelInfo, layout: PagedLayout, settings: EngineSettings, requests: list[Request]) -> None:
+    """Requests the engine could never run to their end under `settings`, refused in one sentence: no prompt, a
+    prompt the context cannot hold, sampling settings out of range, a budget under the longest one's blocks."""
+    for request in requests:
+        if not request.prompt_ids:
+            raise InputError("empty_prompt")
+        if request.prompt_len >= info.context_length:
+            raise InputError("prompt_too_long", n=request.prompt_len, context=info.context_length)
+        check_settings_or_refuse(request.settings)
+    longest = max((min(info.context_length, r.prompt_len + r.max_new_tokens) - 1 for r in requests),
+                  default=0)  # its last token unfed
+    least = layout.request_blocks(longest) * layout.block_bytes if requests else layout.block_bytes
+    if settings.budget_bytes < least:
+        raise too_small(settings.memory, settings.budget_bytes, mib_up(least))
+
+
 def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Request]) -> None:
     """Settings and requests the engine could never run to their end, refused in one sentence each."""
     if not isinstance(model, NativeModel):
@@ -182,16 +198,8 @@ def check_paged(model: NativeModel, settings: EngineSettings, requests: list[Req
         raise InputError("paged_block_size", size=size, context=context)
     if settings.chunk is not None and not MIN_CHUNK <= settings.chunk <= context:
         raise InputError("paged_chunk", chunk=settings.chunk, least=MIN_CHUNK, context=context)
-    for request in requests:
-        if len(request.prompt_ids) >= context:
-            raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
     layout = memory_layout(model.info, settings.memory, size, longest_held(model.info, requests), settings.kv_dtype)
-    longest = max((len(r.prompt_ids) + r.max_new_tokens - 1 for r in requests), default=0)  # its last token unfed
-    least = layout.request_blocks(longest) * layout.block_bytes if requests else layout.block_bytes
-    if settings.budget_bytes < least:
-        raise too_small(settings.memory, settings.budget_bytes, mib_up(least))
-    for request in requests:
-        check_settings_or_refuse(request.settings)
+    check_requests(model.info, layout, settings, requests)
     if settings.offload is not None:
         check_tier(settings.offload, model.device)
         if settings.tier_bytes is not None and settings.tier_bytes < layout.block_bytes:
@@ -258,16 +266,7 @@ class Engine:
         """A request that arrives now (scheduled from the next step on); InputError when it could never run here."""
         request = Request(self.next_id, list(prompt_ids), max_new_tokens, settings or SamplingSettings(),
                           arrival_step=self.steps_run, ignore_eos=ignore_eos)
-        context = self.info.context_length
-        if not prompt_ids:
-            raise InputError("empty_prompt")
-        if len(request.prompt_ids) >= context:
-            raise InputError("prompt_too_long", n=len(request.prompt_ids), context=context)
-        check_settings_or_refuse(request.settings)
-        longest = min(context, request.prompt_len + max_new_tokens) - 1
-        if self.layout.request_blocks(longest) > self.cache.n_blocks:
-            raise InputError("paged_budget", budget_number=round(self.settings.budget_bytes / 2**20, 2),
-                             least_number=mib_up(self.layout.request_blocks(longest) * self.layout.block_bytes))
+        check_requests(self.info, self.layout, self.settings, [request])
         self.next_id += 1
         self.requests[request.id] = request
         self.waiting.append(request)
