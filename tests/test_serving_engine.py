@@ -11,6 +11,7 @@ from model.engine.loading import load_model
 from model.engine.sampling import SamplingSettings
 from model.errors import InputError
 from model.serving.engine import Engine, EngineSettings
+from model.serving.memory import mib_up
 from model.serving.request import Request
 
 
@@ -75,6 +76,20 @@ def test_a_request_that_could_never_run_is_refused_in_one_sentence(small):
         tiny.add_request([5] * 40, 4)
     assert refused.value.code == "paged_budget"
     assert not engine.waiting and not tiny.waiting
+
+
+def test_a_request_asking_past_the_context_needs_only_the_blocks_the_context_holds(small):
+    """It stops at the context (context_full): at the start and when added, the refusal names the budget of the
+    context's positions, not of its token budget (made red by the least of prompt + max_new_tokens − 1)."""
+    context = small.info.context_length
+    request = Request(0, [5] * 10, 4 * context)
+    with pytest.raises(InputError) as refused:
+        Engine(small, [request], EngineSettings(block_size=16, budget_bytes=1))
+    layout = Engine(small, [], EngineSettings(block_size=16, budget_bytes=2**20)).layout
+    least = layout.request_blocks(context - 1) * layout.block_bytes
+    assert refused.value.details["least_number"] == mib_up(least)
+    engine = Engine(small, [request], EngineSettings(block_size=16, budget_bytes=least))
+    assert engine.add_request([5] * 10, 4 * context).id == 1
 
 
 def test_one_scheduler_for_both_memories_the_same_plan_at_every_step(small):
