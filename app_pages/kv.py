@@ -25,6 +25,7 @@ from model.serving.kv_lessons import (
     machine,
     sink_map,
 )
+from model.serving.quality import unknown_tokens
 from ui import charts
 from ui.classroom import key_figure, localised, settings, why
 from ui.errors import guarded
@@ -96,7 +97,7 @@ def kept_figure(run) -> dict:
 # -- 1. bytes a position, and quality per cache dtype ----------------------------------------------------------------
 st.subheader(t("kv.lesson_bytes"))
 with key_figure():
-    left, right = st.columns([3, 2])
+    left, right = st.columns([1, 1])  # the quality table beside the bars: its five columns need half the width
     left.plotly_chart(localised(bars_figure()), key="kv_chart_bytes")
     with right:
         measured_quality = measured("quality", lambda progress: cache_quality(model, progress), "kv.measure_quality")
@@ -109,6 +110,9 @@ with key_figure():
                   decimal(measured_quality.step_ms(r.dtype), 2)] for r in quality.rows]))
             st.caption(t("kv.quality_conditions", text=quality.text, tokens=number(quality.tokens),
                          prompts=quality.prompts, new=quality.new_tokens, **where))
+            unk = unknown_tokens(model)
+            if unk:  # a word-level vocabulary that lacks the text's words: the perplexity is over <unk> mostly
+                st.caption(t("serving.quality_unk", unk=number(unk), tokens=number(quality.tokens)))
             st.caption(t("kv.step_conditions", context=number(steps.context), repeats=len(steps.ms["float32"])))
             if all(measured_quality.step_ms(d) > measured_quality.step_ms("float32") for d in QUANTIZED):
                 st.caption(t("kv.step_slower"))
@@ -155,7 +159,11 @@ else:
                 "heavy_hitters": f"{run.sinks} + {run.window}"}
         table.html(table_html([t("kv.col_policy"), t("kv.col_kept"), t("kv.col_past_bound")],
                               [[t("kv.policy_" + p), kept[p], decimal(run.past_bound(p), 1)] for p in run.nll]))
-        table.caption(t("kv.along_conditions", text=run.text, tokens=number(len(run.nll["full"]) + 1), **where))
+        fed = len(run.nll["full"]) + 1
+        table.caption(t("kv.along_conditions", text=run.text, tokens=number(fed), **where))
+        unk = unknown_tokens(model, fed)
+        if unk:
+            table.caption(t("kv.along_unk", unk=number(unk), tokens=number(fed - 1), model=info.name))
         st.plotly_chart(localised(kept_figure(run)), key="kv_chart_kept")
 with why("kv_along"):
     st.markdown(t("kv.why_along", **PAPERS))

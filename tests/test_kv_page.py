@@ -110,3 +110,22 @@ def test_a_window_smaller_than_the_sinks_is_a_sentence_on_the_page(lang):
 
     said = text("decode.bounded_range", lang).format(s=8, w=4, context=128)
     assert said in [i.value for i in at.info] and not at.exception
+
+
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_small_s_unknown_words_are_said_under_both_lessons(lang, small):
+    """classroom audit 2026-12-06: on small, half the held-out text's tokens are <unk>, so its perplexity read
+    277,648 and sinks + window lost to the window alone, with no word of why; each lesson now says how many."""
+    from model.serving.kv_lessons import MAX_ALONG
+    from model.serving.quality import held_out
+    from model.texts import number_in, text
+
+    at = open_app("app_pages/kv.py", lang=lang, model_name="small", device="cpu", prompt_mode="text")
+    ids, unk = small.tokenizer.encode(held_out(small.info.language).text).ids, small.tokenizer.unk_id
+    fed = min(MAX_ALONG, small.info.context_length)
+    captions = [c.value for c in at.caption]
+    assert text("serving.quality_unk", lang).format(unk=number_in(ids[1:].count(unk), lang),
+                                                    tokens=number_in(len(ids) - 1, lang)) in captions
+    assert text("kv.along_unk", lang).format(unk=number_in(ids[1:fed].count(unk), lang),
+                                             tokens=number_in(fed - 1, lang), model="small") in captions
+    assert ids[1:fed].count(unk) > (fed - 1) // 3

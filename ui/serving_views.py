@@ -10,20 +10,12 @@ import streamlit as st
 from model.engine.kernels import PROFILED, machine_products
 from model.engine.runtime import LoadedModel
 from model.serving import measure
-from model.serving.quality import held_out
+from model.serving.quality import held_out, unknown_tokens
 from ui import serving_run as run  # by the module: a test pins its machine's roofs there
 from ui import svg
 from ui.errors import error_sentence, guarded
 from ui.i18n import decimal, number, t
 from ui.widgets import table_html
-
-
-def unknown_tokens(model: LoadedModel) -> int:
-    """How many of the held-out text's scored tokens (all but the first) the model's tokenizer writes as <unk>."""
-    unk = getattr(model.tokenizer, "unk_id", None)
-    if unk is None:
-        return 0
-    return model.tokenizer.encode(held_out(model.info.language).text).ids[1:].count(unk)
 
 
 def lane_legend(requests: list[int], waiting: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from model.engine.generate import context_room
-from model.engine.runtime import NativeModel, synchronize
+from model.engine.runtime import LoadedModel, NativeModel, synchronize
 from model.engine.tokenizer import UnknownWordsError
 from model.errors import InputError
 from model.texts import ASSETS
@@ -66,6 +66,15 @@ def held_out(language: str | None) -> HeldOut:
     entry = json.loads((QUALITY_DIR / "sources.json").read_text(encoding="utf-8"))[key]
     return HeldOut(key, QUALITY_DIR / entry["file"], entry["title"], entry["source"], entry["licence"],
                    tuple(entry["prompts"]))
+
+
+def unknown_tokens(model: LoadedModel, first: int | None = None) -> int:
+    """How many of the held-out text's scored tokens (all but the first; of its first `first` tokens when given) the
+    model's tokenizer writes as <unk>: a word-level vocabulary that lacks the text's words (small's)."""
+    unk = getattr(model.tokenizer, "unk_id", None)
+    if unk is None:
+        return 0
+    return model.tokenizer.encode(held_out(model.info.language).text).ids[1:first].count(unk)
 
 
 @dataclass(frozen=True)
