@@ -53,6 +53,19 @@ def test_decode_next_and_back_move_the_cache_by_one():
     assert not at.error
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_step_line_names_every_position_the_step_fed(lang):
+    """classroom audit 2026-12-06: the prefill's line said its three tokens were fed "at position 0"; a prompt's
+    positions are 0 to N − 1, a decode step's one position N (made red by the first position alone)."""
+    at = click(open_page("app_pages/decode.py", model="small", lang=lang), "run_prefill")
+    n = len(at.session_state["generation"].prompt_ids)
+    page = " ".join(h.proto.body for h in at.get("html"))
+    assert n > 1 and escape(text("decode.at_positions", lang).format(first=0, last=n - 1)) in page
+    click(at, "next")
+    page = " ".join(h.proto.body for h in at.get("html"))
+    assert escape(text("decode.at_position", lang).format(pos=n)) + " ·" in page
+
+
 def test_decode_micro_course_example_to_the_end():
     at = click(open_page("app_pages/decode.py"), "run_prefill")
     click(at, "next")

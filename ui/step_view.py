@@ -104,10 +104,13 @@ def fed_text(tokens: list[str]) -> str:
              n=number(len(tokens)))
 
 
-def summary_html(step: int, phase: str, fed: list[str], position: int, cache_len: int, ms: float, device: str,
+def summary_html(step: int, phase: str, fed: list[str], positions: list[int], cache_len: int, ms: float, device: str,
                  dtype: str) -> str:
+    """The step's line: what it fed at which positions (a prompt's from the first to the last), the cache, the time."""
+    where = (t("decode.at_position", pos=positions[0]) if len(positions) == 1 else
+             t("decode.at_positions", first=positions[0], last=positions[-1]))
     return paragraph_html(t("decode.step_summary", step=step, phase=t("phase." + phase), fed=md_escape(fed_text(fed)),
-                            pos=position, cache=cache_len, ms=decimal(ms, 2), device=device, dtype=dtype))
+                            where=where, cache=cache_len, ms=decimal(ms, 2), device=device, dtype=dtype))
 
 
 def formula_text(shape: CacheShape, cache_len: int, measured: int, formula: int) -> str:
@@ -230,7 +233,7 @@ def live_step(model: LoadedModel, gen: generate.Generation, layer: int, head: in
     return StepView(
         tokens, ids, kinds, tok,
         summary_html(len(gen.steps) - 1, trace.phase, [tok.token(i) for i in trace.input_ids],
-                     trace.positions[0], trace.cache_len, trace.ms, info.device, info.dtype),
+                     list(trace.positions), trace.cache_len, trace.ms, info.device, info.dtype),
         live_attention_html(model, gen, layer, head, scale, bounded),
         ([tok.token(int(i)) for i in drawn.top_ids[:TOP_BARS]], drawn.top_probs[:TOP_BARS],
          list(drawn.top_status[:TOP_BARS])),
@@ -289,7 +292,7 @@ def recorded_step(run: dict, index: int) -> StepView:
         prompt["tokens"] + [x["chosen_token"] for x in shown_steps],
         prompt["ids"] + [x["chosen_id"] for x in shown_steps], kinds, RecordedTokens(run),
         summary_html(index, step["phase"], [fed.get(i, str(i)) for i in step["input_ids"]],
-                     step["positions"][0], step["cache_len"], step["ms"], m["device"], m["dtype"]),
+                     step["positions"], step["cache_len"], step["ms"], m["device"], m["dtype"]),
         box_html(t("replay.attention_absent", layers=m["n_layers"], heads=m["n_heads"],
                    queries=len(step["input_ids"]), keys=step["cache_len"]), "note"),
         ([row["token"] for row in step["top"]], [row["prob"] for row in step["top"]],
