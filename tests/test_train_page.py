@@ -2,6 +2,7 @@
 
 import math
 import re
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,12 @@ def test_train_page_before_and_after_one_step(lang):
     assert metric(at, "Loss") == number_in(trainer.last.loss, lang, ".4f")
     assert metric(at, "ln V") == number_in(math.log(8), lang, ".4f")  # micro: 8 tokens, ln 8 = 2.0794 (2,0794)
     assert any("<td>-100</td>" in h.proto.body for h in at.get("html"))  # the ignored label value in the 1C grid
+    # 1C a position a row (its positions side by side ran past a 1280 screen): position 0's input and its label,
+    # the next input
+    batch, tok = trainer.last.batch, trainer.tokenizer
+    row = [0, int(batch.inputs[0, 0]), escape(tok.token(int(batch.inputs[0, 0]))), int(batch.labels[0, 0])]
+    assert int(batch.labels[0, 0]) == int(batch.inputs[0, 1])
+    assert any("<tr>" + "".join(f"<td>{v}</td>" for v in row) in h.proto.body for h in at.get("html"))
 
 
 def test_every_cell_of_the_registry_has_its_anchor_on_the_page():

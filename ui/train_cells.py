@@ -127,12 +127,11 @@ def labels_cell(trainer: Trainer, row: int) -> None:
     tok, batch, cfg = trainer.tokenizer, trainer.last.batch, trainer.config
     st.subheader(t("train.h_1c"), anchor="cell-1c")
     seq = batch.inputs.shape[1]
-    st.html(table_html([t("train.position")] + [str(i) for i in range(seq)], [
-        [t("train.input_ids")] + batch.inputs[row].tolist(),
-        [t("train.input_tokens")] + [tok.token(int(i)) for i in batch.inputs[row]],
-        [t("train.label_ids")] + batch.labels[row].tolist(),
-        [t("train.label_tokens")] + [token_label(tok, i) for i in batch.labels[row]],
-    ]))
+    # a position a row: up to 32 positions side by side ran past a 1280 screen
+    inputs, labels = batch.inputs[row].tolist(), batch.labels[row].tolist()
+    st.html(table_html([t("train.position"), t("train.input_ids"), t("train.input_tokens"), t("train.label_ids"),
+                        t("train.label_tokens")],
+                       [[i, x, tok.token(x), y, token_label(tok, y)] for i, (x, y) in enumerate(zip(inputs, labels))]))
     real, ignored = real_and_ignored(trainer.last)
     st.markdown(t("train.shift_explain", ignore=IGNORE, pad=cfg.pad_token_id, rows=len(batch.sentence_ids), seq=seq,
                   real=real, ignored=ignored))
