@@ -217,6 +217,28 @@ def test_the_token_comes_first_and_its_own_check_follows(monkeypatch):
     assert verdict in html and checking not in html
 
 
+@pytest.mark.parametrize("lang", ["vi", "en"])
+def test_the_prefill_s_check_says_it_did_the_recompute_s_work(lang):
+    """classroom audit 2026-12-06: at step 0 the check set the recompute's time beside the prefill's as if the cache
+    had saved work ("this step, with the cache, took 7.5 ms" against 1.8 ms); the prefill's own sentence says it is
+    the same work, a decode step's the comparison."""
+    at = click(open_page("app_pages/decode.py", model="small", lang=lang), "run_prefill")
+    gen = at.session_state["generation"]
+    deadline = time.monotonic() + 30
+    while 0 not in gen.checks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    at.run()
+    prefill_said, decode_said = (text(key, lang).split("; ")[1].split("{")[0]
+                                 for key in ("decode.check_timing_prefill", "decode.check_timing"))
+    assert escape(prefill_said) in step_view_html(at)
+    click(at, "next")
+    while 1 not in gen.checks and time.monotonic() < deadline:
+        time.sleep(0.01)
+    at.run()
+    html = step_view_html(at)
+    assert escape(decode_said) in html and escape(prefill_said) not in html
+
+
 def test_a_click_while_a_whole_page_run_is_due_is_not_narrowed_to_the_step_view(monkeypatch):
     """The verdict is drawn by a whole-page run the check's poller asks for (rerun_whole_page). A lens click's run
     interrupts it; narrowed to the step view, it would leave "checking…" on the page (seen under load in a browser).

@@ -204,8 +204,8 @@ def live_check_html(check: generate.RecomputeCheck | None, checking: bool, trace
     """The verdict of this step's check, "checking…" while it runs, or that the check is off."""
     if check is not None:
         return (check_html(check.max_abs_diff, trace.cache_len, paragraph_html(t("decode.check_help"), "dl-caption"))
-                + paragraph_html(t("decode.check_timing", n=trace.cache_len, ms=decimal(check.ms),
-                                   step_ms=decimal(trace.ms)), "dl-caption"))
+                + paragraph_html(t("decode.check_timing_prefill" if trace.phase == "prefill" else "decode.check_timing",
+                                   n=trace.cache_len, ms=decimal(check.ms), step_ms=decimal(trace.ms)), "dl-caption"))
     if checking:
         return box_html(t("decode.checking", n=trace.cache_len), "note")
     return paragraph_html(t("decode.check_off"), "dl-caption")
