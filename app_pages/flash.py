@@ -124,8 +124,8 @@ def tile_walk() -> None:
 
 
 def tile_html(index: int, last: int) -> str:
-    """The tile being read: the grid with its legend on the left; its sentences, the rows' m and ℓ and the running
-    output on the right (in presenter mode below it, and both pictures grown)."""
+    """The tile being read: the grid with its legend beside the tile's sentences, the rows' m and ℓ beside the
+    running output below them (in presenter mode one below the other, and both pictures grown)."""
     step = steps[read[index]]
     zoom = PRESENTER_ZOOM if presenter() else 1.0
     rows, cols = span(step.q_rows), span(step.k_cols)
@@ -145,13 +145,19 @@ def tile_html(index: int, last: int) -> str:
                              rows=rows, cols=cols))
             + paragraph_html(t("flash.read_tile", cols=cols, rows=rows, bq=step.scores.shape[0],
                                bk=step.scores.shape[1]))
-            + done + paragraph_html("**" + t("flash.stats") + "**")
-            + f'<div class="dl-scroll">{stats}</div>'  # a block of 64 or 128 rows scrolls in place
-            + paragraph_html(t("flash.stats_caption"), "dl-caption")
-            + paragraph_html("**" + t("flash.partial") + "**")
-            + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"), decimal, zoom)
-            + paragraph_html(t("flash.partial_caption", gap=number(result.gap(step), ".3g")), "dl-caption"))
-    return f'<div class="{"" if presenter() else "dl-grid"}"><div>{grid}</div><div>{tile}</div></div>'
+            + done)
+    rows_state = (paragraph_html("**" + t("flash.stats") + "**")
+                  + f'<div class="dl-scroll">{stats}</div>'  # a block of 64 or 128 rows scrolls in place
+                  + paragraph_html(t("flash.stats_caption"), "dl-caption"))
+    output = (paragraph_html("**" + t("flash.partial") + "**")
+              + svg.output_svg(step.partial_output, labels[slice(*step.q_rows)], t("flash.partial"), decimal, zoom)
+              + paragraph_html(t("flash.partial_caption", gap=number(result.gap(step), ".3g")), "dl-caption"))
+    if presenter():
+        return grid + tile + rows_state + output
+    # the grid takes three fifths beside the tile's sentences (at half the width its scores drew at 9 px); the rows'
+    # m and ℓ and the running output share the row below
+    return (f'<div class="dl-grid dl-grid-picture"><div>{grid}</div><div>{tile}</div></div>'
+            f'<div class="dl-grid"><div>{rows_state}</div><div>{output}</div></div>')
 
 
 with key_figure():

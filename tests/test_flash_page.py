@@ -41,7 +41,7 @@ def click(at: AppTest, key: str) -> AppTest:
 
 def walk_html(at: AppTest) -> str:
     """The tile walk's piece of HTML (its sentences, statistics and charts), with <b> written back as **."""
-    (html,) = [h.proto.body for h in at.get("html") if 'class="dl-grid"' in h.proto.body]
+    (html,) = [h.proto.body for h in at.get("html") if 'class="dl-grid' in h.proto.body]
     return unescape(html.replace("<b>", "**").replace("</b>", "**"))
 
 

@@ -57,6 +57,7 @@ CSS = """
 .dl-caption{font-size:1rem;color:#4b5262;margin:0 0 0.5rem 0;line-height:1.5}
 .st-key-step_keys{display:none}
 .dl-grid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1fr);gap:0.5rem 2.5rem;margin-top:0.5rem}
+.dl-grid-picture{grid-template-columns:minmax(0,3fr) minmax(0,2fr)}
 @media (max-width:1100px){.dl-grid{grid-template-columns:minmax(0,1fr)}}
 .dl-metric{font-size:0.875rem;color:#31333f}
 .dl-metric b{display:block;font-size:2.1rem;font-weight:400;line-height:1.3;font-variant-numeric:tabular-nums}
