@@ -228,6 +228,7 @@ def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_se
     from playwright.sync_api import expect
 
     page = browser_page
+    page.set_viewport_size({"width": 1280, "height": 720})
     page.goto(f"{fresh_app_server}/flash?lang=vi")
     expect(page.get_by_test_id("stSidebarNav")).to_contain_text("Bản đồ 22 ô", timeout=60_000)
     expect(page.get_by_role("heading", name="Flash Attention, chạy thật")).to_be_visible(timeout=60_000)
@@ -240,6 +241,12 @@ def test_a_deep_link_on_a_fresh_server_runs_the_page_inside_the_app(fresh_app_se
         expect(tile).to_contain_text(f"Đang đọc tile {shown}/{total}")
     expect(page.get_by_text(re.compile(r"^ĐẠT: tính theo tile"))).to_be_visible()
     assert page.get_by_test_id("stException").count() == 0
+    # classroom audit 2026-12-06: at half the 1280 screen the grid drew 0.71× its size (its scores at 9 px), and
+    # the m and ℓ table beside it must stay whole
+    grid = page.locator("img.dl-chart").first
+    assert grid.bounding_box()["width"] >= 0.8 * int(grid.get_attribute("width"))
+    assert page.evaluate("() => [...document.querySelectorAll('.dl-scroll')]"
+                         ".every(e => e.scrollWidth <= e.clientWidth)")
     page.get_by_role("button", name="Tile tiếp").scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "flash-browser-vi.png"))
 
