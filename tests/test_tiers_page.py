@@ -296,3 +296,20 @@ def test_browser_moves_a_request_out_and_back_then_serves_with_two_workers(app_s
     page.get_by_role("button", name=text("action.reset", lang)).click()
     wait_idle(page)
     assert page.locator("[data-testid='stException']").count() == 0 and not errors
+
+
+def test_a_run_with_no_forward_pass_yet_draws_no_empty_kernel_table():
+    """classroom audit 2026-12-06: right after Start with two workers the first step only received prompts, and the
+    kernels' table showed its headers over no row; the clock's table is drawn, the kernels' table waits for a pass."""
+    from streamlit.testing.v1 import AppTest
+
+    def script():
+        from types import SimpleNamespace
+
+        from ui.serving_panel import time_split_table
+
+        time_split_table([SimpleNamespace(passes=[], draw_ms=0.5, tier_ms=0.0, received_ms=4.0)])
+
+    at = AppTest.from_function(script).run()
+    tables = [h.proto.body for h in at.get("html") if "mini-table" in h.proto.body]
+    assert not at.exception and len(tables) == 1 and "<td>" in tables[0]

@@ -55,6 +55,8 @@ def time_split_table(steps: list[StepRecord]) -> None:
                         for part, ms in split.items() if ms]))
     st.caption(t("serving.time_caption"))
     ops = kv_runs.op_split(steps)
+    if not ops:  # no forward pass yet (a prefill worker's prompts received): no kernels' clocks to split
+        return
     columns = [*OP_CLASSES, "rest"]
     st.html(table_html([t("serving.ops_kind")] + [t("serving.op_" + op) for op in columns],
                        [[t("serving.ops_row_" + kind)]
