@@ -466,3 +466,23 @@ def test_cli_bad_input_is_one_sentence_and_exit_status_2():
     bad = finetune("--method", "dpo", "--beta", "0", "--steps", "2")
     assert bad.returncode == 2 and bad.stderr.strip() == "β must be between 0.0001 and 100; the value given is 0.0."
     assert finetune("--method", "rlhf", "--model", "smollm2").returncode == 2
+
+
+def test_the_grpo_loss_s_value_is_beta_times_the_kl_averaged_per_answer():
+    """What the RLHF tab says of its loss column: the advantages' term is 0 in value (group-centred advantages, a
+    ratio of 1), so the value is β × the KL averaged over each answer's tokens, then over the answers, up to rounding
+    (made red by a token-weighted KL, or by advantages not centred in their group)."""
+    import torch
+
+    from model.training.rlhf import group_advantages, grpo_loss
+
+    torch.manual_seed(0)
+    rewards = torch.randn(12)
+    advantages = group_advantages(rewards, 4)
+    logp, ref_logp = torch.randn(12, 9) - 2, torch.randn(12, 9) - 2
+    mask = (torch.rand(12, 9) > 0.3).float()
+    mask[:, 0] = 1.0
+    loss, _ = grpo_loss(advantages, logp, ref_logp, mask, 0.1)
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3, as grpo_loss takes it
+    per_answer = (kl * mask).sum(1) / mask.sum(1)
+    assert float(loss) == pytest.approx(0.1 * float(per_answer.mean()), abs=1e-6)

@@ -344,3 +344,17 @@ def test_the_page_opens_on_the_sft_run_with_its_before_answers_and_names_an_empt
         assert escape(legend) in html
     click(at, "ft_sft_reset")
     assert trainer(at, "sft") is None and [i.value for i in at.info] == [text("finetune.press_step", "vi")]
+
+
+def test_a_chart_of_one_series_names_it_on_its_y_axis():
+    """classroom audit 2026-12-06: SFT's and LoRA's chart has the loss alone, so no legend shows, and its y axis said
+    only "Value"; DPO's three series keep "Value" and their legend."""
+    from types import SimpleNamespace
+
+    from ui.finetune_views import history_chart
+
+    history = [{"step": 1, "loss": 2.0, "margin": 0.1, "accuracy": 0.5}]
+    y_title = {m: history_chart(m, SimpleNamespace(history=history))["layout"]["yaxis"]["title"]["text"]
+               for m in ("sft", "lora", "dpo")}
+    assert y_title == {"sft": text("finetune.col_loss", "vi"), "lora": text("finetune.col_loss", "vi"),
+                       "dpo": text("finetune.axis_value", "vi")}

@@ -33,9 +33,11 @@ INTEGER_COLUMNS = {"step", "learned_tokens", "ignored_tokens", "padding"}
 
 
 def history_chart(method: str, trainer):
+    """Each series of the method by step; one alone (SFT's and LoRA's loss) names the y axis, as no legend shows."""
     steps = [r["step"] for r in trainer.history]
-    return localised(charts.lines(steps, {t("finetune.col_" + k): [r[k] for r in trainer.history]
-                                          for k in SERIES[method]}, t("finetune.axis_step"), t("finetune.axis_value")))
+    series = {t("finetune.col_" + k): [r[k] for r in trainer.history] for k in SERIES[method]}
+    y_title = next(iter(series)) if len(series) == 1 else t("finetune.axis_value")
+    return localised(charts.lines(steps, series, t("finetune.axis_step"), y_title))
 
 
 def reward_model_chart(trainer):
