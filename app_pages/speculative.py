@@ -99,10 +99,10 @@ first_visit = st.session_state.spec_run is None and st.session_state.spec_opened
 if first_visit:
     use_page_example()
 with settings("speculative"):
-    c1, c2, c3, c4 = st.columns([2, 1, 2, 1])
-    with c1:
-        draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft",
-                       format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
+    # a row of its own: "small-draft — 1 lớp, cùng tokenizer với small" is 272 px, 340 in presenter mode
+    draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft", width=420,
+                   format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
+    c2, c3, c4 = st.columns([1, 2, 1])
     if draft == "early-exit":
         st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
         c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1,

@@ -3,7 +3,8 @@ and the Vietnamese view in one number format.
 
 Each page puts its key picture in the container keyed `key-figure` (ui/classroom.key_figure). At 1280 × 720 and
 1366 × 768, in vi and en, its top edge must be inside the first screen and its width at least 60 % of the main
-column; in presenter mode no visible text may be under 16 px (an SVG's text measured as drawn, after its scale).
+column; in presenter mode no visible text may be under 16 px (an SVG's text measured as drawn, after its scale), and
+no select box may cut its value.
 """
 
 import pytest
@@ -53,6 +54,12 @@ SMALL_TEXT = """() => {
 }"""
 
 
+# every drawn select box whose chosen value is wider than the box (cut: "head 0 (reads KV head" in presenter mode)
+CUT_SELECTS = """() => [...document.querySelectorAll("[data-testid='stMain'] [data-testid='stSelectbox'] input")]
+  .filter(i => i.getBoundingClientRect().width > 0 && i.scrollWidth > i.clientWidth + 1)
+  .map(i => `${i.value}: ${i.scrollWidth} > ${i.clientWidth} px`)"""
+
+
 def open_page(page, server: str, url: str, lang: str, size: tuple[int, int], present: bool = False) -> None:
     page.set_viewport_size({"width": size[0], "height": size[1]})
     query = f"lang={lang}" + ("&present=1" if present else "")
@@ -88,6 +95,7 @@ def test_presenter_mode_has_no_text_under_16_px(app_server, browser_page, artifa
     page.screenshot(path=str(artifacts / f"classroom-present-{url}.png"))
     small = page.evaluate(SMALL_TEXT)
     assert small == [], f"{url}: {len(small)} pieces of text under 16 px, e.g. {small[:8]}"
+    assert page.evaluate(CUT_SELECTS) == [], url
 
 
 # numbers the English way in the Vietnamese view: a decimal point before one, two or four-plus digits ("0.65",

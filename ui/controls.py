@@ -11,6 +11,7 @@ from model.engine import generate
 from model.engine.counting import CacheShape
 from model.engine.runtime import LoadedModel
 from ui.charts import ATTENTION_SCALES
+from ui.classroom import presenter
 from ui.i18n import decimal, labels, number, t
 from ui.reruns import redraw_only
 from ui.run import generation, on_sampling_change, prefill, prompt_modes
@@ -84,8 +85,10 @@ def layer_head_selectors(info, redraw: str | None = None) -> tuple[int, int]:
     head_labels = {h: t("common.head_kv", h=h, kv=info.kv_head(h)) for h in range(info.n_heads)}
     layer = st.selectbox(t("common.layer"), range(info.n_layers), key="layer", width=90,  # numbers only
                          on_change=redraw_only, args=(redraw,))
-    head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head", width=220,
-                  format_func=head_labels.get, on_change=lambda: redraw_only(redraw))
+    # presenter mode's larger text needs the wider box: "head 0 (reads KV head 0)" is 198 px at 20 px
+    head = choice(st.selectbox, t("common.head"), list(range(info.n_heads)), key="head",
+                  width=280 if presenter() else 220, format_func=head_labels.get,
+                  on_change=lambda: redraw_only(redraw))
     return layer, head
 
 
