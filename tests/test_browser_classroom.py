@@ -3,8 +3,8 @@ and the Vietnamese view in one number format.
 
 Each page puts its key picture in the container keyed `key-figure` (ui/classroom.key_figure). At 1280 × 720 and
 1366 × 768, in vi and en, its top edge must be inside the first screen and its width at least 60 % of the main
-column; in presenter mode no visible text may be under 16 px (an SVG's text measured as drawn, after its scale), and
-no select box may cut its value.
+column, and no select box may cut its value; in presenter mode no visible text may be under 16 px (an SVG's text
+measured as drawn, after its scale), and no select box may cut its value either.
 """
 
 import pytest
@@ -85,6 +85,7 @@ def test_the_key_figure_is_on_the_first_screen_and_wide(app_server, browser_page
     assert box is not None, f"{url}: no key-figure container"
     assert 0 <= box["top"] < size[1] - 80, f"{url}: the key figure starts at y = {box['top']:.0f}"
     assert box["width"] >= 0.6 * box["main"], f"{url}: the key figure is {box['width']:.0f} of {box['main']:.0f} px"
+    assert page.evaluate(CUT_SELECTS) == [], url
     assert page.locator("[data-testid='stException']").count() == 0
 
 
