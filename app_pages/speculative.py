@@ -99,18 +99,21 @@ first_visit = st.session_state.spec_run is None and st.session_state.spec_opened
 if first_visit:
     use_page_example()
 with settings("speculative"):
-    # a row of its own: "small-draft — 1 lớp, cùng tokenizer với small" is 272 px, 340 in presenter mode
-    draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft", width=420,
-                   format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
-    c2, c3, c4 = st.columns([1, 2, 1])
+    # the draft with the early exit's layers beside it: "small-draft — 1 lớp, cùng tokenizer với small" is 272 px,
+    # 340 in presenter mode; then γ and the tokens
+    draft_column, exit_column = st.columns([2, 1])
+    with draft_column:
+        draft = choice(st.selectbox, t("speculative.draft"), draft_names, key="spec_draft",
+                       format_func=labels("speculative.draft_", draft_names).get, help=t("speculative.draft_help"))
     if draft == "early-exit":
         st.session_state.spec_exit_layers = min(int(st.session_state.spec_exit_layers), info.n_layers - 1)
-        c2.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1,
-                        key="spec_exit_layers", help=t("speculative.exit_layers_help", n=info.n_layers))
-    c3.slider(t("speculative.gamma"), 1, 8, key="spec_gamma", help=t("speculative.gamma_help"))
+        exit_column.number_input(t("speculative.exit_layers"), min_value=1, max_value=info.n_layers - 1,
+                                 key="spec_exit_layers", help=t("speculative.exit_layers_help", n=info.n_layers))
+    gamma_column, tokens_column = st.columns([2, 1])
+    gamma_column.slider(t("speculative.gamma"), 1, 8, key="spec_gamma", help=t("speculative.gamma_help"))
     st.session_state.max_new_tokens = min(int(st.session_state.max_new_tokens), info.context_length - 1)
-    c4.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=info.context_length - 1,
-                    key="max_new_tokens")
+    tokens_column.number_input(t("prompt.max_new_tokens"), min_value=1, max_value=info.context_length - 1,
+                               key="max_new_tokens")
     modes = prompt_modes(model)
     p1, p2 = st.columns([4, 1], vertical_alignment="bottom")
     with p2:
