@@ -89,14 +89,19 @@ def why(name: str):
 
 def localised(figure: dict) -> dict:
     """A plotly figure (ui/charts) in the session's number format (Vietnamese 1.024,5; English 1,024.5: plotly's
-    `separators`, decimal mark first) and, in presenter mode, with its text at 18 px and more."""
+    `separators`, decimal mark first) and, in presenter mode, with its text at 18 px and more.
+
+    Presenter mode names every size: Streamlit's theme gives the legend and the axis titles their own sizes, in px
+    of the root font as it was when the chart was first drawn, so a chart drawn before presenter mode's style sheet
+    applied kept 14 px titles."""
     layout = dict(figure["layout"], separators=",." if lang() == "vi" else ".,")
     if presenter():
         big = dict(size=20, color="#212529")
         layout["font"] = big
-        layout["legend"] = dict(layout.get("legend", {}), font=big)  # Streamlit's theme gives the legend its own size
+        layout["legend"] = dict(layout.get("legend", {}), font=big)
         for axis in [k for k in layout if k.startswith(("xaxis", "yaxis"))]:
-            layout[axis] = dict(layout[axis], tickfont=dict(size=18, color="#212529"))
+            layout[axis] = dict(layout[axis], tickfont=dict(size=18, color="#212529"),
+                                title=dict(layout[axis].get("title", {}), font=big))
     return dict(figure, layout=layout)
 
 
