@@ -7,6 +7,7 @@ machine that has not loaded SmolLM2 (tests/test_replay.py replaces the loader wi
 
 import streamlit as st
 
+from model.errors import InputError
 from model.recording.replay import (
     DECODE,
     MAX_RECORDING_BYTES,
@@ -21,7 +22,7 @@ from model.recording.replay import (
 )
 from model.weights.catalog import FETCHED, list_models, settings
 from ui.classroom import key_figure, why
-from ui.errors import attempt, callback_error_here, guarded_in_callback
+from ui.errors import attempt, error_sentence
 from ui.i18n import labels, scientific, t
 from ui.models import shared_model
 from ui.speculative_round import draw_counts, draw_round, draw_sequence
@@ -42,7 +43,7 @@ SOURCES = [*SHIPPED, "upload"]
 UPLOAD_BOX_MB = 8
 
 keep_across_pages({"replay_source": SHIPPED[0], "replay_step": 0, "replay_uploaded": None,
-                   "replay_uploaded_name": None, "replay_rerun": None})
+                   "replay_uploaded_name": None, "replay_refusal": None, "replay_rerun": None})
 st.title(t("replay.title"))
 
 
@@ -53,13 +54,16 @@ def on_source_change() -> None:
 
 def on_upload() -> None:
     """The chosen file, read once: the parsed run stays in the session (the uploader forgets its file on another
-    page); a bad file says why and leaves no run."""
+    page); a bad file leaves no run and its refusal, said under the box until another file is chosen (not once:
+    a rerun or a language switch must not leave the refused file in the box with no word of why)."""
     on_source_change()
-    file = st.session_state.replay_file
-    st.session_state.replay_uploaded, st.session_state.replay_uploaded_name = None, None
+    file, state = st.session_state.replay_file, st.session_state
+    state.replay_uploaded, state.replay_uploaded_name, state.replay_refusal = None, None, None
     if file is not None:
-        st.session_state.replay_uploaded = guarded_in_callback(lambda: read_recording(file.getvalue()))
-        st.session_state.replay_uploaded_name = file.name
+        try:
+            state.replay_uploaded, state.replay_uploaded_name = read_recording(file.getvalue()), file.name
+        except InputError as refused:
+            state.replay_refusal = refused
 
 
 def on_step(delta: int) -> None:
@@ -79,8 +83,9 @@ with st.container(horizontal=True, vertical_alignment="bottom"):
         st.file_uploader(t("replay.upload"), type=["json"], key="replay_file", on_change=on_upload,
                          max_upload_size=UPLOAD_BOX_MB,
                          help=t("replay.upload_help", mb=MAX_RECORDING_BYTES // 2**20))
-callback_error_here()
 if source == "upload":
+    if st.session_state.replay_refusal is not None:
+        st.error(error_sentence(st.session_state.replay_refusal))
     run = st.session_state.replay_uploaded
     if run is None:
         st.info(t("replay.upload_first"))

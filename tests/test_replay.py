@@ -465,6 +465,19 @@ def test_an_uploaded_recording_is_named_above_its_replay():
         c.value for c in at.caption]
 
 
+def test_a_refused_file_is_said_until_another_is_chosen_in_the_page_s_language():
+    """The refusal stays under the box while its file is there: a rerun or a language switch once left the refused
+    file in the box with no word of why (the sentence was said once). Red with the refusal said once."""
+    at = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload",
+                  replay_refusal=InputError("recording_not_json"))
+    for lang in ("en", "vi", "vi"):
+        if at.session_state["lang"] != lang:
+            at.radio(key="lang").set_value(lang)
+        at.run()
+        assert [e.value for e in at.error] == [text("error.recording_not_json", lang)], lang
+        assert text("replay.upload_first", lang) in [i.value for i in at.info]
+
+
 def test_re_running_a_prompt_id_outside_the_model_s_vocabulary_says_which():
     """A speculative recording keeps no vocabulary size, so its prompt ids are checked against the model before the
     re-run: the sentence names the id's field (it was "Something unexpected went wrong… Try again")."""
@@ -516,6 +529,17 @@ def test_a_recording_of_a_model_not_here_says_how_to_get_it(monkeypatch):
     assert "replay_rerun_button" not in [b.key for b in at.button]
 
 
+def choose_file(page, file) -> None:
+    """`file` into the uploader, the box emptied first with its ✕ as a user would. Dropping a file onto a full box
+    makes Streamlit's uploader send two changes, the box emptied and then the new file, and under load the page
+    once ended on the first (the box showing the new file, the page nothing): that race is the uploader's."""
+    remove = page.locator("[data-testid='stFileChipDeleteBtn'] button")
+    if remove.count():
+        remove.first.click()
+        wait_idle(page)
+    page.locator("input[type=file]").set_input_files(file if isinstance(file, str) else [file])
+
+
 @pytest.mark.browser
 @pytest.mark.parametrize("lang", LANGUAGES)
 def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_server, browser_page, artifacts, lang):
@@ -545,11 +569,10 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
         files=[{"name": "notes.json", "mimeType": "application/json", "buffer": b"not json at all"}])
     page.get_by_text(text("error.recording_not_json", lang).split(":")[0], exact=False).first.wait_for()
     assert page.get_by_text(mark).count() == 0
-    page.locator("input[type=file]").set_input_files(files=[{
-        "name": "old.json", "mimeType": "application/json",
-        "buffer": json.dumps({**_micro(), "schema": "decode-lab.trace/0"}).encode()}])
+    choose_file(page, {"name": "old.json", "mimeType": "application/json",
+                       "buffer": json.dumps({**_micro(), "schema": "decode-lab.trace/0"}).encode()})
     page.get_by_text("decode-lab.trace/0", exact=False).first.wait_for()
-    page.locator("input[type=file]").set_input_files(str(MICRO.parent / "gemma3.json"))
+    choose_file(page, str(MICRO.parent / "gemma3.json"))
     # gemma3's 12 steps; it once took over the default 30 s with another job running beside the suite
     page.get_by_text(step.format(step=0, last=11)).wait_for(timeout=120_000)
     assert page.get_by_text(mark).count() == 1
@@ -560,13 +583,12 @@ def test_the_browser_replays_a_shipped_recording_with_buttons_and_keys(app_serve
     page.screenshot(path=str(artifacts / f"replay-upload-1440x900-{lang}.png"))
     # over the recording's 2 MB: the page says so and replays nothing (it went on replaying gemma3.json, while only
     # the box's own chip said the file was refused)
-    page.locator("input[type=file]").set_input_files(files=[{
-        "name": "big.json", "mimeType": "application/json", "buffer": b" " * (3 * 2**20)}])
+    choose_file(page, {"name": "big.json", "mimeType": "application/json", "buffer": b" " * (3 * 2**20)})
     page.get_by_text(text("error.recording_too_large", lang).format(kb=3072, most=2048)).wait_for(timeout=60_000)
     wait_idle(page)
     assert page.get_by_text(mark).count() == 0 and named.count() == 0
     # over the box's own limit the file never reaches the page: the replay stays on the file it names
-    page.locator("input[type=file]").set_input_files(str(MICRO.parent / "gemma3.json"))
+    choose_file(page, str(MICRO.parent / "gemma3.json"))
     page.get_by_text(step.format(step=0, last=11)).wait_for(timeout=120_000)
     wait_idle(page)
     page.locator("input[type=file]").set_input_files(files=[{
