@@ -48,8 +48,8 @@ st.title(t("replay.title"))
 
 
 def on_source_change() -> None:
-    st.session_state.replay_step = 0
-    st.session_state.replay_rerun = None
+    """Another recording: its first step, no verdict, and no refusal (the box that held a refused file is gone)."""
+    st.session_state.replay_step, st.session_state.replay_rerun, st.session_state.replay_refusal = 0, None, None
 
 
 def on_upload() -> None:
@@ -58,7 +58,7 @@ def on_upload() -> None:
     a rerun or a language switch must not leave the refused file in the box with no word of why)."""
     on_source_change()
     file, state = st.session_state.replay_file, st.session_state
-    state.replay_uploaded, state.replay_uploaded_name, state.replay_refusal = None, None, None
+    state.replay_uploaded, state.replay_uploaded_name = None, None
     if file is not None:
         try:
             state.replay_uploaded, state.replay_uploaded_name = read_recording(file.getvalue()), file.name

@@ -756,3 +756,13 @@ def test_the_browser_replays_the_shipped_speculative_recording_round_by_round(ap
     assert page.locator("[data-testid='stException']").count() == 0
     assert page.locator(".tok.spec-accepted").count() == 3
     page.screenshot(path=str(artifacts / f"replay-speculative-1440x900-{lang}.png"), full_page=True)
+
+
+def test_choosing_another_recording_drops_a_refusal():
+    """The box that held the refused file goes with the upload source, and its sentence with it."""
+    at = open_app("app_pages/replay.py", lang="en", device="cpu", replay_source="upload",
+                  replay_refusal=InputError("recording_not_json"))
+    assert len(at.error) == 1
+    at.selectbox(key="replay_source.en").set_value("micro").run()
+    at.selectbox(key="replay_source.en").set_value("upload").run()
+    assert not at.error and text("replay.upload_first", "en") in [i.value for i in at.info]
