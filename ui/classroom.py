@@ -91,9 +91,8 @@ def localised(figure: dict) -> dict:
     """A plotly figure (ui/charts) in the session's number format (Vietnamese 1.024,5; English 1,024.5: plotly's
     `separators`, decimal mark first) and, in presenter mode, with its text at 18 px and more.
 
-    Presenter mode names every size: Streamlit's theme gives the legend and the axis titles their own sizes, in px
-    of the root font as it was when the chart was first drawn, so a chart drawn before presenter mode's style sheet
-    applied kept 14 px titles."""
+    Presenter mode names every size: Streamlit's theme gives the legend and the axis titles their own px sizes,
+    which CI once measured at 14 px on a presenter-mode chart (17.5 px on another machine)."""
     layout = dict(figure["layout"], separators=",." if lang() == "vi" else ".,")
     if presenter():
         big = dict(size=20, color="#212529")
